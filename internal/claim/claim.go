@@ -1,0 +1,230 @@
+// Package claim defines the contract between the runner and the coordination
+// backends: a Claimer grants at most one replica the right to execute one
+// scheduled run. The package holds no backend code; backends live in
+// sub-packages and import this one.
+package claim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Sentinel errors. Callers test them with errors.Is and never import a
+// backend to do so.
+var (
+	// ErrHeld means another replica holds a live claim on the run. It is a
+	// normal outcome of a lost bid, not a failure.
+	ErrHeld = errors.New("claim: held by another replica")
+	// ErrDone means the run already finished (succeeded or failed) and must
+	// not execute again.
+	ErrDone = errors.New("claim: run already done")
+	// ErrLeaseLost means the caller's claim is no longer valid: it expired,
+	// was taken over, or was released.
+	ErrLeaseLost = errors.New("claim: lease lost")
+	// ErrUnavailable means the backend could not be reached or did not answer
+	// in time. The runner fails closed on it: nothing runs unclaimed.
+	ErrUnavailable = errors.New("claim: backend unavailable")
+	// ErrInvalid means the caller passed bad input (empty job name, zero
+	// instant, non-positive lease).
+	ErrInvalid = errors.New("claim: invalid argument")
+)
+
+// Run names one firing of a job. At comes from the job's schedule, never from
+// a replica's clock, so every replica names the same run the same way.
+type Run struct {
+	Job string
+	At  time.Time
+}
+
+// ID is the run's deterministic identifier, identical on every replica:
+// the job name, "@", and the instant in UTC (RFC 3339 with nanoseconds).
+// The instant's text never contains "@", so splitting at the last "@"
+// recovers the pair: distinct runs never share an ID.
+func (r Run) ID() string {
+	return r.Job + "@" + r.At.UTC().Format(time.RFC3339Nano)
+}
+
+// ParseID is the inverse of Run.ID.
+func ParseID(id string) (Run, error) {
+	i := strings.LastIndexByte(id, '@')
+	if i <= 0 {
+		return Run{}, fmt.Errorf("%w: run id %q has no job@instant form", ErrInvalid, id)
+	}
+	at, err := time.Parse(time.RFC3339Nano, id[i+1:])
+	if err != nil {
+		return Run{}, fmt.Errorf("%w: run id %q: %v", ErrInvalid, id, err)
+	}
+	return Run{Job: id[:i], At: at.UTC()}, nil
+}
+
+// Validate reports bad input before any backend is asked.
+func (r Run) Validate() error {
+	switch {
+	case r.Job == "":
+		return fmt.Errorf("%w: empty job name", ErrInvalid)
+	case r.At.IsZero():
+		return fmt.Errorf("%w: job %q: zero scheduled instant", ErrInvalid, r.Job)
+	}
+	return nil
+}
+
+// ValidateLease rejects a lease a backend could not honour.
+func ValidateLease(lease time.Duration) error {
+	if lease < time.Millisecond {
+		return fmt.Errorf("%w: lease %v must be at least 1ms", ErrInvalid, lease)
+	}
+	return nil
+}
+
+// Claim is the right to execute one run, held until its lease deadline unless
+// renewed. Every mutation a backend performs on behalf of a Claim compares
+// Token first, so a stale holder can never act on its successor's claim.
+type Claim struct {
+	Run   Run
+	Token string // random, unique per grant
+	// Holder is the instance id of the replica that holds the claim.
+	Holder string
+	// Fence grows strictly with every grant for the same job (takeovers
+	// included) and survives a restart of the backend. Side effects carry it
+	// so fenced storage can reject a stale holder.
+	Fence int64
+	// Attempt is 1 for the first grant of a run and grows by one with every
+	// takeover.
+	Attempt int
+	// Deadline is the lease deadline as the backend computed it, on the
+	// backend's clock. It is informational: the runner trusts its own
+	// monotonic window (see TrustedUntil), never a comparison of clocks.
+	Deadline time.Time
+	// Requested is the local time, with its monotonic reading, at which the
+	// request that granted or last renewed the claim was sent. The backend
+	// started the lease no earlier than that, so Requested+lease bounds
+	// the lease from below whatever the clocks say.
+	Requested time.Time
+	// Lease is the duration granted by the last claim or renewal.
+	Lease time.Duration
+}
+
+// ID is the run id of the claimed run.
+func (c *Claim) ID() string { return c.Run.ID() }
+
+// TrustedUntil is the local monotonic instant after which the holder must
+// assume the lease is gone, margin before the earliest possible expiry.
+func (c *Claim) TrustedUntil(margin time.Duration) time.Time {
+	return c.Requested.Add(c.Lease - margin)
+}
+
+// Outcome is how a holder releases a run.
+type Outcome string
+
+const (
+	// Succeeded and Failed are terminal: the run is done and is never
+	// granted again.
+	Succeeded Outcome = "succeeded"
+	Failed    Outcome = "failed"
+	// Interrupted hands the run back: another replica may take it over at
+	// once, with attempt+1 and a higher fence, without waiting for the lease.
+	Interrupted Outcome = "interrupted"
+)
+
+// Terminal reports whether the outcome ends the run for good.
+func (o Outcome) Terminal() bool { return o == Succeeded || o == Failed }
+
+// Valid reports whether o is one of the known outcomes.
+func (o Outcome) Valid() bool { return o == Succeeded || o == Failed || o == Interrupted }
+
+// Claimer grants at most one replica the right to execute a scheduled run.
+//
+// Implementations are safe for concurrent use. They do not retry, back off
+// or keep leases alive on their own: that is written once, in the runner.
+// Every method honours ctx and returns promptly once it is done; a
+// cancellation is returned as ctx's error, never mapped onto a sentinel.
+type Claimer interface {
+	// Claim tries once to win the run for lease. It grants a fresh run with
+	// attempt 1, and takes over a run whose holder released it as
+	// Interrupted or whose lease has expired (on the backend's clock) with
+	// attempt+1 and a higher fence. It returns ErrHeld if another replica
+	// holds a live claim, ErrDone if the run finished.
+	Claim(ctx context.Context, run Run, lease time.Duration) (*Claim, error)
+	// Renew extends c's lease to lease from now (backend time) and updates
+	// c. It returns ErrLeaseLost if c is no longer the live claim on its run,
+	// including when its lease already expired.
+	Renew(ctx context.Context, c *Claim, lease time.Duration) error
+	// Release ends c with outcome o. It returns ErrLeaseLost if c is no
+	// longer the claim on its run (someone took over).
+	Release(ctx context.Context, c *Claim, o Outcome) error
+	// Ping reports whether the backend is reachable (ErrUnavailable if not).
+	Ping(ctx context.Context) error
+	// Close frees the claimer's resources. It does not release claims.
+	Close() error
+}
+
+// Status is the state of a run as recorded by a backend.
+type Status string
+
+// Run states. Running and Interrupted are the live states; the others are
+// terminal.
+const (
+	StatusRunning     Status = "running"
+	StatusSucceeded   Status = "succeeded"
+	StatusFailed      Status = "failed"
+	StatusInterrupted Status = "interrupted"
+)
+
+// Record is one run as a backend remembers it, for history and status pages.
+type Record struct {
+	RunID      string    `json:"run_id"`
+	Job        string    `json:"job"`
+	At         time.Time `json:"scheduled_at"`
+	Status     Status    `json:"status"`
+	Holder     string    `json:"holder"`
+	Fence      int64     `json:"fence"`
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at"`
+	LeaseUntil time.Time `json:"lease_until"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+}
+
+// Historian is implemented by claimers that can list recorded runs, newest
+// scheduled instant first. job "" means every job.
+type Historian interface {
+	History(ctx context.Context, job string, limit int) ([]Record, error)
+}
+
+// NewToken returns a random 128-bit token in hex.
+func NewToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// CheckRelease validates a Release call's arguments.
+func CheckRelease(c *Claim, o Outcome) error {
+	if c == nil || c.Token == "" {
+		return fmt.Errorf("%w: nil claim", ErrInvalid)
+	}
+	if !o.Valid() {
+		return fmt.Errorf("%w: unknown outcome %q", ErrInvalid, o)
+	}
+	return nil
+}
+
+// CheckClaim validates a Claim call's arguments.
+func CheckClaim(run Run, lease time.Duration) error {
+	if err := run.Validate(); err != nil {
+		return err
+	}
+	return ValidateLease(lease)
+}
+
+// CheckRenew validates a Renew call's arguments.
+func CheckRenew(c *Claim, lease time.Duration) error {
+	if c == nil || c.Token == "" {
+		return fmt.Errorf("%w: nil claim", ErrInvalid)
+	}
+	return ValidateLease(lease)
+}

@@ -1,0 +1,454 @@
+// Package claimtest is the one conformance suite every Claimer passes. A
+// backend's test builds a Factory and calls Run; new behaviour gets a case
+// here, never a per-backend copy.
+package claimtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Factory returns an opener for claimers that share one namespace (schema,
+// key prefix, store) isolated from every other call of the Factory. Each
+// opened claimer is a separate client, as a separate replica would have.
+// The factory registers its own cleanup with t.
+type Factory func(t *testing.T) (open func(instance string) claim.Claimer)
+
+// Options tune the suite for a backend.
+type Options struct {
+	// Lease is the short lease used by the expiry cases (default 300ms).
+	Lease time.Duration
+	// Runs is how many runs the race case contends for (default 1000).
+	Runs int
+	// Contenders is how many goroutines race per run (default 16).
+	Contenders int
+	// Clients is how many separate claimers the contenders share
+	// (default 4).
+	Clients int
+}
+
+func (o *Options) defaults() {
+	if o.Lease == 0 {
+		o.Lease = 300 * time.Millisecond
+	}
+	if o.Runs == 0 {
+		o.Runs = 1000
+	}
+	if o.Contenders == 0 {
+		o.Contenders = 16
+	}
+	if o.Clients == 0 {
+		o.Clients = 4
+	}
+}
+
+// longLease is long enough never to expire during a test.
+const longLease = time.Minute
+
+// waitFor bounds every wait on wall time. Generous: CI is a noisy 2-core box.
+const waitFor = 15 * time.Second
+
+var base = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+
+func runAt(job string, i int) claim.Run {
+	return claim.Run{Job: job, At: base.Add(time.Duration(i) * time.Second)}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*waitFor)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustClaim(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration) *claim.Claim {
+	t.Helper()
+	cl, err := c.Claim(ctxT(t), run, lease)
+	if err != nil {
+		t.Fatalf("claim %s: %v", run.ID(), err)
+	}
+	return cl
+}
+
+func wantErr(t *testing.T, err, target error, what string) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("%s: got error %v, want %v", what, err, target)
+	}
+}
+
+// takeOver polls until c wins run (after the holder's lease expires) or the
+// deadline passes. Every failed poll must be ErrHeld.
+func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration) *claim.Claim {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		cl, err := c.Claim(ctxT(t), run, lease)
+		if err == nil {
+			return cl
+		}
+		if !errors.Is(err, claim.ErrHeld) {
+			t.Fatalf("takeover of %s: %v, want ErrHeld until the lease expires", run.ID(), err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("takeover of %s: still held after %v", run.ID(), waitFor)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a backend-side lease; no event to wait on
+	}
+}
+
+// Run exercises a Claimer implementation against the contract.
+func Run(t *testing.T, newClaimers Factory, opts Options) {
+	opts.defaults()
+	lease := opts.Lease
+
+	t.Run("ClaimCarriesRunHolderTokenFenceAttempt", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("replica-a")
+		run := claim.Run{Job: "billing.nightly", At: base.In(time.FixedZone("X", 3600))}
+		cl := mustClaim(t, a, run, longLease)
+		if cl.Run.Job != run.Job || !cl.Run.At.Equal(run.At) || cl.Run.At.Location() != time.UTC {
+			t.Fatalf("claim run = %+v, want %s in UTC", cl.Run, run.ID())
+		}
+		if cl.Holder != "replica-a" || cl.Token == "" || cl.Fence <= 0 || cl.Attempt != 1 {
+			t.Fatalf("claim = %+v, want holder replica-a, a token, fence > 0, attempt 1", cl)
+		}
+		if cl.Lease != longLease || cl.Requested.IsZero() || cl.Deadline.IsZero() {
+			t.Fatalf("claim = %+v, want lease %v and Requested/Deadline set", cl, longLease)
+		}
+		if err := a.Ping(ctxT(t)); err != nil {
+			t.Fatalf("ping: %v", err)
+		}
+	})
+
+	t.Run("SecondClaimIsHeld", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		run := runAt("job.held", 0)
+		mustClaim(t, a, run, longLease)
+		_, err := b.Claim(ctxT(t), run, longLease)
+		wantErr(t, err, claim.ErrHeld, "second replica")
+		_, err = a.Claim(ctxT(t), run, longLease)
+		wantErr(t, err, claim.ErrHeld, "same replica again")
+		// The same instant written in another zone is the same run.
+		_, err = b.Claim(ctxT(t), claim.Run{Job: run.Job, At: run.At.In(time.FixedZone("Y", -7200))}, longLease)
+		wantErr(t, err, claim.ErrHeld, "same instant in another zone")
+		// Another instant, or another job at the same instant, is another run.
+		mustClaim(t, b, runAt("job.held", 1), longLease)
+		mustClaim(t, b, runAt("job.held.other", 0), longLease)
+	})
+
+	t.Run("ConcurrentClaimsOneWinner", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		clients := make([]claim.Claimer, opts.Clients)
+		for i := range clients {
+			clients[i] = open(fmt.Sprintf("replica-%d", i))
+		}
+		wins := make([]atomic.Int32, opts.Runs)
+		fences := make([]atomic.Int64, opts.Runs)
+		var wg sync.WaitGroup
+		errs := make(chan error, opts.Contenders)
+		for g := range opts.Contenders {
+			wg.Go(func() {
+				c := clients[g%len(clients)]
+				for i := range opts.Runs {
+					run := runAt("job.race", i)
+					cl, err := c.Claim(t.Context(), run, longLease)
+					switch {
+					case err == nil:
+						wins[i].Add(1)
+						fences[i].Store(cl.Fence)
+						// Release half the runs as done: losers then see ErrDone.
+						if i%2 == 1 {
+							if err := c.Release(t.Context(), cl, claim.Succeeded); err != nil {
+								errs <- fmt.Errorf("release %s: %w", run.ID(), err)
+								return
+							}
+						}
+					case errors.Is(err, claim.ErrHeld) || errors.Is(err, claim.ErrDone):
+					default:
+						errs <- fmt.Errorf("contender %d, %s: %w", g, run.ID(), err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		seen := map[int64]int{}
+		for i := range wins {
+			if n := wins[i].Load(); n != 1 {
+				t.Fatalf("run %d had %d winners, want exactly 1", i, n)
+			}
+			f := fences[i].Load()
+			if j, dup := seen[f]; dup {
+				t.Fatalf("runs %d and %d of one job share fence %d", j, i, f)
+			}
+			seen[f] = i
+		}
+	})
+
+	t.Run("OnlyTheWinnersTokenRenewsOrReleases", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		run := runAt("job.token", 0)
+		cl := mustClaim(t, a, run, longLease)
+		forged := *cl
+		forged.Token = claim.NewToken()
+		forged.Holder = "replica-b"
+		wantErr(t, b.Renew(ctxT(t), &forged, longLease), claim.ErrLeaseLost, "renew with another token")
+		wantErr(t, b.Release(ctxT(t), &forged, claim.Succeeded), claim.ErrLeaseLost, "release with another token")
+		wantErr(t, b.Release(ctxT(t), &forged, claim.Interrupted), claim.ErrLeaseLost, "interrupt with another token")
+		// The real holder is untouched by the forgeries.
+		if err := a.Renew(ctxT(t), cl, longLease); err != nil {
+			t.Fatalf("renew by holder: %v", err)
+		}
+		_, err := b.Claim(ctxT(t), run, longLease)
+		wantErr(t, err, claim.ErrHeld, "claim after forged release")
+		if err := a.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+			t.Fatalf("release by holder: %v", err)
+		}
+		wantErr(t, a.Release(ctxT(t), cl, claim.Succeeded), claim.ErrLeaseLost, "second release")
+		wantErr(t, a.Renew(ctxT(t), cl, longLease), claim.ErrLeaseLost, "renew after release")
+	})
+
+	t.Run("RenewKeepsTheClaimPastItsFirstLease", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		run := runAt("job.renew", 0)
+		cl := mustClaim(t, a, run, lease)
+		// Renew at lease/3 for three leases; the run must stay held.
+		end := time.Now().Add(3 * lease)
+		for time.Now().Before(end) {
+			time.Sleep(lease / 3) // the renewal cadence under test
+			if err := a.Renew(ctxT(t), cl, lease); err != nil {
+				t.Fatalf("renew: %v", err)
+			}
+			_, err := b.Claim(ctxT(t), run, lease)
+			wantErr(t, err, claim.ErrHeld, "claim while renewed")
+		}
+		if cl.Lease != lease {
+			t.Fatalf("renewed claim lease = %v, want %v", cl.Lease, lease)
+		}
+	})
+
+	t.Run("ExpiredLeaseIsTakenOverWithHigherFenceAndAttempt", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		run := runAt("job.expire", 0)
+		first := mustClaim(t, a, run, lease)
+		second := takeOver(t, b, run, longLease)
+		if second.Attempt != 2 || second.Fence <= first.Fence || second.Holder != "replica-b" {
+			t.Fatalf("takeover = attempt %d fence %d holder %s; want attempt 2, fence > %d, holder replica-b",
+				second.Attempt, second.Fence, second.Holder, first.Fence)
+		}
+		if second.Token == first.Token {
+			t.Fatal("takeover reused the first token")
+		}
+		// The stale holder can neither renew nor release any more.
+		wantErr(t, a.Renew(ctxT(t), first, longLease), claim.ErrLeaseLost, "renew after takeover")
+		wantErr(t, a.Release(ctxT(t), first, claim.Succeeded), claim.ErrLeaseLost, "release after takeover")
+		// And the successor still holds it.
+		_, err := a.Claim(ctxT(t), run, longLease)
+		wantErr(t, err, claim.ErrHeld, "claim by stale holder")
+		if err := b.Release(ctxT(t), second, claim.Succeeded); err != nil {
+			t.Fatalf("release by successor: %v", err)
+		}
+	})
+
+	t.Run("RenewAfterExpiryIsLeaseLost", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("replica-a")
+		cl := mustClaim(t, a, runAt("job.lateRenew", 0), lease)
+		time.Sleep(2 * lease) // the case is about a renewal that comes too late
+		wantErr(t, a.Renew(ctxT(t), cl, lease), claim.ErrLeaseLost, "renew after expiry")
+	})
+
+	t.Run("DoneRunsAreNeverGrantedAgain", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed} {
+			run := runAt("job.done", i)
+			cl := mustClaim(t, a, run, lease)
+			if err := a.Release(ctxT(t), cl, o); err != nil {
+				t.Fatalf("release %s: %v", o, err)
+			}
+			_, err := b.Claim(ctxT(t), run, lease)
+			wantErr(t, err, claim.ErrDone, "claim after "+string(o))
+			_, err = a.Claim(ctxT(t), run, lease)
+			wantErr(t, err, claim.ErrDone, "holder's claim after "+string(o))
+		}
+		// Still done after the lease would have expired.
+		time.Sleep(lease + lease/2) // the case is about outliving the lease
+		_, err := b.Claim(ctxT(t), runAt("job.done", 0), lease)
+		wantErr(t, err, claim.ErrDone, "claim of a done run after its lease")
+	})
+
+	t.Run("InterruptedRunIsReclaimableAtOnce", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		run := runAt("job.interrupt", 0)
+		first := mustClaim(t, a, run, longLease)
+		if err := a.Release(ctxT(t), first, claim.Interrupted); err != nil {
+			t.Fatalf("release interrupted: %v", err)
+		}
+		second := mustClaim(t, b, run, longLease) // no wait for the lease
+		if second.Attempt != 2 || second.Fence <= first.Fence {
+			t.Fatalf("reclaim = attempt %d fence %d; want attempt 2, fence > %d", second.Attempt, second.Fence, first.Fence)
+		}
+		wantErr(t, a.Renew(ctxT(t), first, longLease), claim.ErrLeaseLost, "renew of interrupted claim")
+		if err := b.Release(ctxT(t), second, claim.Interrupted); err != nil {
+			t.Fatalf("second interrupt: %v", err)
+		}
+		third := mustClaim(t, a, run, longLease)
+		if third.Attempt != 3 || third.Fence <= second.Fence {
+			t.Fatalf("third grant = attempt %d fence %d; want attempt 3, fence > %d", third.Attempt, third.Fence, second.Fence)
+		}
+	})
+
+	t.Run("FencesGrowStrictlyOverEveryGrantOfAJob", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		var last int64
+		check := func(cl *claim.Claim) {
+			t.Helper()
+			if cl.Fence <= last {
+				t.Fatalf("fence %d after %d: not strictly growing", cl.Fence, last)
+			}
+			last = cl.Fence
+		}
+		for i := range 10 {
+			c, other := a, b
+			if i%2 == 1 {
+				c, other = b, a
+			}
+			run := runAt("job.fence", i)
+			cl := mustClaim(t, c, run, longLease)
+			check(cl)
+			// Interleave another job: its grants must not disturb this one's order.
+			mustClaim(t, other, runAt("job.fence.other", i), longLease)
+			if err := c.Release(ctxT(t), cl, claim.Interrupted); err != nil {
+				t.Fatalf("interrupt: %v", err)
+			}
+			again := mustClaim(t, other, run, longLease)
+			check(again)
+			if err := other.Release(ctxT(t), again, claim.Succeeded); err != nil {
+				t.Fatalf("release: %v", err)
+			}
+		}
+	})
+
+	t.Run("BadInputIsRejected", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("replica-a")
+		cases := []struct {
+			name  string
+			run   claim.Run
+			lease time.Duration
+		}{
+			{"EmptyJob", claim.Run{At: base}, longLease},
+			{"ZeroInstant", claim.Run{Job: "job.bad"}, longLease},
+			{"ZeroLease", runAt("job.bad", 0), 0},
+			{"NegativeLease", runAt("job.bad", 0), -time.Second},
+		}
+		for _, tc := range cases {
+			_, err := a.Claim(ctxT(t), tc.run, tc.lease)
+			wantErr(t, err, claim.ErrInvalid, tc.name)
+		}
+		cl := mustClaim(t, a, runAt("job.bad", 1), longLease)
+		wantErr(t, a.Renew(ctxT(t), cl, 0), claim.ErrInvalid, "renew with zero lease")
+		wantErr(t, a.Release(ctxT(t), cl, claim.Outcome("maybe")), claim.ErrInvalid, "unknown outcome")
+		wantErr(t, a.Renew(ctxT(t), nil, longLease), claim.ErrInvalid, "renew nil claim")
+		wantErr(t, a.Release(ctxT(t), nil, claim.Succeeded), claim.ErrInvalid, "release nil claim")
+	})
+
+	t.Run("CancelledContextReturnsPromptly", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("replica-a")
+		held := mustClaim(t, a, runAt("job.cancel", 0), longLease)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		start := time.Now()
+		_, err := a.Claim(ctx, runAt("job.cancel", 1), longLease)
+		if !errors.Is(err, context.Canceled) || errors.Is(err, claim.ErrHeld) {
+			t.Fatalf("claim with cancelled ctx: %v, want context.Canceled and not ErrHeld", err)
+		}
+		if err := a.Renew(ctx, held, longLease); !errors.Is(err, context.Canceled) {
+			t.Fatalf("renew with cancelled ctx: %v, want context.Canceled", err)
+		}
+		if err := a.Release(ctx, held, claim.Succeeded); !errors.Is(err, context.Canceled) {
+			t.Fatalf("release with cancelled ctx: %v, want context.Canceled", err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("cancelled calls took %v", d)
+		}
+		// Nothing was granted or released under the cancelled context.
+		if err := a.Renew(ctxT(t), held, longLease); err != nil {
+			t.Fatalf("claim released by a cancelled call: %v", err)
+		}
+	})
+
+	t.Run("HistoryRecordsEveryGrantAndOutcome", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("replica-a")
+		h, ok := a.(claim.Historian)
+		if !ok {
+			t.Skip("claimer keeps no history")
+		}
+		ok1 := mustClaim(t, a, runAt("job.hist", 0), longLease)
+		if err := a.Release(ctxT(t), ok1, claim.Succeeded); err != nil {
+			t.Fatal(err)
+		}
+		bad := mustClaim(t, a, runAt("job.hist", 1), longLease)
+		if err := a.Release(ctxT(t), bad, claim.Failed); err != nil {
+			t.Fatal(err)
+		}
+		live := mustClaim(t, a, runAt("job.hist", 2), longLease)
+		mustClaim(t, a, runAt("job.hist.other", 0), longLease)
+		recs, err := h.History(ctxT(t), "job.hist", 10)
+		if err != nil {
+			t.Fatalf("history: %v", err)
+		}
+		if len(recs) != 3 {
+			t.Fatalf("history has %d records, want 3: %+v", len(recs), recs)
+		}
+		want := []claim.Status{claim.StatusRunning, claim.StatusFailed, claim.StatusSucceeded}
+		for i, r := range recs {
+			if r.Status != want[i] || r.Job != "job.hist" || r.Holder != "replica-a" || r.Attempt != 1 {
+				t.Fatalf("record %d = %+v, want status %s by replica-a", i, r, want[i])
+			}
+			if r.RunID != runAt("job.hist", 2-i).ID() || !r.At.Equal(runAt("job.hist", 2-i).At) {
+				t.Fatalf("record %d is %s, want newest first", i, r.RunID)
+			}
+		}
+		if recs[0].Fence != live.Fence || recs[0].StartedAt.IsZero() || !recs[2].FinishedAt.After(time.Time{}) {
+			t.Fatalf("records lack fence or times: %+v", recs)
+		}
+		all, err := h.History(ctxT(t), "", 2)
+		if err != nil || len(all) != 2 {
+			t.Fatalf("history of all jobs, limit 2: %d records, %v", len(all), err)
+		}
+	})
+}

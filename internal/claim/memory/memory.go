@@ -1,0 +1,181 @@
+// Package memory is an in-process Claimer for tests and single-replica use.
+// Replicas that share one *Claimer coordinate; separate processes do not.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Options configure a Claimer.
+type Options struct {
+	// Instance is the holder id written into claims.
+	Instance string
+	// Now is the clock leases are measured on; default time.Now.
+	Now func() time.Time
+}
+
+type entry struct {
+	rec   claim.Record
+	token string
+}
+
+// Store is the shared state several in-process replicas coordinate through.
+type Store struct {
+	mu     sync.Mutex
+	runs   map[string]*entry
+	fences map[string]int64
+	now    func() time.Time
+}
+
+// NewStore returns an empty store measuring leases on now (default time.Now).
+func NewStore(now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{runs: map[string]*entry{}, fences: map[string]int64{}, now: now}
+}
+
+// Claimer is one replica's view of a Store.
+type Claimer struct {
+	s        *Store
+	instance string
+}
+
+// New returns a Claimer for instance over s.
+func New(s *Store, instance string) *Claimer {
+	if s == nil {
+		panic("memory: nil store")
+	}
+	return &Claimer{s: s, instance: instance}
+}
+
+// Claim implements claim.Claimer.
+func (m *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+	if err := claim.CheckClaim(run, lease); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	requested := time.Now()
+	s := m.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	id := run.ID()
+	e := s.runs[id]
+	attempt := 1
+	if e != nil {
+		switch {
+		case e.rec.Status == claim.StatusSucceeded || e.rec.Status == claim.StatusFailed:
+			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
+		case e.rec.Status == claim.StatusRunning && now.Before(e.rec.LeaseUntil):
+			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
+		}
+		attempt = e.rec.Attempt + 1
+	}
+	s.fences[run.Job]++
+	c := &claim.Claim{
+		Run: claim.Run{Job: run.Job, At: run.At.UTC()}, Token: claim.NewToken(), Holder: m.instance,
+		Fence: s.fences[run.Job], Attempt: attempt, Deadline: now.Add(lease),
+		Requested: requested, Lease: lease,
+	}
+	s.runs[id] = &entry{token: c.Token, rec: claim.Record{
+		RunID: id, Job: run.Job, At: c.Run.At, Status: claim.StatusRunning,
+		Holder: m.instance, Fence: c.Fence, Attempt: attempt, StartedAt: now, LeaseUntil: c.Deadline,
+	}}
+	return c, nil
+}
+
+// live returns the entry c holds, or ErrLeaseLost. s.mu must be held.
+func (s *Store) live(c *claim.Claim) (*entry, error) {
+	e := s.runs[c.ID()]
+	if e == nil || e.token != c.Token || e.rec.Status != claim.StatusRunning {
+		return nil, fmt.Errorf("claim %s: %w", c.ID(), claim.ErrLeaseLost)
+	}
+	return e, nil
+}
+
+// Renew implements claim.Claimer.
+func (m *Claimer) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
+	if err := claim.CheckRenew(c, lease); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	requested := time.Now()
+	s := m.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.live(c)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	if !now.Before(e.rec.LeaseUntil) {
+		return fmt.Errorf("renew %s: expired: %w", c.ID(), claim.ErrLeaseLost)
+	}
+	e.rec.LeaseUntil = now.Add(lease)
+	c.Deadline, c.Requested, c.Lease = e.rec.LeaseUntil, requested, lease
+	return nil
+}
+
+// Release implements claim.Claimer.
+func (m *Claimer) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
+	if err := claim.CheckRelease(c, o); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s := m.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.live(c)
+	if err != nil {
+		return err
+	}
+	e.rec.Status = claim.Status(o)
+	if o.Terminal() {
+		e.rec.FinishedAt = s.now()
+	}
+	return nil
+}
+
+// Ping implements claim.Claimer; memory is always reachable.
+func (m *Claimer) Ping(ctx context.Context) error { return ctx.Err() }
+
+// Close implements claim.Claimer.
+func (m *Claimer) Close() error { return nil }
+
+// History implements claim.Historian.
+func (m *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.s.mu.Lock()
+	var out []claim.Record
+	for _, e := range m.s.runs {
+		if job == "" || e.rec.Job == job {
+			out = append(out, e.rec)
+		}
+	}
+	m.s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].At.Equal(out[j].At) {
+			return out[i].At.After(out[j].At)
+		}
+		return out[i].Job < out[j].Job
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}

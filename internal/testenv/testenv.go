@@ -1,0 +1,211 @@
+// Package testenv finds the real services integration tests run against, in
+// the order DESIGN.md fixes: SCHEDULER_TEST_* variables, then local defaults
+// when reachable. When neither is there the test skips with one clear line,
+// unless SCHEDULER_TEST_REQUIRE_SERVICES=1 (set by .ci/run), which makes a
+// missing service a failure. It also starts private redis-server processes
+// for tests that must restart or kill a node.
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Environment variables read by tests (and only by tests).
+const (
+	EnvPostgresDSN     = "SCHEDULER_TEST_POSTGRES_DSN"
+	EnvRedisAddr       = "SCHEDULER_TEST_REDIS_ADDR"
+	EnvRedlockAddrs    = "SCHEDULER_TEST_REDLOCK_ADDRS"
+	EnvRequireServices = "SCHEDULER_TEST_REQUIRE_SERVICES"
+)
+
+const (
+	defaultPostgresDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	defaultRedisAddr   = "127.0.0.1:6379"
+)
+
+// Required reports whether a missing service must fail the test.
+func Required() bool { return os.Getenv(EnvRequireServices) == "1" }
+
+// Missing skips t, or fails it when services are required.
+func Missing(t testing.TB, service, why string) {
+	t.Helper()
+	msg := fmt.Sprintf("%s unavailable (%s); set %s or start it locally (Docker/testcontainers is not wired in this build)", service, why, envFor(service))
+	if Required() {
+		t.Fatalf("%s, and %s=1", msg, EnvRequireServices)
+	}
+	t.Skip(msg)
+}
+
+func envFor(service string) string {
+	switch service {
+	case "postgres":
+		return EnvPostgresDSN
+	case "redis":
+		return EnvRedisAddr
+	default:
+		return EnvRedlockAddrs
+	}
+}
+
+// PostgresDSN returns the DSN of a reachable PostgreSQL server.
+func PostgresDSN(t testing.TB) string {
+	t.Helper()
+	if dsn := os.Getenv(EnvPostgresDSN); dsn != "" {
+		return dsn
+	}
+	if err := dial("127.0.0.1:5432"); err != nil {
+		Missing(t, "postgres", err.Error())
+	}
+	return defaultPostgresDSN
+}
+
+// RedisAddr returns the address of a reachable Redis server.
+func RedisAddr(t testing.TB) string {
+	t.Helper()
+	if addr := os.Getenv(EnvRedisAddr); addr != "" {
+		return addr
+	}
+	if err := dial(defaultRedisAddr); err != nil {
+		Missing(t, "redis", err.Error())
+	}
+	return defaultRedisAddr
+}
+
+// RedlockAddrs returns the addresses of independent Redis nodes for Redlock:
+// SCHEDULER_TEST_REDLOCK_ADDRS, or n private redis-server processes started
+// for this test.
+func RedlockAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	if v := os.Getenv(EnvRedlockAddrs); v != "" {
+		return strings.Split(v, ",")
+	}
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = StartRedis(t).Addr()
+	}
+	return addrs
+}
+
+func dial(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// Redis is a redis-server process started by a test, without persistence.
+// It is stopped (by pid) when the test ends.
+type Redis struct {
+	t    testing.TB
+	port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+}
+
+// StartRedis starts a private redis-server on a free loopback port. Extra
+// arguments are passed to redis-server (e.g. "--maxmemory", "1mb").
+func StartRedis(t testing.TB, extra ...string) *Redis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		Missing(t, "redis-server", "not on PATH")
+	}
+	r := &Redis{t: t, dir: t.TempDir(), args: extra}
+	r.port = freePort(t)
+	r.Start()
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// Addr is the node's host:port.
+func (r *Redis) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
+
+// Start (re)starts the process on the same port, empty: no persistence.
+func (r *Redis) Start() {
+	r.t.Helper()
+	if r.cmd != nil {
+		return
+	}
+	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no"}, r.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.Dir = r.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		r.t.Fatalf("start redis-server: %v", err)
+	}
+	r.cmd = cmd
+	ready := make(chan struct{})
+	go func() { // drains the log so the server never blocks on a full pipe
+		signal := ready
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if signal != nil && strings.Contains(sc.Text(), "Ready to accept connections") {
+				close(signal)
+				signal = nil
+			}
+		}
+		if signal != nil {
+			close(signal)
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(15 * time.Second):
+		r.t.Fatalf("redis-server on port %d not ready after 15s", r.port)
+	}
+	if err := dial(r.Addr()); err != nil {
+		r.t.Fatalf("redis-server on port %d: %v", r.port, err)
+	}
+}
+
+// Stop kills the process (SIGKILL: its data is gone) and waits for it.
+func (r *Redis) Stop() {
+	if r.cmd == nil {
+		return
+	}
+	_ = r.cmd.Process.Kill()
+	_ = r.cmd.Wait()
+	r.cmd = nil
+}
+
+// Restart kills the node and starts it again, empty, on the same port.
+func (r *Redis) Restart() {
+	r.Stop()
+	r.Start()
+}
+
+// freePort asks the kernel for an unused loopback port.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// CleanupContext is for t.Cleanup work: t.Context is already cancelled then.
+func CleanupContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+// TempPath returns a file path in a per-test directory.
+func TempPath(t testing.TB, name string) string { return filepath.Join(t.TempDir(), name) }
