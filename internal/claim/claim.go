@@ -20,7 +20,7 @@ var (
 	// ErrHeld means another replica holds a live claim on the run. It is a
 	// normal outcome of a lost bid, not a failure.
 	ErrHeld = errors.New("claim: held by another replica")
-	// ErrDone means the run already finished (succeeded or failed) and must
+	// ErrDone means the run already finished (succeeded, failed or skipped) and must
 	// not execute again.
 	ErrDone = errors.New("claim: run already done")
 	// ErrLeaseLost means the caller's claim is no longer valid: it expired,
@@ -126,16 +126,20 @@ const (
 	// granted again.
 	Succeeded Outcome = "succeeded"
 	Failed    Outcome = "failed"
+	// Skipped is terminal too: the run was deliberately not executed (a
+	// misfire under the skip policy, attempts exhausted). Recording it stops
+	// other replicas from executing it and shows it in the history.
+	Skipped Outcome = "skipped"
 	// Interrupted hands the run back: another replica may take it over at
 	// once, with attempt+1 and a higher fence, without waiting for the lease.
 	Interrupted Outcome = "interrupted"
 )
 
 // Terminal reports whether the outcome ends the run for good.
-func (o Outcome) Terminal() bool { return o == Succeeded || o == Failed }
+func (o Outcome) Terminal() bool { return o == Succeeded || o == Failed || o == Skipped }
 
 // Valid reports whether o is one of the known outcomes.
-func (o Outcome) Valid() bool { return o == Succeeded || o == Failed || o == Interrupted }
+func (o Outcome) Valid() bool { return o.Terminal() || o == Interrupted }
 
 // Claimer grants at most one replica the right to execute a scheduled run.
 //
@@ -173,7 +177,11 @@ const (
 	StatusSucceeded   Status = "succeeded"
 	StatusFailed      Status = "failed"
 	StatusInterrupted Status = "interrupted"
+	StatusSkipped     Status = "skipped"
 )
+
+// Live reports whether a run in status s may still execute.
+func (s Status) Live() bool { return s == StatusRunning || s == StatusInterrupted }
 
 // Record is one run as a backend remembers it, for history and status pages.
 type Record struct {

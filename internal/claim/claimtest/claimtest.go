@@ -284,7 +284,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
-		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed} {
+		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped} {
 			run := runAt("job.done", i)
 			cl := mustClaim(t, a, run, lease)
 			if err := a.Release(ctxT(t), cl, o); err != nil {

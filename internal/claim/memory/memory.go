@@ -73,7 +73,7 @@ func (m *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 	attempt := 1
 	if e != nil {
 		switch {
-		case e.rec.Status == claim.StatusSucceeded || e.rec.Status == claim.StatusFailed:
+		case !e.rec.Status.Live():
 			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
 		case e.rec.Status == claim.StatusRunning && now.Before(e.rec.LeaseUntil):
 			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
