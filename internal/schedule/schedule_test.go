@@ -1,0 +1,162 @@
+package schedule
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustTime(t *testing.T, s string) time.Time {
+	t.Helper()
+	v, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestNext(t *testing.T) {
+	cases := []struct {
+		name, spec, tz, from string
+		want                 []string
+	}{
+		{"FiveFields", "30 2 * * *", "", "2026-03-01T00:00:00Z",
+			[]string{"2026-03-01T02:30:00Z", "2026-03-02T02:30:00Z"}},
+		{"SixFieldsWithSeconds", "*/20 * * * * *", "", "2026-03-01T00:00:05.5Z",
+			[]string{"2026-03-01T00:00:20Z", "2026-03-01T00:00:40Z", "2026-03-01T00:01:00Z"}},
+		{"Hourly", "@hourly", "", "2026-03-01T00:59:59Z",
+			[]string{"2026-03-01T01:00:00Z", "2026-03-01T02:00:00Z"}},
+		{"Daily", "@daily", "", "2026-03-01T00:00:00Z",
+			[]string{"2026-03-02T00:00:00Z"}},
+		{"Weekly", "@weekly", "", "2026-03-01T00:00:00Z", // a Sunday
+			[]string{"2026-03-08T00:00:00Z"}},
+		{"Monthly", "@monthly", "", "2026-03-01T00:00:00Z",
+			[]string{"2026-04-01T00:00:00Z"}},
+		{"Yearly", "@yearly", "", "2026-03-01T00:00:00Z",
+			[]string{"2027-01-01T00:00:00Z"}},
+		{"EveryIsEpochAnchored", "@every 90s", "", "2026-03-01T00:00:01Z",
+			[]string{"2026-03-01T00:01:30Z", "2026-03-01T00:03:00Z"}},
+		{"ZoneShiftsWallClock", "0 9 * * *", "Europe/Berlin", "2026-01-10T00:00:00Z",
+			[]string{"2026-01-10T08:00:00Z", "2026-01-11T08:00:00Z"}},
+		// Berlin springs forward on 2026-03-29: 09:00 local moves from 08:00Z to 07:00Z.
+		{"AcrossSpringForward", "0 9 * * *", "Europe/Berlin", "2026-03-28T00:00:00Z",
+			[]string{"2026-03-28T08:00:00Z", "2026-03-29T07:00:00Z"}},
+		// New York falls back on 2026-11-01: 01:30 local happens twice; cron fires once.
+		{"AcrossFallBack", "30 1 * * *", "America/New_York", "2026-10-31T00:00:00Z",
+			[]string{"2026-10-31T05:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Parse(tc.spec, tc.tz)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			at := mustTime(t, tc.from)
+			for _, w := range tc.want {
+				at = s.Next(at)
+				if !at.Equal(mustTime(t, w)) || at.Location() != time.UTC {
+					t.Fatalf("next = %v, want %s in UTC", at, w)
+				}
+			}
+		})
+	}
+}
+
+func TestInstantsDoNotDependOnWhenAReplicaAsks(t *testing.T) {
+	for _, spec := range []string{"@every 7s", "*/3 * * * * *", "@every 1h"} {
+		s, err := Parse(spec, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := mustTime(t, "2026-05-05T10:00:00Z")
+		want := s.Next(start)
+		// Replicas asking at any moment before the instant name the same one.
+		for off := time.Duration(0); start.Add(off).Before(want); off += 137 * time.Millisecond {
+			if got := s.Next(start.Add(off)); !got.Equal(want) {
+				t.Fatalf("%s: asked at +%v got %v, want %v", spec, off, got, want)
+			}
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	cases := []struct{ spec, tz, want string }{
+		{"", "", "empty schedule"},
+		{"* * *", "", "expected"},
+		{"61 * * * *", "", "above maximum"},
+		{"@every banana", "", "invalid duration"},
+		{"@every 500ms", "", "whole number of seconds"},
+		{"@every -5s", "", "at least"},
+		{"@fortnightly", "", "unrecognized descriptor"},
+		{"0 0 30 2 *", "", "never fires"},
+		{"* * * * *", "Mars/Olympus", "unknown time zone"},
+		{"CRON_TZ=UTC * * * * *", "", "timezone key"},
+	}
+	for _, tc := range cases {
+		_, err := Parse(tc.spec, tc.tz)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%q, %q) = %v, want error containing %q", tc.spec, tc.tz, err, tc.want)
+		}
+	}
+}
+
+func TestPrev(t *testing.T) {
+	cases := []struct {
+		spec, at  string
+		limit     time.Duration
+		want      string // "" for none
+	}{
+		{"@every 10s", "2026-03-01T00:00:25Z", time.Hour, "2026-03-01T00:00:20Z"},
+		{"@every 10s", "2026-03-01T00:00:20Z", time.Hour, "2026-03-01T00:00:20Z"},
+		{"@every 10s", "2026-03-01T00:00:25Z", 4 * time.Second, ""},
+		{"30 2 * * *", "2026-03-05T12:00:00Z", 48 * time.Hour, "2026-03-05T02:30:00Z"},
+		{"30 2 * * *", "2026-03-05T02:30:00Z", 48 * time.Hour, "2026-03-05T02:30:00Z"},
+		{"30 2 * * *", "2026-03-05T12:00:00Z", time.Hour, ""},
+		{"* * * * * *", "2026-03-05T12:00:00.7Z", time.Minute, "2026-03-05T12:00:00Z"},
+	}
+	for _, tc := range cases {
+		s, err := Parse(tc.spec, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := s.Prev(mustTime(t, tc.at), tc.limit)
+		if tc.want == "" {
+			if !got.IsZero() {
+				t.Errorf("%s Prev(%s, %v) = %v, want none", tc.spec, tc.at, tc.limit, got)
+			}
+			continue
+		}
+		if !got.Equal(mustTime(t, tc.want)) {
+			t.Errorf("%s Prev(%s, %v) = %v, want %s", tc.spec, tc.at, tc.limit, got, tc.want)
+		}
+	}
+}
+
+func FuzzNext(f *testing.F) {
+	for _, s := range []string{"* * * * *", "*/5 * * * * *", "@every 90s", "@daily", "0 0 29 2 *", "30 2 * * 1-5", "@every 1s", "0 */7 * * *"} {
+		f.Add(s, "Europe/Berlin", int64(1_780_000_000))
+	}
+	f.Fuzz(func(t *testing.T, spec, tz string, unix int64) {
+		if tz != "" && tz != "UTC" && tz != "Europe/Berlin" && tz != "America/New_York" {
+			tz = "UTC" // zone names are not what is being fuzzed
+		}
+		s, err := Parse(spec, tz)
+		if err != nil {
+			return
+		}
+		at := time.Unix(unix%4_000_000_000, 0).UTC()
+		for range 5 {
+			n := s.Next(at)
+			if n.IsZero() {
+				return
+			}
+			if !n.After(at) {
+				t.Fatalf("%q: Next(%v) = %v, not strictly later", spec, at, n)
+			}
+			if p := s.Prev(n, 400*24*time.Hour); !p.Equal(n) {
+				t.Fatalf("%q: Prev(Next) = %v, want %v", spec, p, n)
+			}
+			at = n
+		}
+	})
+}
