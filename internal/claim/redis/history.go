@@ -1,0 +1,116 @@
+package redis
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strconv"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// History lists the runs this node remembers, newest scheduled instant
+// first; job "" means every job, limit <= 0 means all that are kept. A run
+// whose hash has expired is skipped and dropped from its job's index.
+func (n *Node) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	jobs := []string{job}
+	if job == "" {
+		var err error
+		if jobs, err = n.client.SMembers(ctx, n.keys.jobs()).Result(); err != nil {
+			return nil, translate(ctx, err)
+		}
+	}
+	var out []claim.Record
+	for _, j := range jobs {
+		recs, err := n.jobHistory(ctx, j, limit)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, recs...)
+	}
+	SortRecords(out)
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// jobHistory pages through one job's index, newest first, until it has
+// limit live records or the index ends.
+func (n *Node) jobHistory(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	page := int64(limit)
+	if limit <= 0 {
+		page = int64(n.historyLimit)
+	}
+	var out []claim.Record
+	for start := int64(0); ; start += page {
+		ids, err := n.client.ZRevRange(ctx, n.keys.runs(job), start, start+page-1).Result()
+		if err != nil {
+			return nil, translate(ctx, err)
+		}
+		if len(ids) == 0 {
+			return out, nil
+		}
+		cmds := make([]*goredis.MapStringStringCmd, len(ids))
+		if _, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			for i, id := range ids {
+				cmds[i] = p.HGetAll(ctx, n.keys.run(id))
+			}
+			return nil
+		}); err != nil {
+			return nil, translate(ctx, err)
+		}
+		var gone []any
+		for i, id := range ids {
+			rec, ok := record(id, cmds[i].Val())
+			if !ok {
+				gone = append(gone, id)
+				continue
+			}
+			out = append(out, rec)
+			if limit > 0 && len(out) == limit {
+				return out, nil
+			}
+		}
+		if len(gone) > 0 {
+			// Expired runs; the next read need not page past them again.
+			if err := n.client.ZRem(ctx, n.keys.runs(job), gone...).Err(); err != nil {
+				return nil, translate(ctx, err)
+			}
+			start -= int64(len(gone))
+		}
+	}
+}
+
+// record decodes a run hash; ok is false if the hash is gone or malformed.
+func record(id string, h map[string]string) (claim.Record, bool) {
+	if len(h) == 0 || h["status"] == "" {
+		return claim.Record{}, false
+	}
+	run, err := claim.ParseID(id)
+	if err != nil {
+		return claim.Record{}, false
+	}
+	num := func(k string) int64 { v, _ := strconv.ParseInt(h[k], 10, 64); return v }
+	rec := claim.Record{
+		RunID: id, Job: run.Job, At: run.At, Status: claim.Status(h["status"]), Holder: h["holder"],
+		Fence: num("fence"), Attempt: int(num("attempt")),
+		StartedAt: ms(num("started_at")), LeaseUntil: ms(num("lease_until")),
+	}
+	if h["finished_at"] != "" {
+		rec.FinishedAt = ms(num("finished_at"))
+	}
+	return rec, true
+}
+
+// SortRecords orders records newest scheduled instant first, then by job.
+func SortRecords(recs []claim.Record) {
+	slices.SortFunc(recs, func(a, b claim.Record) int {
+		if c := b.At.Compare(a.At); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Job, b.Job)
+	})
+}

@@ -1,0 +1,274 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Node runs the claim scripts against one Redis server and reports what
+// that server said. Claimer decides on the answer of one Node; package
+// redlock decides on the answers of several.
+type Node struct {
+	client        goredis.UniversalClient
+	keys          keys
+	doneTTL       time.Duration
+	historyLimit  int
+	allowEviction bool
+	slot, slots   int64
+}
+
+// NewNode returns a Node over client. Fences this node grants are congruent
+// to slot modulo slots: redlock gives each node its own residue so that two
+// nodes never hand out the same fence. A single server uses slot 0 of 1.
+// It panics on a nil client or a slot outside [0, slots).
+func NewNode(client goredis.UniversalClient, opts Options, slot, slots int) *Node {
+	if client == nil {
+		panic("redis: nil client")
+	}
+	if slots < 1 || slot < 0 || slot >= slots {
+		panic(fmt.Sprintf("redis: fence slot %d of %d", slot, slots))
+	}
+	opts = opts.withDefaults()
+	return &Node{
+		client: client, keys: keys{opts.Prefix}, doneTTL: opts.DoneTTL,
+		historyLimit: opts.HistoryLimit, allowEviction: opts.AllowEviction,
+		slot: int64(slot), slots: int64(slots),
+	}
+}
+
+// keys builds the key layout. Run ids are injective (claim.Run.ID), and the
+// four namespaces differ before the variable part ("run:" vs "runs:"), so
+// distinct runs and jobs never share a key.
+type keys struct{ prefix string }
+
+func (k keys) run(id string) string    { return k.prefix + "run:" + id }
+func (k keys) fence(job string) string { return k.prefix + "fence:" + job }
+func (k keys) runs(job string) string  { return k.prefix + "runs:" + job }
+func (k keys) jobs() string            { return k.prefix + "jobs" }
+
+// Vote is a node's answer to a claim.
+type Vote int
+
+// Votes.
+const (
+	Granted Vote = iota + 1 // the node granted the run to the caller's token
+	Held                    // another token holds a live lease
+	Done                    // the run finished
+)
+
+// Reply is one node's answer to a claim. Times are on the node's clock.
+type Reply struct {
+	Vote       Vote
+	Fence      int64        // Granted
+	Attempt    int          // Granted
+	LeaseUntil time.Time    // Granted, Held
+	Holder     string       // Held: the holder's instance
+	HolderKey  string       // Held: a digest of the holder's token; equal keys mean the same grant
+	Status     claim.Status // Done
+}
+
+// Claim asks the node to grant run to token for lease.
+func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, lease time.Duration) (Reply, error) {
+	id := run.ID()
+	vals, err := claimScript.Run(ctx, n.client,
+		[]string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs()},
+		token, holder, lease.Milliseconds(), n.doneTTL.Milliseconds(), run.At.UnixMilli(), id, run.Job,
+		n.historyLimit, n.slot, n.slots,
+	).Slice()
+	if err != nil {
+		return Reply{}, translate(ctx, err)
+	}
+	r := reply(vals)
+	var out Reply
+	switch r.str(0) {
+	case "granted":
+		out = Reply{Vote: Granted, Fence: r.int(1), Attempt: int(r.int(2)), LeaseUntil: ms(r.int(3))}
+	case "held":
+		out = Reply{Vote: Held, Holder: r.str(1), LeaseUntil: ms(r.int(2)), HolderKey: r.str(3)}
+	case "done":
+		out = Reply{Vote: Done, Status: claim.Status(r.str(1))}
+	default:
+		return Reply{}, fmt.Errorf("redis: claim script replied %v", vals)
+	}
+	if r.err != nil {
+		return Reply{}, r.err
+	}
+	return out, nil
+}
+
+// Renew extends the lease token holds on runID to lease from now on the
+// node's clock and returns the new deadline. It returns an error wrapping
+// claim.ErrLeaseLost if token no longer holds a live lease there.
+func (n *Node) Renew(ctx context.Context, runID, token string, lease time.Duration) (time.Time, error) {
+	vals, err := renewScript.Run(ctx, n.client, []string{n.keys.run(runID)},
+		token, lease.Milliseconds(), n.doneTTL.Milliseconds()).Slice()
+	if err != nil {
+		return time.Time{}, translate(ctx, err)
+	}
+	r := reply(vals)
+	switch r.str(0) {
+	case "renewed":
+		until := ms(r.int(1))
+		return until, r.err
+	case "lost":
+		return time.Time{}, fmt.Errorf("%s: %w", r.str(1), claim.ErrLeaseLost)
+	}
+	return time.Time{}, fmt.Errorf("redis: renew script replied %v", vals)
+}
+
+// Release ends the claim token holds on runID with outcome o. It returns an
+// error wrapping claim.ErrLeaseLost if token no longer holds the run there.
+func (n *Node) Release(ctx context.Context, runID, token string, o claim.Outcome) error {
+	vals, err := releaseScript.Run(ctx, n.client, []string{n.keys.run(runID)},
+		token, string(o), n.doneTTL.Milliseconds(), terminal(o)).Slice()
+	if err != nil {
+		return translate(ctx, err)
+	}
+	r := reply(vals)
+	switch r.str(0) {
+	case "released":
+		return r.err
+	case "lost":
+		return fmt.Errorf("%s: %w", r.str(1), claim.ErrLeaseLost)
+	}
+	return fmt.Errorf("redis: release script replied %v", vals)
+}
+
+// Abort undoes a grant to token that will not be used: a fresh run
+// disappears, a takeover returns to the attempt it replaced. It is a no-op
+// if token no longer holds the run.
+func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
+	id := run.ID()
+	return translate(ctx, abortScript.Run(ctx, n.client,
+		[]string{n.keys.run(id), n.keys.runs(run.Job)}, token, id).Err())
+}
+
+// Commit raises the job's fence key to at least fence and, if token still
+// holds run, records fence and attempt in the run. It reports whether the
+// run was updated.
+func (n *Node) Commit(ctx context.Context, run claim.Run, token string, fence int64, attempt int) (bool, error) {
+	v, err := commitScript.Run(ctx, n.client,
+		[]string{n.keys.run(run.ID()), n.keys.fence(run.Job)}, token, fence, attempt).Int()
+	if err != nil {
+		return false, translate(ctx, err)
+	}
+	return v == 1, nil
+}
+
+// Ping reports whether the server answers.
+func (n *Node) Ping(ctx context.Context) error {
+	return translate(ctx, n.client.Ping(ctx).Err())
+}
+
+// Check refuses a server that may evict keys: with maxmemory set and any
+// maxmemory-policy but noeviction, Redis may drop a claim under memory
+// pressure and the run would execute twice. It reads INFO, which managed
+// services that disable CONFIG still serve.
+func (n *Node) Check(ctx context.Context) error {
+	if _, ok := n.client.(*goredis.ClusterClient); ok {
+		return errors.New("redis: Redis Cluster is not supported: a claim updates keys in several hash slots atomically")
+	}
+	info, err := n.client.Info(ctx, "memory").Result()
+	if err != nil {
+		return translate(ctx, err)
+	}
+	var maxmemory int64
+	policy := ""
+	for line := range strings.Lines(info) {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "maxmemory":
+			maxmemory, _ = strconv.ParseInt(v, 10, 64)
+		case "maxmemory_policy":
+			policy = v
+		}
+	}
+	if maxmemory > 0 && policy != "noeviction" && !n.allowEviction {
+		return fmt.Errorf("redis: maxmemory is %d bytes with maxmemory-policy %q: the server may evict a claim "+
+			"and let a run execute twice; set maxmemory-policy noeviction (or maxmemory 0), or allow eviction "+
+			"explicitly to accept that risk", maxmemory, policy)
+	}
+	return nil
+}
+
+// translate maps a go-redis error onto the claim contract, in one place.
+// The caller's cancellation comes back unchanged, never as a sentinel;
+// anything that says the server cannot serve us now (no connection, a
+// timeout, LOADING, READONLY, OOM, auth) is claim.ErrUnavailable; other
+// server replies are bugs and are returned as they are. go-redis errors
+// carry addresses, never passwords.
+func translate(ctx context.Context, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		// Whatever the client saw (a deadline on the socket, a dropped
+		// connection) followed from the caller giving up.
+		return ctx.Err()
+	case errors.Is(err, goredis.Nil):
+		// No script replies nil and no command used here returns it.
+		return fmt.Errorf("redis: unexpected nil reply")
+	}
+	var rerr goredis.Error
+	if errors.As(err, &rerr) && !serverUnavailable(err) {
+		return err
+	}
+	// %v, not %w: a timeout inside the client is not the caller's deadline.
+	return fmt.Errorf("%w: %v", claim.ErrUnavailable, err)
+}
+
+func serverUnavailable(err error) bool {
+	return goredis.IsLoadingError(err) || goredis.IsReadOnlyError(err) || goredis.IsMasterDownError(err) ||
+		goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err) || goredis.IsMaxClientsError(err) ||
+		goredis.IsOOMError(err) || goredis.IsAuthError(err) || goredis.IsPermissionError(err) ||
+		goredis.HasErrorPrefix(err, "BUSY")
+}
+
+// reply reads a script's array reply; the first malformed element sets err.
+type replyReader struct {
+	vals []any
+	err  error
+}
+
+func reply(vals []any) *replyReader { return &replyReader{vals: vals} }
+
+func (r *replyReader) str(i int) string {
+	if i < len(r.vals) {
+		if s, ok := r.vals[i].(string); ok {
+			return s
+		}
+	}
+	if r.err == nil {
+		r.err = fmt.Errorf("redis: script reply %v: element %d is not a string", r.vals, i)
+	}
+	return ""
+}
+
+func (r *replyReader) int(i int) int64 {
+	if i < len(r.vals) {
+		if n, ok := r.vals[i].(int64); ok {
+			return n
+		}
+	}
+	if r.err == nil {
+		r.err = fmt.Errorf("redis: script reply %v: element %d is not an integer", r.vals, i)
+	}
+	return 0
+}
+
+func terminal(o claim.Outcome) string {
+	if o.Terminal() {
+		return "1"
+	}
+	return "0"
+}
+
+func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }

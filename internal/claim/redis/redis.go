@@ -1,0 +1,208 @@
+// Package redis is a claim.Claimer over one Redis server (go-redis/v9).
+//
+// # Layout
+//
+// Keys start with Options.Prefix (default "scheduler:"):
+//
+//	run:<run id>   hash: token, holder, fence, attempt, status, started_at,
+//	               lease_until, finished_at (ms on the Redis server's clock)
+//	fence:<job>    the job's last fence
+//	runs:<job>     sorted set of run ids scored by scheduled instant (ms),
+//	               trimmed to HistoryLimit
+//	jobs           set of job names
+//
+// # Claims
+//
+// Claim is one Lua script, one round trip. With no run hash it grants
+// attempt 1: the SET NX of the classic Redis lock, done in Lua so that the
+// fence and the attempt are written in the same atomic step. A running hash
+// whose lease_until is still ahead of the server's TIME is held; one in a
+// terminal status (succeeded, failed, skipped) is done; an interrupted or expired one is taken
+// over with attempt+1. Leases live in lease_until, measured on the server
+// clock only, not in the key's TTL: the key lives DoneTTL past the lease (set
+// at every grant and renewal, reset to DoneTTL at release), so the attempt
+// count survives an expired lease and a finished run's "done" marker
+// outlives the schedule period and misfire grace. Renew and Release are
+// compare-token-then-act scripts.
+//
+// # Fences
+//
+// A new fence is max(stored+1, server TIME in µs). The stored+1 term makes
+// fences strictly grow on one server; the clock term keeps them growing when
+// the server restarts with no data (the usual no-persistence setup), as long
+// as the server's clock does not step back past the fences already issued
+// and no more than one grant per µs was made on average. A restored older
+// snapshot is survived the same way. A clock stepped back (or a restore on
+// a host whose clock is behind) can issue a fence already seen.
+//
+// # Limits
+//
+// A server that may evict keys (maxmemory with a policy other than
+// noeviction) can drop a live claim and run a job twice: Open and Check
+// refuse it unless Options.AllowEviction. Replication is asynchronous, so a
+// failover to a replica can lose the latest grants; use redlock when that
+// matters. Redis Cluster is not supported: a claim updates several keys of
+// one job atomically and they are not in one hash slot.
+//
+// Clients should set ContextTimeoutEnabled so that a caller's deadline
+// bounds each call; without it go-redis waits up to its ReadTimeout.
+package redis
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Defaults for Options.
+const (
+	DefaultPrefix       = "scheduler:"
+	DefaultDoneTTL      = 48 * time.Hour
+	DefaultHistoryLimit = 1000
+)
+
+// Options configure a Claimer.
+type Options struct {
+	// Instance is the holder id written into claims.
+	Instance string
+	// Prefix starts every key (default "scheduler:").
+	Prefix string
+	// DoneTTL is how long a run's hash is kept after its lease or release
+	// (default 48h). It must outlive the schedule period and misfire
+	// grace: once it expires, a replica that wakes late can run it again.
+	DoneTTL time.Duration
+	// HistoryLimit is how many runs per job History keeps (default 1000).
+	HistoryLimit int
+	// AllowEviction lets Check accept a server whose maxmemory-policy may
+	// evict claims.
+	AllowEviction bool
+}
+
+func (o Options) withDefaults() Options {
+	o.Prefix = cmp.Or(o.Prefix, DefaultPrefix)
+	o.DoneTTL = cmp.Or(o.DoneTTL, DefaultDoneTTL)
+	o.HistoryLimit = cmp.Or(o.HistoryLimit, DefaultHistoryLimit)
+	return o
+}
+
+// Claimer is a claim.Claimer and claim.Historian over one Redis server.
+type Claimer struct {
+	node     *Node
+	client   goredis.UniversalClient
+	instance string
+}
+
+var (
+	_ claim.Claimer   = (*Claimer)(nil)
+	_ claim.Historian = (*Claimer)(nil)
+)
+
+// New returns a Claimer over client, which it owns from now on: Close
+// closes it. It panics on a nil client. Call Check before use, or use Open.
+func New(client goredis.UniversalClient, opts Options) *Claimer {
+	return &Claimer{node: NewNode(client, opts, 0, 1), client: client, instance: opts.Instance}
+}
+
+// Open is New followed by Check; on error it closes nothing.
+func Open(ctx context.Context, client goredis.UniversalClient, opts Options) (*Claimer, error) {
+	c := New(client, opts)
+	if err := c.Check(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Check refuses a server that may evict claims (see Node.Check) or that
+// cannot be reached (claim.ErrUnavailable).
+func (c *Claimer) Check(ctx context.Context) error { return c.node.Check(ctx) }
+
+// Claim implements claim.Claimer.
+func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+	if err := claim.CheckClaim(run, lease); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	run.At = run.At.UTC()
+	token := claim.NewToken()
+	requested := time.Now()
+	r, err := c.node.Claim(ctx, run, token, c.instance, lease)
+	if err != nil {
+		if ctx.Err() != nil {
+			// The script may have granted before the caller gave up: undo it
+			// rather than leave a ghost holding the run for a whole lease.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			_ = c.node.Abort(actx, run, token)
+			cancel()
+		}
+		return nil, fmt.Errorf("claim %s: %w", run.ID(), err)
+	}
+	switch r.Vote {
+	case Held:
+		return nil, fmt.Errorf("claim %s: holder %s until %s: %w", run.ID(), r.Holder,
+			r.LeaseUntil.Format(time.RFC3339Nano), claim.ErrHeld)
+	case Done:
+		return nil, fmt.Errorf("claim %s: %s: %w", run.ID(), r.Status, claim.ErrDone)
+	}
+	return &claim.Claim{
+		Run: run, Token: token, Holder: c.instance, Fence: r.Fence, Attempt: r.Attempt,
+		Deadline: r.LeaseUntil, Requested: requested, Lease: lease,
+	}, nil
+}
+
+// Renew implements claim.Claimer.
+func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	if err := claim.CheckRenew(cl, lease); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	requested := time.Now()
+	until, err := c.node.Renew(ctx, cl.ID(), cl.Token, lease)
+	if err != nil {
+		return fmt.Errorf("renew %s: %w", cl.ID(), err)
+	}
+	cl.Deadline, cl.Requested, cl.Lease = until, requested, lease
+	return nil
+}
+
+// Release implements claim.Claimer.
+func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+	if err := claim.CheckRelease(cl, o); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := c.node.Release(ctx, cl.ID(), cl.Token, o); err != nil {
+		return fmt.Errorf("release %s as %s: %w", cl.ID(), o, err)
+	}
+	return nil
+}
+
+// Ping implements claim.Claimer.
+func (c *Claimer) Ping(ctx context.Context) error {
+	if err := c.node.Ping(ctx); err != nil {
+		return fmt.Errorf("ping redis: %w", err)
+	}
+	return nil
+}
+
+// Close implements claim.Claimer: it closes the client given to New.
+func (c *Claimer) Close() error { return c.client.Close() }
+
+// History implements claim.Historian.
+func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	recs, err := c.node.History(ctx, job, limit)
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
+	return recs, nil
+}
