@@ -1,0 +1,282 @@
+package redlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
+	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// nodeTimeout is generous for a loaded 2-core CI box; it is capped at
+// lease/3 anyway.
+const nodeTimeout = time.Second
+
+func newClient(addr string) *goredis.Client {
+	// No retries: a dead node must cost one refused dial, not a backoff.
+	return goredis.NewClient(&goredis.Options{
+		Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
+	})
+}
+
+func prefix() string { return "schedtest:" + claim.NewToken()[:12] + ":" }
+
+// isolate registers cleanup of every key under p on every node.
+func isolate(t testing.TB, addrs []string, p string) {
+	t.Cleanup(func() {
+		ctx, cancel := testenv.CleanupContext()
+		defer cancel()
+		for _, addr := range addrs {
+			admin := newClient(addr)
+			iter := admin.Scan(ctx, 0, p+"*", 500).Iterator()
+			for iter.Next(ctx) {
+				admin.Del(ctx, iter.Val())
+			}
+			_ = admin.Close() // a node a test stopped has nothing to clean
+		}
+	})
+}
+
+// opener returns claimers sharing prefix p, each with its own client per
+// node, closed when t ends.
+func opener(t testing.TB, addrs []string, p string) func(string) *redlock.Claimer {
+	var mu sync.Mutex
+	var opened []*redlock.Claimer
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range opened {
+			_ = c.Close()
+		}
+	})
+	return func(instance string) *redlock.Claimer {
+		clients := make([]goredis.UniversalClient, len(addrs))
+		for i, a := range addrs {
+			clients[i] = newClient(a)
+		}
+		c, err := redlock.New(clients, redlock.Options{Instance: instance, Prefix: p, NodeTimeout: nodeTimeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		opened = append(opened, c)
+		mu.Unlock()
+		return c
+	}
+}
+
+func TestConformance(t *testing.T) {
+	addrs := testenv.RedlockAddrs(t, 5)
+	claimtest.Run(t, func(t *testing.T) func(string) claim.Claimer {
+		p := prefix()
+		isolate(t, addrs, p)
+		open := opener(t, addrs, p)
+		return func(instance string) claim.Claimer { return open(instance) }
+	}, claimtest.Options{Lease: 600 * time.Millisecond})
+}
+
+func TestNewRejectsNoNodesAndBadClients(t *testing.T) {
+	if _, err := redlock.New(nil, redlock.Options{}); err == nil {
+		t.Fatal("New with no nodes: no error")
+	}
+	plain := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	defer plain.Close()
+	if _, err := redlock.New([]goredis.UniversalClient{plain}, redlock.Options{}); err == nil {
+		t.Fatal("New with a client that ignores context deadlines: no error")
+	}
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var base = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+
+func runAt(job string, i int) claim.Run {
+	return claim.Run{Job: job, At: base.Add(time.Duration(i) * time.Minute)}
+}
+
+func startNodes(t *testing.T, n int) ([]*testenv.Redis, []string) {
+	nodes := make([]*testenv.Redis, n)
+	addrs := make([]string, n)
+	for i := range nodes {
+		nodes[i] = testenv.StartRedis(t)
+		addrs[i] = nodes[i].Addr()
+	}
+	return nodes, addrs
+}
+
+// race has every claimer contend for run once and returns the winners.
+func race(t *testing.T, claimers []*redlock.Claimer, run claim.Run) []*claim.Claim {
+	t.Helper()
+	var wins []*claim.Claim
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, c := range claimers {
+		wg.Go(func() {
+			cl, err := c.Claim(ctxT(t), run, time.Minute)
+			switch {
+			case err == nil:
+				mu.Lock()
+				wins = append(wins, cl)
+				mu.Unlock()
+			case !errors.Is(err, claim.ErrHeld):
+				t.Errorf("claim %s: %v, want a win or ErrHeld", run.ID(), err)
+			}
+		})
+	}
+	wg.Wait()
+	return wins
+}
+
+// eventually retries claim until it is not ErrUnavailable: clients
+// reconnect to restarted nodes on first use.
+func eventually(t *testing.T, c claim.Claimer, run claim.Run) (*claim.Claim, error) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		cl, err := c.Claim(ctxT(t), run, time.Minute)
+		if !errors.Is(err, claim.ErrUnavailable) || time.Now().After(deadline) {
+			return cl, err
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for connections to come back; no event to wait on
+	}
+}
+
+func TestNodesDown(t *testing.T) {
+	nodes, addrs := startNodes(t, 5)
+	open := opener(t, addrs, prefix())
+	claimers := make([]*redlock.Claimer, 6)
+	for i := range claimers {
+		claimers[i] = open(fmt.Sprintf("replica-%d", i))
+	}
+
+	t.Log("two of five nodes down: claims still work, once each")
+	nodes[0].Stop()
+	nodes[1].Stop()
+	var last int64
+	for i := range 5 {
+		wins := race(t, claimers, runAt("job.down", i))
+		if len(wins) != 1 {
+			t.Fatalf("run %d: %d winners with two nodes down, want 1", i, len(wins))
+		}
+		if wins[0].Fence <= last {
+			t.Fatalf("run %d: fence %d after %d", i, wins[0].Fence, last)
+		}
+		last = wins[0].Fence
+	}
+
+	t.Log("three of five down: no quorum, nothing granted")
+	nodes[2].Stop()
+	run := runAt("job.down", 100)
+	_, err := claimers[0].Claim(ctxT(t), run, time.Minute)
+	if !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("claim with three of five nodes down: %v, want ErrUnavailable", err)
+	}
+	for _, n := range nodes[3:] {
+		admin := newClient(n.Addr())
+		keys, err := admin.Keys(ctxT(t), "*run:"+run.ID()).Result()
+		_ = admin.Close()
+		if err != nil || len(keys) != 0 {
+			t.Fatalf("node %s keeps %v (%v) after a claim without quorum", n.Addr(), keys, err)
+		}
+	}
+	if err := claimers[0].Ping(ctxT(t)); !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("ping with three of five nodes down: %v, want ErrUnavailable", err)
+	}
+
+	t.Log("nodes back, empty: claims work again and fences keep growing")
+	for _, n := range nodes[:3] {
+		n.Start()
+	}
+	cl, err := eventually(t, claimers[0], run)
+	if err != nil {
+		t.Fatalf("claim after the nodes came back: %v", err)
+	}
+	if cl.Fence <= last {
+		t.Fatalf("fence %d after %d", cl.Fence, last)
+	}
+	if wins := race(t, claimers, runAt("job.down", 101)); len(wins) != 1 {
+		t.Fatalf("%d winners after the nodes came back, want 1", len(wins))
+	}
+}
+
+func TestRestartedNodeGrantsNoSecondHolder(t *testing.T) {
+	nodes, addrs := startNodes(t, 5)
+	open := opener(t, addrs, prefix())
+	a, b := open("replica-a"), open("replica-b")
+	run := runAt("job.restart", 0)
+	held, err := a.Claim(ctxT(t), run, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := held.Fence
+	// Two nodes, one at a time, lose everything; a third would leave the
+	// claim on a minority.
+	for i := range 2 {
+		nodes[i].Restart()
+		if _, err := eventuallyHeld(t, b, run); !errors.Is(err, claim.ErrHeld) {
+			t.Fatalf("claim after node %d restarted empty: %v, want ErrHeld", i, err)
+		}
+		// Other runs of the job get fences that keep growing.
+		cl, err := eventually(t, b, runAt("job.restart", i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cl.Fence <= last {
+			t.Fatalf("fence %d after %d once node %d restarted empty", cl.Fence, last, i)
+		}
+		last = cl.Fence
+	}
+	if err := a.Release(ctxT(t), held, claim.Succeeded); err != nil {
+		t.Fatalf("release with two nodes restarted: %v", err)
+	}
+	nodes[2].Restart()
+	nodes[3].Restart()
+	if _, err := eventually(t, b, run); !errors.Is(err, claim.ErrDone) {
+		t.Fatalf("claim of a done run after two more nodes restarted empty: %v, want ErrDone", err)
+	}
+}
+
+// eventuallyHeld is eventually for a claim expected to lose.
+func eventuallyHeld(t *testing.T, c claim.Claimer, run claim.Run) (*claim.Claim, error) {
+	t.Helper()
+	cl, err := eventually(t, c, run)
+	if err == nil {
+		t.Fatalf("claim %s granted twice: %+v", run.ID(), cl)
+	}
+	return cl, err
+}
+
+func BenchmarkClaimRelease(b *testing.B) {
+	addrs := testenv.RedlockAddrs(b, 5)
+	p := prefix()
+	isolate(b, addrs, p)
+	c := opener(b, addrs, p)("bench")
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		i++
+		cl, err := c.Claim(ctx, claim.Run{Job: "job.bench", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Release(ctx, cl, claim.Succeeded); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}

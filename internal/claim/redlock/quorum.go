@@ -1,0 +1,188 @@
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+)
+
+// tally counts per-node results: nil is a yes, ErrLeaseLost a no, and
+// anything else a node that could not answer.
+type tally struct{ yes, no, unreachable int }
+
+func count(errs []error) tally {
+	var t tally
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			t.yes++
+		case errors.Is(err, claim.ErrLeaseLost):
+			t.no++
+		default:
+			t.unreachable++
+		}
+	}
+	return t
+}
+
+// verdict turns a tally into the contract's answer: a majority of yes is
+// success; a majority out of reach because nodes said no is ErrLeaseLost;
+// a majority out of reach only because nodes did not answer is
+// ErrUnavailable.
+func (c *Claimer) verdict(action string, errs []error) error {
+	t := count(errs)
+	switch {
+	case t.yes >= c.quorum:
+		return nil
+	case t.yes+t.unreachable >= c.quorum:
+		return fmt.Errorf("%s: done on %d of %d nodes, %d did not answer: %w (%v)",
+			action, t.yes, len(c.nodes), t.unreachable, claim.ErrUnavailable, errors.Join(errs...))
+	}
+	return fmt.Errorf("%s: done on %d of %d nodes, %d refused: %w", action, t.yes, len(c.nodes), t.no, claim.ErrLeaseLost)
+}
+
+// Renew implements claim.Claimer.
+func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	if err := claim.CheckRenew(cl, lease); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	start := time.Now()
+	until := make([]time.Time, len(c.nodes))
+	errs := make([]error, len(c.nodes))
+	c.each(ctx, c.timeout(lease), func(ctx context.Context, i int, n *redis.Node) {
+		until[i], errs[i] = n.Renew(ctx, cl.ID(), cl.Token, lease)
+	})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := c.verdict("renew "+cl.ID(), errs); err != nil {
+		return err
+	}
+	if v := validity(start, lease); v <= 0 {
+		return fmt.Errorf("renew %s: no validity left after %v of a %v lease: %w",
+			cl.ID(), time.Since(start).Round(time.Millisecond), lease, claim.ErrUnavailable)
+	}
+	var deadline time.Time
+	for i, err := range errs {
+		if err == nil && (deadline.IsZero() || until[i].Before(deadline)) {
+			deadline = until[i]
+		}
+	}
+	cl.Deadline, cl.Requested, cl.Lease = deadline, start, lease
+	return nil
+}
+
+// Release implements claim.Claimer: it succeeds when a majority released.
+func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+	if err := claim.CheckRelease(cl, o); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	errs := make([]error, len(c.nodes))
+	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redis.Node) {
+		errs[i] = n.Release(ctx, cl.ID(), cl.Token, o)
+	})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return c.verdict(fmt.Sprintf("release %s as %s", cl.ID(), o), errs)
+}
+
+// Ping implements claim.Claimer: a majority must answer.
+func (c *Claimer) Ping(ctx context.Context) error {
+	errs := make([]error, len(c.nodes))
+	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redis.Node) {
+		errs[i] = n.Ping(ctx)
+	})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return c.verdict("ping", errs)
+}
+
+// Check runs redis.Node.Check on every node: a node that may evict keys is
+// refused even if it is the only one; a majority must answer.
+func (c *Claimer) Check(ctx context.Context) error {
+	errs := make([]error, len(c.nodes))
+	c.each(ctx, max(c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redis.Node) {
+		if err := n.Check(ctx); err != nil {
+			errs[i] = fmt.Errorf("node %d: %w", i, err)
+		}
+	})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var refused []error
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, claim.ErrUnavailable) {
+			refused = append(refused, err)
+		}
+	}
+	if len(refused) > 0 {
+		return errors.Join(refused...)
+	}
+	return c.verdict("check", errs)
+}
+
+// Close implements claim.Claimer: it closes every node's client.
+func (c *Claimer) Close() error {
+	var errs []error
+	for _, cl := range c.clients {
+		errs = append(errs, cl.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// History implements claim.Historian. It merges what a majority of nodes
+// remember; for each run it keeps the most advanced record (highest
+// attempt, then a terminal one, then the latest lease).
+func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	lists := make([][]claim.Record, len(c.nodes))
+	errs := make([]error, len(c.nodes))
+	c.each(ctx, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redis.Node) {
+		lists[i], errs[i] = n.History(ctx, job, limit)
+	})
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := c.verdict("history", errs); err != nil {
+		return nil, err
+	}
+	best := map[string]claim.Record{}
+	for _, l := range lists {
+		for _, r := range l {
+			if b, ok := best[r.RunID]; !ok || ahead(r, b) {
+				best[r.RunID] = r
+			}
+		}
+	}
+	out := make([]claim.Record, 0, len(best))
+	for _, r := range best {
+		out = append(out, r)
+	}
+	redis.SortRecords(out)
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// ahead reports whether node record a is further along than b.
+func ahead(a, b claim.Record) bool {
+	switch {
+	case a.Attempt != b.Attempt:
+		return a.Attempt > b.Attempt
+	case a.Status.Live() != b.Status.Live():
+		return !a.Status.Live()
+	}
+	return a.LeaseUntil.After(b.LeaseUntil)
+}
