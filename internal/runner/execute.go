@@ -1,0 +1,387 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// Final statuses of a run on this replica, as logged and counted.
+const (
+	StatusSucceeded   = "succeeded"
+	StatusFailed      = "failed"
+	StatusLeaseLost   = "lease_lost"
+	StatusInterrupted = "interrupted"
+	StatusTimeout     = "timeout"
+)
+
+// Skip reasons.
+const (
+	ReasonHeld    = "held"
+	ReasonDone    = "done"
+	ReasonOverlap = "overlap"
+	ReasonMisfire = "misfire"
+)
+
+// dispatcher carries what one Run call's goroutines share.
+type dispatcher struct {
+	r       *Runner
+	ctx     context.Context // cancelled at shutdown: stops claiming and standing by
+	execCtx context.Context // cancelled only after ShutdownGrace
+	standby *sync.WaitGroup
+	exec    *sync.WaitGroup
+}
+
+// dispatch starts the life of one run: claim, stand by, execute.
+func (d *dispatcher) dispatch(j *jobState, at time.Time, misfired bool) {
+	if at.IsZero() {
+		return
+	}
+	misfired = misfired && d.r.opts.Now().Sub(at) > d.r.lateTolerance()
+	run := claim.Run{Job: j.Name, At: at.UTC()}
+	j.setLive(at, watching, +1)
+	d.standby.Go(func() {
+		defer j.setLive(at, watching, -1)
+		if j.Overlap == OverlapForbid && d.overlaps(j, at) {
+			d.skip(run, nil, ReasonOverlap, slog.LevelInfo)
+			return
+		}
+		d.contend(j, run, misfired)
+	})
+}
+
+// overlaps reports whether an earlier run of j still holds a claim. A run
+// executing here is known to; a run this replica only watched as held
+// elsewhere is probed again now, because the watcher's last look may be
+// stale and every replica must reach the same verdict.
+func (d *dispatcher) overlaps(j *jobState, at time.Time) bool {
+	executing, watched := j.earlierLive(at)
+	if executing {
+		return true
+	}
+	for _, prev := range watched {
+		cl, err := d.claim(claim.Run{Job: j.Name, At: prev})
+		switch {
+		case err == nil:
+			// Its holder died: granted() hands it back as a missed run
+			// (its window has passed) or runs it (then it overlaps).
+			d.granted(j, cl, false)
+			if executing, _ := j.earlierLive(at); executing {
+				return true
+			}
+		case errors.Is(err, claim.ErrDone):
+		default: // held, or unknown because the backend is unreachable
+			return true
+		}
+	}
+	return false
+}
+
+// contend claims run, standing by while another replica holds it, until the
+// run is won, done, or no longer worth waiting for.
+func (d *dispatcher) contend(j *jobState, run claim.Run, misfired bool) {
+	r := d.r
+	var unavailable error
+	heldLogged := false
+	for attempt := 0; ; attempt++ {
+		cl, err := d.claim(run)
+		switch {
+		case err == nil:
+			d.granted(j, cl, misfired)
+			return
+		case errors.Is(err, claim.ErrDone):
+			d.skip(run, nil, ReasonDone, slog.LevelDebug)
+			return
+		case errors.Is(err, claim.ErrHeld):
+			if !heldLogged {
+				d.skip(run, nil, ReasonHeld, slog.LevelDebug)
+				heldLogged = true
+			}
+			unavailable = nil
+		case d.ctx.Err() != nil:
+			return
+		default:
+			// Fail closed: nothing runs unclaimed. Log the first failure of a
+			// streak once, at error; the claim is retried below.
+			if unavailable == nil {
+				r.log.ErrorContext(d.ctx, "claim failed; retrying", append(runAttrs(r, run, nil), "error", err.Error())...)
+			}
+			unavailable = err
+		}
+		// Stand by. With overlap forbidden a held run keeps later instants
+		// skipped while it lives, so standing by lasts until it ends; the
+		// takeover itself is bounded in granted().
+		wait := jitter(r.opts.RenewEvery)
+		if unavailable != nil {
+			wait = jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-d.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// claim makes one bounded claim call, timed and counted.
+func (d *dispatcher) claim(run claim.Run) (*claim.Claim, error) {
+	r := d.r
+	if r.isClosing() {
+		return nil, errClosing
+	}
+	// A claim that takes longer than a third of the lease is treated as
+	// failed: the reply may still be in flight, so the run stays held
+	// until the lease expires and is then taken over, never run twice.
+	ctx, cancel := context.WithTimeout(d.ctx, r.opts.Lease/3)
+	defer cancel()
+	start := time.Now()
+	cl, err := r.opts.Claimer.Claim(ctx, run, r.opts.Lease)
+	r.opts.Metrics.claimed(run.Job, r.opts.ClaimerName, err, time.Since(start))
+	return cl, err
+}
+
+// granted decides what to do with a won claim.
+func (d *dispatcher) granted(j *jobState, cl *claim.Claim, misfired bool) {
+	r := d.r
+	now := r.opts.Now()
+	switch {
+	case misfired && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
+		d.skip(cl.Run, cl, ReasonMisfire, slog.LevelInfo)
+		d.release(cl, claim.Skipped)
+	case cl.Attempt > 1 && j.Overlap == OverlapForbid && !now.Before(j.Schedule.Next(cl.Run.At)):
+		// A takeover may not start once the next instant has come: that run
+		// owns the job now.
+		d.skip(cl.Run, cl, ReasonMisfire, slog.LevelInfo)
+		d.release(cl, claim.Skipped)
+	case cl.Attempt > j.MaxAttempts:
+		err := fmt.Errorf("attempt %d exceeds max_attempts %d", cl.Attempt, j.MaxAttempts)
+		d.finished(cl, StatusFailed, 0, err)
+		d.release(cl, claim.Failed)
+	default:
+		// Live before the standby that won it stops counting, so a later
+		// instant never sees a gap and overlaps this run.
+		j.setLive(cl.Run.At, executing, +1)
+		d.exec.Go(func() {
+			defer j.setLive(cl.Run.At, executing, -1)
+			d.execute(j, cl)
+		})
+	}
+}
+
+// execute runs the handler under a kept-alive lease and releases the claim
+// with the outcome. It returns the run's final status.
+func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
+	r := d.r
+	ctx, cancel := context.WithCancelCause(d.execCtx)
+	defer cancel(nil)
+	hctx := ctx
+	if j.Timeout > 0 {
+		var stop context.CancelFunc
+		hctx, stop = context.WithTimeoutCause(ctx, j.Timeout, job.ErrTimeout)
+		defer stop()
+	}
+	keepDone := make(chan struct{})
+	go func() {
+		defer close(keepDone)
+		d.keepAlive(ctx, cl, cancel)
+	}()
+
+	logger := r.opts.Logger.With(runAttrs(r, cl.Run, cl)...)
+	start := time.Now()
+	r.opts.Metrics.started(cl.Run.Job, r.opts.Now().Sub(cl.Run.At))
+	logger.InfoContext(hctx, "run started")
+	r.emit(Event{Kind: EventStarted, Run: cl.Run, Claim: cl})
+	err := callHandler(hctx, j.Handler, job.Run{
+		Job: cl.Run.Job, ScheduledAt: cl.Run.At, ID: cl.ID(), Fence: cl.Fence, Attempt: cl.Attempt,
+		Instance: r.opts.Instance, Params: j.Params, Logger: logger,
+	})
+	cause := context.Cause(hctx)
+	cancel(nil) // stops the keep-alive; the cause recorded above stays
+	<-keepDone
+	elapsed := time.Since(start)
+
+	var status string
+	var outcome claim.Outcome
+	switch {
+	case errors.Is(cause, claim.ErrLeaseLost) && err != nil:
+		// Hand the run back at once in case the claim is still ours; another
+		// replica then takes over without waiting for the lease.
+		status, outcome = StatusLeaseLost, claim.Interrupted
+	case errors.Is(cause, job.ErrShutdown):
+		status, outcome = StatusInterrupted, claim.Interrupted
+	case err == nil:
+		status, outcome = StatusSucceeded, claim.Succeeded
+	case errors.Is(cause, job.ErrTimeout):
+		status, outcome = StatusTimeout, claim.Failed
+	default:
+		status, outcome = StatusFailed, claim.Failed
+	}
+	if rerr := d.release(cl, outcome); errors.Is(rerr, claim.ErrLeaseLost) {
+		status = StatusLeaseLost
+		if err == nil {
+			err = rerr
+		}
+	}
+	if status == StatusLeaseLost && err == nil {
+		err = claim.ErrLeaseLost
+	}
+	d.finished(cl, status, elapsed, err)
+	return status
+}
+
+func callHandler(ctx context.Context, h job.Handler, run job.Run) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	return h(ctx, run)
+}
+
+// keepAlive renews cl every RenewEvery until ctx is done. If a renewal is
+// refused, or the local trust window passes before one succeeds, it cancels
+// the run with cause ErrLeaseLost. The window is measured on the monotonic
+// clock from the moment the last successful request was sent.
+func (d *dispatcher) keepAlive(ctx context.Context, cl *claim.Claim, cancel context.CancelCauseFunc) {
+	r := d.r
+	margin := r.opts.Lease / 10
+	next := time.NewTimer(r.opts.RenewEvery)
+	defer next.Stop()
+	for {
+		trusted := cl.TrustedUntil(margin)
+		expire := time.NewTimer(time.Until(trusted))
+		select {
+		case <-ctx.Done():
+			expire.Stop()
+			return
+		case <-expire.C:
+			r.opts.Logger.WarnContext(ctx, "lease not confirmed in time; cancelling run", runAttrs(r, cl.Run, cl)...)
+			cancel(claim.ErrLeaseLost)
+			return
+		case <-next.C:
+			expire.Stop()
+		}
+		rctx, rcancel := context.WithDeadline(ctx, trusted)
+		err := r.opts.Claimer.Renew(rctx, cl, r.opts.Lease)
+		rcancel()
+		r.opts.Metrics.renewed(r.opts.ClaimerName, err)
+		switch {
+		case err == nil:
+			next.Reset(r.opts.RenewEvery)
+		case errors.Is(err, claim.ErrLeaseLost):
+			r.opts.Logger.WarnContext(ctx, "lease lost; cancelling run", append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
+			cancel(claim.ErrLeaseLost)
+			return
+		case ctx.Err() != nil:
+			return
+		default:
+			// Transient: retry soon; the trust window decides when to give up.
+			next.Reset(min(r.opts.RenewEvery, 100*time.Millisecond))
+		}
+	}
+}
+
+// release ends cl with o, retrying transient failures while the lease can
+// still be trusted: a lost release would let the run be executed again.
+func (d *dispatcher) release(cl *claim.Claim, o claim.Outcome) error {
+	r := d.r
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(d.execCtx), cl.TrustedUntil(0).Add(time.Second))
+	defer cancel()
+	backoff := 50 * time.Millisecond
+	for {
+		err := r.opts.Claimer.Release(ctx, cl, o)
+		if err == nil || errors.Is(err, claim.ErrLeaseLost) || errors.Is(err, claim.ErrInvalid) {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			r.log.ErrorContext(ctx, "release failed", append(runAttrs(r, cl.Run, cl), "outcome", string(o), "error", err.Error())...)
+			return err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (d *dispatcher) skip(run claim.Run, cl *claim.Claim, reason string, level slog.Level) {
+	r := d.r
+	r.opts.Logger.Log(d.ctx, level, "run skipped", append(runAttrs(r, run, cl), "reason", reason)...)
+	r.opts.Metrics.skipped(run.Job, reason)
+	r.emit(Event{Kind: EventSkipped, Run: run, Claim: cl, Reason: reason})
+}
+
+func (d *dispatcher) finished(cl *claim.Claim, status string, elapsed time.Duration, err error) {
+	r := d.r
+	attrs := append(runAttrs(r, cl.Run, cl), "status", status, "duration_ms", elapsed.Milliseconds())
+	level := slog.LevelInfo
+	if err != nil {
+		attrs = append(attrs, "error", err.Error())
+		level = slog.LevelWarn
+	}
+	r.opts.Logger.Log(context.Background(), level, "run finished", attrs...)
+	r.opts.Metrics.finished(cl.Run.Job, status, elapsed)
+	r.emit(Event{Kind: EventFinished, Run: cl.Run, Claim: cl, Status: status, Err: err})
+}
+
+// runAttrs are the keys every run event carries (DESIGN.md, "Log events").
+func runAttrs(r *Runner, run claim.Run, cl *claim.Claim) []any {
+	a := []any{"job", run.Job, "scheduled_at", run.At.UTC().Format(time.RFC3339),
+		"run_id", run.ID(), "instance", r.opts.Instance, "claimer", r.opts.ClaimerName}
+	if cl != nil {
+		a = append(a, "fence", cl.Fence, "attempt", cl.Attempt)
+	}
+	return a
+}
+
+// jitter spreads retries of replicas that lost the same bid by ±20%.
+func jitter(d time.Duration) time.Duration {
+	return d - d/5 + rand.N(2*d/5+1)
+}
+
+// What a live entry is: a run executing on this replica, or one this
+// replica contends for or watches as held elsewhere.
+const (
+	executing = iota
+	watching
+)
+
+func (j *jobState) setLive(at time.Time, kind, delta int) {
+	k := at.UnixNano()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	e := j.live[k]
+	e[kind] += delta
+	if e == [2]int{} {
+		delete(j.live, k)
+	} else {
+		j.live[k] = e
+	}
+}
+
+// earlierLive reports whether a run of j before at executes here, and which
+// earlier runs this replica watches.
+func (j *jobState) earlierLive(at time.Time) (exec bool, watched []time.Time) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for k, e := range j.live {
+		if k >= at.UnixNano() {
+			continue
+		}
+		if e[executing] > 0 {
+			return true, nil
+		}
+		watched = append(watched, time.Unix(0, k).UTC())
+	}
+	return false, watched
+}

@@ -1,0 +1,288 @@
+// Package runner is the replica's runtime: it computes every job's instants,
+// claims each run through a claim.Claimer, executes the winner's handler
+// under a renewed lease, stands by as a loser to take over a run whose holder
+// died, and shuts down gracefully.
+//
+// Goroutines and who owns them: Run owns the scheduling loop and, through
+// two wait groups, every goroutine it starts: one per dispatched run (claim,
+// stand by, execute) and one keep-alive per executing run. Standbys stop when
+// Run's ctx is done; executing handlers get ShutdownGrace, then their context
+// is cancelled with cause job.ErrShutdown and their claims are released as
+// interrupted. Run returns only after every one of them has exited.
+package runner
+
+import (
+	"cmp"
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// Overlap policies.
+const (
+	OverlapForbid = "forbid"
+	OverlapAllow  = "allow"
+)
+
+// Misfire policies.
+const (
+	MisfireSkip    = "skip"
+	MisfireRunOnce = "run-once"
+)
+
+// Job is one scheduled job as the runner sees it.
+type Job struct {
+	Name        string
+	Schedule    *schedule.Schedule
+	Handler     job.Handler
+	Timeout     time.Duration // 0: none
+	Overlap     string        // OverlapForbid (default) or OverlapAllow
+	MaxAttempts int           // grants of one run before it is failed; default 3
+	Misfire     string        // MisfireSkip (default) or MisfireRunOnce
+	Grace       time.Duration // how late a misfired run may still start; default 1h
+	Params      job.Params
+}
+
+// Options configure a Runner.
+type Options struct {
+	Claimer     claim.Claimer
+	ClaimerName string // for logs and metrics: postgres, redis, …
+	Instance    string
+	// Lease is how long a claim lives without renewal (default 30s);
+	// RenewEvery how often the holder renews it (default Lease/3).
+	Lease, RenewEvery time.Duration
+	// MaxClockSkew bounds the offset between replica clocks (default 2s).
+	// Instants later than that on the local clock count as misfired.
+	MaxClockSkew time.Duration
+	// ShutdownGrace is how long running handlers may finish after Run's ctx
+	// is done before they are cancelled and released as interrupted.
+	ShutdownGrace time.Duration
+	Logger        *slog.Logger
+	Metrics       *Metrics // nil: no metrics
+	// Now is the wall clock instants are computed on (default time.Now).
+	// Leases and trust windows use the monotonic clock, never this one.
+	Now func() time.Time
+	// Observe, when set, receives every run event synchronously; tests use it
+	// instead of sleeping.
+	Observe func(Event)
+}
+
+// Event kinds.
+const (
+	EventStarted  = "started"
+	EventFinished = "finished"
+	EventSkipped  = "skipped"
+)
+
+// Event reports what happened to a run on this replica.
+type Event struct {
+	Kind   string
+	Run    claim.Run
+	Claim  *claim.Claim // nil for skips before a grant
+	Status string      // for EventFinished
+	Reason string      // for EventSkipped
+	Err    error
+}
+
+// Runner schedules and executes jobs on one replica.
+type Runner struct {
+	opts Options
+	jobs []*jobState
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	closing bool // no new dispatches once set
+}
+
+type jobState struct {
+	Job
+	mu   sync.Mutex
+	// live counts, per instant (unix ns), the runs executing here or watched
+	// as held elsewhere.
+	live map[int64][2]int
+}
+
+// New validates the jobs and options and returns a Runner.
+func New(opts Options, jobs []Job) (*Runner, error) {
+	if opts.Claimer == nil {
+		panic("runner: nil claimer")
+	}
+	opts.Lease = cmp.Or(opts.Lease, 30*time.Second)
+	opts.RenewEvery = cmp.Or(opts.RenewEvery, opts.Lease/3)
+	opts.MaxClockSkew = cmp.Or(opts.MaxClockSkew, 2*time.Second)
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.RenewEvery >= opts.Lease {
+		return nil, fmt.Errorf("runner: renew_every %v must be shorter than lease %v", opts.RenewEvery, opts.Lease)
+	}
+	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner")}
+	seen := map[string]bool{}
+	for _, j := range jobs {
+		switch {
+		case j.Name == "" || j.Schedule == nil || j.Handler == nil:
+			return nil, fmt.Errorf("runner: job %q needs a name, a schedule and a handler", j.Name)
+		case seen[j.Name]:
+			return nil, fmt.Errorf("runner: job %q listed twice", j.Name)
+		}
+		seen[j.Name] = true
+		j.Overlap = cmp.Or(j.Overlap, OverlapForbid)
+		j.Misfire = cmp.Or(j.Misfire, MisfireSkip)
+		j.MaxAttempts = cmp.Or(j.MaxAttempts, 3)
+		j.Grace = cmp.Or(j.Grace, time.Hour)
+		r.jobs = append(r.jobs, &jobState{Job: j, live: map[int64][2]int{}})
+	}
+	return r, nil
+}
+
+// lateTolerance is how far past its instant, on the local clock, a run may
+// be dispatched before it counts as misfired: the skew between replicas plus
+// room for a loaded machine.
+func (r *Runner) lateTolerance() time.Duration { return 2*r.opts.MaxClockSkew + 5*time.Second }
+
+// maxWait caps each sleep of the loop so that a wall-clock jump or a
+// suspend is noticed within a second, not at the next instant.
+const maxWait = time.Second
+
+type due struct {
+	at  time.Time
+	job *jobState
+}
+
+type dueHeap []due
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(due)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// Run schedules until ctx is done, then shuts down gracefully: no new
+// claims, running handlers get ShutdownGrace, then are cancelled and
+// released as interrupted. It returns once every goroutine it started has
+// exited.
+func (r *Runner) Run(ctx context.Context) error {
+	// Executions outlive ctx by up to ShutdownGrace, so they hang off a
+	// context of their own that only the shutdown path cancels.
+	execCtx, cancelExec := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelExec(nil)
+	var standby, exec sync.WaitGroup
+	d := &dispatcher{r: r, ctx: ctx, execCtx: execCtx, standby: &standby, exec: &exec}
+
+	now := r.opts.Now()
+	h := &dueHeap{}
+	for _, j := range r.jobs {
+		// The latest instant before start-up may have been missed while no
+		// replica was up, or may still be running elsewhere: find out by
+		// claiming it like any run.
+		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() {
+			d.dispatch(j, prev, true)
+		}
+		heap.Push(h, due{at: j.Schedule.Next(now), job: j})
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+loop:
+	for {
+		now = r.opts.Now()
+		for h.Len() > 0 && !(*h)[0].at.After(now) {
+			e := heap.Pop(h).(due)
+			if now.Sub(e.at) > r.lateTolerance() {
+				// The loop was paused or the clock jumped: only the latest
+				// missed instant matters, under the job's misfire policy.
+				latest := e.job.Schedule.Prev(now, now.Sub(e.at))
+				d.dispatch(e.job, latest, true)
+				heap.Push(h, due{at: e.job.Schedule.Next(now), job: e.job})
+				continue
+			}
+			d.dispatch(e.job, e.at, false)
+			heap.Push(h, due{at: e.job.Schedule.Next(e.at), job: e.job})
+		}
+		wait := maxWait
+		if h.Len() > 0 {
+			wait = min(wait, (*h)[0].at.Sub(now))
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-timer.C:
+		}
+	}
+
+	r.mu.Lock()
+	r.closing = true
+	r.mu.Unlock()
+	standby.Wait()
+	done := make(chan struct{})
+	go func() { exec.Wait(); close(done) }()
+	grace := time.NewTimer(r.opts.ShutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-done:
+	case <-grace.C:
+		r.log.WarnContext(ctx, "shutdown grace passed; interrupting running handlers", "shutdown_grace", r.opts.ShutdownGrace.String())
+		cancelExec(job.ErrShutdown)
+		<-done
+	}
+	return nil
+}
+
+// Trigger claims and executes one run of the named job now, outside its
+// schedule, and returns its final status. The manual instant carries a
+// millisecond part, so it cannot collide with a scheduled instant (those are
+// whole seconds).
+func (r *Runner) Trigger(ctx context.Context, name string) (string, error) {
+	var j *jobState
+	for _, x := range r.jobs {
+		if x.Name == name {
+			j = x
+		}
+	}
+	if j == nil {
+		return "", fmt.Errorf("trigger: unknown job %q", name)
+	}
+	at := r.opts.Now().UTC().Truncate(time.Millisecond)
+	if at.Nanosecond() == 0 {
+		at = at.Add(time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	d := &dispatcher{r: r, ctx: ctx, execCtx: ctx, standby: &wg, exec: &wg}
+	cl, err := r.opts.Claimer.Claim(ctx, claim.Run{Job: name, At: at}, r.opts.Lease)
+	if err != nil {
+		return "", fmt.Errorf("trigger %s: %w", name, err)
+	}
+	return d.execute(j, cl), nil
+}
+
+func (r *Runner) emit(e Event) {
+	if r.opts.Observe != nil {
+		r.opts.Observe(e)
+	}
+}
+
+// errClosing stops work that would start after shutdown began.
+var errClosing = errors.New("runner: shutting down")
+
+func (r *Runner) isClosing() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closing
+}
