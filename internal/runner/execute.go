@@ -336,7 +336,7 @@ func (d *dispatcher) finished(cl *claim.Claim, status string, elapsed time.Durat
 
 // runAttrs are the keys every run event carries (DESIGN.md, "Log events").
 func runAttrs(r *Runner, run claim.Run, cl *claim.Claim) []any {
-	a := []any{"job", run.Job, "scheduled_at", run.At.UTC().Format(time.RFC3339),
+	a := []any{"job", run.Job, "scheduled_at", run.At.UTC().Format(time.RFC3339Nano),
 		"run_id", run.ID(), "instance", r.opts.Instance, "claimer", r.opts.ClaimerName}
 	if cl != nil {
 		a = append(a, "fence", cl.Fence, "attempt", cl.Attempt)

@@ -1,0 +1,321 @@
+// Package cli is the scheduler's command line. cmd/scheduler calls Main with
+// the shipped handlers; a team's own binary registers its handlers in a
+// job.Registry and calls Main the same way, getting the same runtime.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"text/tabwriter"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/jobs"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
+	"github.com/scheduler-dev/scheduler/job"
+	"github.com/scheduler-dev/scheduler/migrations"
+)
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitRuntime = 1
+	ExitUsage   = 2
+)
+
+// Version is set at build time with -ldflags "-X …/cli.Version=v1.2.3".
+var Version = ""
+
+const usage = `scheduler: a cron job runner for replicated deployments.
+
+Usage:
+  scheduler run      [--config FILE] [--check]  run the replica (no config: embedded sqlite ./scheduler.db)
+  scheduler migrate  [--config FILE] up|down|status
+  scheduler jobs     [--config FILE] [--json]   registered jobs, schedules, next instants
+  scheduler runs     [--config FILE] [--job J] [--limit N] [--json]
+  scheduler trigger  [--config FILE] JOB        claim and execute one run of JOB now
+  scheduler version
+
+Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid config.
+Run "scheduler COMMAND --help" for a command's flags.
+`
+
+// Main runs the command line with args (without the program name) and
+// returns the exit code. reg holds the caller's handlers; the shipped ones
+// are added to it.
+func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
+	if reg == nil {
+		reg = job.NewRegistry()
+	}
+	if err := reg.Register(jobs.SleepName, jobs.Sleep); err != nil {
+		fmt.Fprintln(stderr, "scheduler:", err)
+		return ExitUsage
+	}
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return ExitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	e := &env{reg: reg, stdout: stdout, stderr: stderr}
+	switch cmd {
+	case "run":
+		return e.run(rest)
+	case "migrate":
+		return e.migrate(rest)
+	case "jobs":
+		return e.jobs(rest)
+	case "runs":
+		return e.runs(rest)
+	case "trigger":
+		return e.trigger(rest)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "scheduler", version())
+		return ExitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return ExitOK
+	}
+	fmt.Fprintf(stderr, "scheduler: unknown command %q\n\n%s", cmd, usage)
+	return ExitUsage
+}
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// env is what every command shares.
+type env struct {
+	reg            *job.Registry
+	stdout, stderr io.Writer
+}
+
+// flags returns a FlagSet with --config, whose errors go to stderr.
+func (e *env) flags(name, synopsis string) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: scheduler %s %s\n\nFlags:\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	path := fs.String("config", "", "YAML config `FILE` (default: built-in sqlite ./scheduler.db)")
+	return fs, path
+}
+
+// parse parses flags; it returns an exit code and false when the command
+// should stop (help requested or bad usage).
+func parse(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK, false
+		}
+		return ExitUsage, false
+	}
+	return 0, true
+}
+
+// load reads and validates the config against the registry; on error it
+// reports every problem and returns false.
+func (e *env) load(path string) (*config.Config, bool) {
+	var cfg *config.Config
+	var err error
+	if path == "" {
+		cfg = config.Default()
+	} else if cfg, err = config.Load(path); err != nil {
+		e.configError(err)
+		return nil, false
+	}
+	if err := cfg.Validate(e.reg.Has); err != nil {
+		e.configError(err)
+		return nil, false
+	}
+	return cfg, true
+}
+
+func (e *env) configError(err error) {
+	fmt.Fprintln(e.stderr, "scheduler: invalid configuration:")
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		for _, one := range joined.Unwrap() {
+			fmt.Fprintln(e.stderr, "  "+one.Error())
+		}
+		return
+	}
+	fmt.Fprintln(e.stderr, "  "+err.Error())
+}
+
+func (e *env) fail(format string, args ...any) int {
+	fmt.Fprintf(e.stderr, "scheduler: "+format+"\n", args...)
+	return ExitRuntime
+}
+
+func (e *env) migrate(args []string) int {
+	fs, path := e.flags("migrate", "[--config FILE] up|down|status")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 1 || (fs.Arg(0) != "up" && fs.Arg(0) != "down" && fs.Arg(0) != "status") {
+		fmt.Fprintln(e.stderr, "scheduler migrate: want exactly one of up, down, status")
+		fs.Usage()
+		return ExitUsage
+	}
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	ctx := context.Background()
+	b, err := openBackend(ctx, cfg, false)
+	if err != nil {
+		return e.fail("%v", err)
+	}
+	defer b.Close()
+	if b.db == nil {
+		return e.fail("claimer %q keeps no SQL schema; nothing to migrate", cfg.Claimer.Kind)
+	}
+	switch fs.Arg(0) {
+	case "up":
+		err = migrations.Up(ctx, b.db, b.dialect)
+	case "down":
+		err = migrations.Down(ctx, b.db, b.dialect)
+	}
+	if err != nil {
+		return e.fail("migrate %s: %v", fs.Arg(0), err)
+	}
+	st, err := migrations.Status(ctx, b.db, b.dialect)
+	if err != nil {
+		return e.fail("migrate status: %v", err)
+	}
+	for _, m := range st {
+		fmt.Fprintln(e.stdout, m.String())
+	}
+	return ExitOK
+}
+
+// jobView is one line of `scheduler jobs`.
+type jobView struct {
+	Name     string      `json:"name"`
+	Schedule string      `json:"schedule"`
+	Timezone string      `json:"timezone"`
+	Enabled  bool        `json:"enabled"`
+	Next     []time.Time `json:"next"`
+}
+
+func (e *env) jobs(args []string) int {
+	fs, path := e.flags("jobs", "[--config FILE] [--json]")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	now := time.Now()
+	var views []jobView
+	for _, name := range sortedJobs(cfg) {
+		j := cfg.Jobs[name]
+		s, err := schedule.Parse(j.Schedule, j.Timezone)
+		if err != nil { // validated already; keep the message if not
+			return e.fail("jobs.%s.schedule: %v", name, err)
+		}
+		v := jobView{Name: name, Schedule: j.Schedule, Timezone: s.Location().String(), Enabled: j.Enabled}
+		for at := now; len(v.Next) < 3; {
+			at = s.Next(at)
+			v.Next = append(v.Next, at)
+		}
+		views = append(views, v)
+	}
+	if *asJSON {
+		return e.printJSON(views)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tSCHEDULE\tTIMEZONE\tENABLED\tNEXT")
+	for _, v := range views {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s, %s, %s\n", v.Name, v.Schedule, v.Timezone, v.Enabled,
+			v.Next[0].Format(time.RFC3339), v.Next[1].Format(time.RFC3339), v.Next[2].Format(time.RFC3339))
+	}
+	_ = tw.Flush()
+	return ExitOK
+}
+
+func (e *env) runs(args []string) int {
+	fs, path := e.flags("runs", "[--config FILE] [--job J] [--limit N] [--json]")
+	jobName := fs.String("job", "", "only runs of `JOB`")
+	limit := fs.Int("limit", 20, "at most `N` runs, newest first")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if *limit < 1 {
+		fmt.Fprintf(e.stderr, "scheduler runs: --limit %d: must be at least 1\n", *limit)
+		return ExitUsage
+	}
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := openBackend(ctx, cfg, true)
+	if err != nil {
+		return e.fail("%v", err)
+	}
+	defer b.Close()
+	h, ok := b.Claimer.(claim.Historian)
+	if !ok {
+		return e.fail("claimer %q keeps no run history", cfg.Claimer.Kind)
+	}
+	recs, err := h.History(ctx, *jobName, *limit)
+	if err != nil {
+		return e.fail("runs: %v", err)
+	}
+	if *asJSON {
+		if recs == nil {
+			recs = []claim.Record{}
+		}
+		return e.printJSON(recs)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tINSTANT\tSTATUS\tHOLDER\tATTEMPT\tFENCE\tSTARTED\tFINISHED\tDURATION")
+	for _, r := range recs {
+		fin, dur := "-", "-"
+		if !r.FinishedAt.IsZero() {
+			fin = r.FinishedAt.UTC().Format(time.RFC3339)
+			dur = r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.Job, r.At.UTC().Format(time.RFC3339), r.Status,
+			r.Holder, r.Attempt, r.Fence, r.StartedAt.UTC().Format(time.RFC3339), fin, dur)
+	}
+	_ = tw.Flush()
+	return ExitOK
+}
+
+func (e *env) printJSON(v any) int {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return e.fail("%v", err)
+	}
+	return ExitOK
+}
+
+func sortedJobs(cfg *config.Config) []string {
+	names := make([]string, 0, len(cfg.Jobs))
+	for n := range cfg.Jobs {
+		names = append(names, n)
+	}
+	sortStrings(names)
+	return names
+}
+

@@ -1,0 +1,206 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
+	"github.com/scheduler-dev/scheduler/internal/web"
+)
+
+func sortStrings(s []string) { slices.Sort(s) }
+
+// runnerJobs turns the enabled configured jobs into runner jobs.
+func (e *env) runnerJobs(cfg *config.Config) ([]runner.Job, []web.JobInfo, error) {
+	var out []runner.Job
+	var info []web.JobInfo
+	for _, name := range sortedJobs(cfg) {
+		j := cfg.Jobs[name]
+		if !j.Enabled {
+			continue
+		}
+		s, err := schedule.Parse(j.Schedule, j.Timezone)
+		if err != nil {
+			return nil, nil, fmt.Errorf("jobs.%s.schedule: %w", name, err)
+		}
+		h, _ := e.reg.Lookup(name)
+		out = append(out, runner.Job{Name: name, Schedule: s, Handler: h, Timeout: j.Timeout.Duration(),
+			Overlap: j.Overlap, MaxAttempts: j.MaxAttempts, Misfire: j.Misfire.Policy, Grace: j.Misfire.Grace.Duration(),
+			Params: j.Params})
+		info = append(info, web.JobInfo{Name: name, Schedule: j.Schedule, Timezone: s.Location().String(), Next: s.Next})
+	}
+	return out, info, nil
+}
+
+func runnerOptions(cfg *config.Config, b claim.Claimer, log *slog.Logger, m *runner.Metrics) runner.Options {
+	return runner.Options{Claimer: b, ClaimerName: cfg.Claimer.Kind, Instance: cfg.InstanceID,
+		Lease: cfg.Claimer.Lease.Duration(), RenewEvery: cfg.Claimer.RenewEvery.Duration(),
+		MaxClockSkew: cfg.Claimer.MaxClockSkew.Duration(), ShutdownGrace: cfg.ShutdownGrace.Duration(),
+		Logger: log, Metrics: m}
+}
+
+func (e *env) run(args []string) int {
+	fs, path := e.flags("run", "[--config FILE] [--check]")
+	check := fs.Bool("check", false, "validate the configuration and exit")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(e.stderr, "scheduler run: unexpected argument %q\n", fs.Arg(0))
+		return ExitUsage
+	}
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	jobsList, info, err := e.runnerJobs(cfg)
+	if err != nil {
+		e.configError(err)
+		return ExitUsage
+	}
+	if *check {
+		fmt.Fprintf(e.stdout, "configuration ok: claimer %s, %d jobs enabled\n", cfg.Claimer.Kind, len(jobsList))
+		return ExitOK
+	}
+	log := newLogger(cfg, e.stderr)
+
+	// The first SIGTERM/SIGINT starts a graceful shutdown; a second one
+	// exits at once.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // restore default handling: the next signal kills the process
+	}()
+
+	openCtx, cancelOpen := context.WithTimeout(ctx, 30*time.Second)
+	b, err := openBackend(openCtx, cfg, true)
+	cancelOpen()
+	if err != nil {
+		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
+		return ExitRuntime
+	}
+	defer b.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := runner.NewMetrics(reg)
+	r, err := runner.New(runnerOptions(cfg, b, log, metrics), jobsList)
+	if err != nil {
+		log.Error("invalid runner settings", "error", err.Error())
+		return ExitUsage
+	}
+
+	var srv *http.Server
+	var ln net.Listener
+	if cfg.HTTP.Addr != "" {
+		ln, err = net.Listen("tcp", cfg.HTTP.Addr)
+		if err != nil {
+			log.Error("cannot listen on http.addr", "addr", cfg.HTTP.Addr, "error", err.Error())
+			return ExitRuntime
+		}
+		hist, _ := b.Claimer.(claim.Historian)
+		srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: web.Handler(web.Options{
+			Instance: cfg.InstanceID, Claimer: cfg.Claimer.Kind, Jobs: info, History: hist,
+			Ready: b.ready, Gatherer: reg, Logger: log})}
+	}
+
+	log.Info("scheduler started", "claimer", cfg.Claimer.Kind, "jobs", len(jobsList), "http", ln != nil && srv != nil,
+		"http_addr", listenAddr(ln), "version", version())
+	// The HTTP server stays up through the runner's shutdown grace, so
+	// probes and scrapes still answer; it closes once the runner returns.
+	g, gctx := errgroup.WithContext(ctx)
+	runnerDone := make(chan struct{})
+	g.Go(func() error { defer close(runnerDone); return r.Run(gctx) })
+	if srv != nil {
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("http: %w", err)
+			}
+			return nil
+		})
+		g.Go(func() error { <-runnerDone; shutdownHTTP(srv); return nil })
+	}
+	if err := g.Wait(); err != nil {
+		log.Error("scheduler stopped", "error", err.Error())
+		return ExitRuntime
+	}
+	log.Info("scheduler stopped")
+	return ExitOK
+}
+
+func shutdownHTTP(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+}
+
+func listenAddr(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+func (e *env) trigger(args []string) int {
+	fs, path := e.flags("trigger", "[--config FILE] JOB")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(e.stderr, "scheduler trigger: want exactly one JOB")
+		fs.Usage()
+		return ExitUsage
+	}
+	name := fs.Arg(0)
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	jobsList, _, err := e.runnerJobs(cfg)
+	if err != nil {
+		e.configError(err)
+		return ExitUsage
+	}
+	if !slices.ContainsFunc(jobsList, func(j runner.Job) bool { return j.Name == name }) {
+		fmt.Fprintf(e.stderr, "scheduler trigger: no enabled job %q in the configuration\n", name)
+		return ExitUsage
+	}
+	log := newLogger(cfg, e.stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	b, err := openBackend(ctx, cfg, true)
+	if err != nil {
+		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
+		return ExitRuntime
+	}
+	defer b.Close()
+	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
+	if err != nil {
+		return e.fail("%v", err)
+	}
+	status, err := r.Trigger(ctx, name)
+	if err != nil {
+		return e.fail("%v", err)
+	}
+	fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
+	if status != runner.StatusSucceeded {
+		return ExitRuntime
+	}
+	return ExitOK
+}
