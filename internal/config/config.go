@@ -1,0 +1,382 @@
+// Package config holds the scheduler's one configuration tree: the YAML file
+// (with ${ENV} expansion), its defaults and its validation. Other packages
+// receive the small pieces they need and never read the file or the
+// environment themselves.
+//
+// Load reads, expands, decodes (rejecting unknown keys), reads password
+// files, applies defaults and validates. Every problem found is returned at
+// once, each as an *Error naming the file, the key and the offending value;
+// secrets never appear in error text or in the String/Redacted forms.
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Claimer kinds (claimer.kind).
+const (
+	ClaimerPostgres = "postgres"
+	ClaimerRedis    = "redis"
+	ClaimerRedlock  = "redlock"
+	ClaimerSQLite   = "sqlite"
+	ClaimerMemory   = "memory"
+)
+
+// Database kinds (database.kind).
+const (
+	DatabaseSQLite   = "sqlite"
+	DatabasePostgres = "postgres"
+)
+
+// Overlap policies (jobs.<name>.overlap).
+const (
+	// OverlapForbid skips a run while the job's previous run still executes.
+	OverlapForbid = "forbid"
+	// OverlapAllow lets runs of the same job execute concurrently.
+	OverlapAllow = "allow"
+)
+
+// Misfire policies (jobs.<name>.misfire.policy): what start-up does about an
+// instant that passed while every replica was down.
+const (
+	// MisfireSkip records the missed run as skipped.
+	MisfireSkip = "skip"
+	// MisfireRunOnce executes the latest missed run once, if it is no older
+	// than misfire.grace.
+	MisfireRunOnce = "run-once"
+)
+
+// Config is the whole configuration file. Build it with Load or Default; a
+// Config built in code must set every field itself (defaults are applied only
+// by Load) and should pass Validate before use.
+type Config struct {
+	// InstanceID names this replica in claims and logs. Default: the host name.
+	InstanceID string `yaml:"instance_id"`
+	// Claimer selects and configures the coordination backend.
+	Claimer Claimer `yaml:"claimer"`
+	// Database is where job data (invoices, …) lives.
+	Database Database `yaml:"database"`
+	// HTTP serves /metrics, /healthz, /readyz and the status page.
+	HTTP HTTP `yaml:"http"`
+	// Log configures the slog handler.
+	Log Log `yaml:"log"`
+	// ShutdownGrace is how long running handlers may continue after SIGTERM
+	// before their claims are released as interrupted. Default 30s.
+	ShutdownGrace Duration `yaml:"shutdown_grace"`
+	// Jobs maps a job name (e.g. "billing.nightly") to its options. Every
+	// name needs a handler registered in code.
+	Jobs map[string]Job `yaml:"jobs"`
+
+	file string // as given to Load; prefixes every *Error
+}
+
+// Claimer configures claims: which backend grants them and how long they live.
+type Claimer struct {
+	// Kind is one of the Claimer* constants. Default sqlite.
+	Kind string `yaml:"kind"`
+	// Lease is how long a claim lives without renewal. Default 30s.
+	Lease Duration `yaml:"lease"`
+	// RenewEvery is how often a running claim is renewed. Default Lease/3.
+	RenewEvery Duration `yaml:"renew_every"`
+	// MaxClockSkew bounds the clock difference between replicas. Default 2s.
+	MaxClockSkew Duration `yaml:"max_clock_skew"`
+
+	Postgres Postgres `yaml:"postgres"` // used when Kind is postgres
+	Redis    Redis    `yaml:"redis"`    // used when Kind is redis
+	Redlock  Redlock  `yaml:"redlock"`  // used when Kind is redlock
+	SQLite   SQLite   `yaml:"sqlite"`   // used when Kind is sqlite
+}
+
+// Postgres configures the postgres claimer.
+type Postgres struct {
+	// DSN is a pgx connection string (URL or key=value). Required.
+	DSN string `yaml:"dsn"`
+	// PasswordFile names a file holding the password; its content (minus a
+	// trailing newline) is loaded into Password. The DSN must then carry none.
+	PasswordFile string `yaml:"password_file"`
+	// Password is read from PasswordFile by Load; set it on the pgx config
+	// after parsing DSN. Never in YAML.
+	Password Secret `yaml:"-"`
+	// Migrate applies the goose migrations at start-up. Default true.
+	Migrate bool `yaml:"migrate"`
+	// MaxConns caps the pool; 0 keeps pgx's default.
+	MaxConns int `yaml:"max_conns"`
+}
+
+// Redis configures the redis claimer (one node).
+type Redis struct {
+	// Addr is host:port. Required.
+	Addr     string `yaml:"addr"`
+	Username string `yaml:"username"`
+	// Password for AUTH; or use PasswordFile, not both.
+	Password     Secret `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+	// DB is the logical database number.
+	DB int `yaml:"db"`
+	// Prefix starts every key the claimer writes. Default "scheduler:".
+	Prefix string `yaml:"prefix"`
+	// DoneTTL is how long a finished run's marker stops late replicas from
+	// running it again. Default 48h.
+	DoneTTL Duration `yaml:"done_ttl"`
+	// AllowEviction accepts a server whose maxmemory-policy may evict claim
+	// keys (which would allow a second execution).
+	AllowEviction bool `yaml:"allow_eviction"`
+	TLS           TLS  `yaml:"tls"`
+}
+
+// Redlock configures the redlock claimer: a quorum over independent Redis nodes.
+type Redlock struct {
+	// Addrs are the nodes' host:port; an odd number, at least 3, unless
+	// AllowUnsafeNodeCount.
+	Addrs []string `yaml:"addrs"`
+	// Username, Password (or PasswordFile) and TLS apply to every node.
+	Username     string `yaml:"username"`
+	Password     Secret `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+	// Prefix starts every key. Default "scheduler:".
+	Prefix string `yaml:"prefix"`
+	// DoneTTL is the lifetime of a finished run's marker. Default 48h.
+	DoneTTL Duration `yaml:"done_ttl"`
+	// NodeTimeout bounds one node's answer. It eats into the claim's validity
+	// time, so it must stay far below the lease. Default 50ms.
+	NodeTimeout Duration `yaml:"node_timeout"`
+	TLS         TLS      `yaml:"tls"`
+	// AllowUnsafeNodeCount accepts fewer than 3 or an even number of nodes
+	// (for development; a quorum then tolerates no failure).
+	AllowUnsafeNodeCount bool `yaml:"allow_unsafe_node_count"`
+}
+
+// SQLite configures the sqlite claimer.
+type SQLite struct {
+	// Path of the database file, shared by every process on the host.
+	// Default ./scheduler.db.
+	Path string `yaml:"path"`
+}
+
+// TLS configures a client connection to Redis.
+type TLS struct {
+	Enabled bool `yaml:"enabled"`
+	// CAFile is a PEM bundle to verify the server with; empty uses the
+	// system roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are a client certificate, both or neither.
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify disables certificate verification. Testing only.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// Database says where job data lives.
+type Database struct {
+	// Kind is DatabaseSQLite or DatabasePostgres. Default: postgres with the
+	// claimer's DSN when the claimer is postgres, else sqlite at the
+	// claimer's sqlite path.
+	Kind string `yaml:"kind"`
+	// DSN is used when Kind is postgres.
+	DSN string `yaml:"dsn"`
+	// Path is used when Kind is sqlite.
+	Path string `yaml:"path"`
+	// Password is copied from claimer.postgres.password_file when DSN is
+	// taken from the claimer. Never in YAML.
+	Password Secret `yaml:"-"`
+}
+
+// HTTP configures the HTTP server.
+type HTTP struct {
+	// Addr to listen on. Default ":8080"; an explicit "" disables the server.
+	Addr string `yaml:"addr"`
+}
+
+// Log configures logging.
+type Log struct {
+	// Level is debug, info, warn or error. Default info.
+	Level string `yaml:"level"`
+	// Format is json or text. Default text.
+	Format string `yaml:"format"`
+}
+
+// Job holds one job's options.
+type Job struct {
+	// Schedule is a cron spec: 5 or 6 fields, @daily…, or "@every 90s".
+	Schedule string `yaml:"schedule"`
+	// Timezone is the IANA zone wall-clock specs fire in. Default UTC.
+	Timezone string `yaml:"timezone"`
+	// Timeout bounds one run; 0 means none.
+	Timeout Duration `yaml:"timeout"`
+	// Overlap is OverlapForbid (default) or OverlapAllow.
+	Overlap string `yaml:"overlap"`
+	// MaxAttempts bounds takeovers of one run after crashes. Default 3.
+	MaxAttempts int     `yaml:"max_attempts"`
+	Misfire     Misfire `yaml:"misfire"`
+	// Enabled schedules the job. Default true.
+	Enabled bool `yaml:"enabled"`
+	// Params are handed to the handler as they are.
+	Params map[string]any `yaml:"params"`
+}
+
+// Misfire says what start-up does about instants missed while no replica ran.
+type Misfire struct {
+	// Policy is MisfireSkip (default) or MisfireRunOnce.
+	Policy string `yaml:"policy"`
+	// Grace is how old a missed run may be and still run under run-once.
+	// Default 1h.
+	Grace Duration `yaml:"grace"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s",
+// "1h30m"). A bare number other than 0 is an error: "30" has no unit.
+type Duration time.Duration
+
+// Duration returns d as a time.Duration.
+func (d Duration) Duration() time.Duration { return time.Duration(d) }
+
+// String formats d like time.Duration.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// UnmarshalYAML parses a Go duration string. Errors are *yaml.TypeError so
+// that decoding continues and every bad key is reported.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	bad := func(why string) error {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %s`%s`: %s", n.Line, badDuration, n.Value, why)}}
+	}
+	if n.Kind != yaml.ScalarNode {
+		return bad(`want a duration such as "30s"`)
+	}
+	v, err := time.ParseDuration(strings.TrimSpace(n.Value))
+	if err != nil {
+		if strings.Trim(n.Value, "0123456789.+-") == "" {
+			return bad(`a bare number has no unit; write e.g. "30s"`)
+		}
+		return bad(`want a Go duration such as "30s" or "1h30m"`)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes d as a duration string.
+func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+// badDuration starts the message of a Duration decoding error; load.go
+// recognises it.
+const badDuration = "bad duration "
+
+// mask replaces every secret in String, YAML and logs.
+const mask = "xxxxx"
+
+// Secret is a string that formats as "xxxxx" (or "" when empty) everywhere:
+// fmt, slog and YAML. Use string(s) where the real value is needed.
+type Secret string
+
+// String hides the secret.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return mask
+}
+
+// GoString hides the secret from %#v.
+func (s Secret) GoString() string { return fmt.Sprintf("%q", s.String()) }
+
+// LogValue hides the secret from slog.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// MarshalYAML hides the secret from Redacted.
+func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
+
+// String shows the block with the DSN's password replaced.
+func (p Postgres) String() string {
+	p.DSN = Redact(p.DSN)
+	return fmt.Sprintf("%+v", postgresNoString(p))
+}
+
+type postgresNoString Postgres
+
+// String shows the block with the DSN's password replaced.
+func (d Database) String() string {
+	d.DSN = Redact(d.DSN)
+	return fmt.Sprintf("%+v", databaseNoString(d))
+}
+
+type databaseNoString Database
+
+// String is Redacted, so that printing a Config cannot leak a secret.
+func (c Config) String() string { return c.Redacted() }
+
+// Redacted renders the configuration as YAML with every password replaced
+// by "xxxxx", DSNs redacted, and params whose key looks secret (password,
+// secret, token, key, dsn, credential) hidden.
+func (c Config) Redacted() string {
+	c.Claimer.Postgres.DSN = Redact(c.Claimer.Postgres.DSN)
+	c.Database.DSN = Redact(c.Database.DSN)
+	if c.Jobs != nil {
+		jobs := make(map[string]Job, len(c.Jobs))
+		for name, j := range c.Jobs {
+			j.Params, _ = redactParam("", j.Params).(map[string]any)
+			jobs[name] = j
+		}
+		c.Jobs = jobs
+	}
+	out, err := yaml.Marshal(&c)
+	if err != nil {
+		return "config: " + err.Error()
+	}
+	return string(out)
+}
+
+// JobNames returns the configured job names, sorted.
+func (c *Config) JobNames() []string {
+	names := make([]string, 0, len(c.Jobs))
+	for name := range c.Jobs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// SlogLevel converts Level; unknown levels (rejected by Validate) are info.
+func (l Log) SlogLevel() slog.Level {
+	switch l.Level {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// secretKey matches param keys whose values Redacted hides.
+var secretKey = []string{"password", "secret", "token", "key", "dsn", "credential"}
+
+func redactParam(key string, v any) any {
+	k := strings.ToLower(key)
+	for _, s := range secretKey {
+		if strings.Contains(k, s) {
+			return mask
+		}
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			out[k] = redactParam(k, x)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = redactParam(key, x)
+		}
+		return out
+	}
+	return v
+}

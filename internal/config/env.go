@@ -1,0 +1,100 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// expand replaces ${NAME} and ${NAME:-default} in the raw text with values
+// from lookup. Nothing else is touched: a lone '$', "$NAME" and "$$" stay as
+// written, and "$${" is a literal "${". References in comments ('#' at the
+// start of a line or after a blank, outside quotes) are left alone, so a
+// commented-out line does not need its variables. The default (up to the
+// first '}') is used when NAME is unset or empty. Every unset variable
+// without a default and every malformed reference is reported, with its
+// line; a malformed reference's text is not repeated, as it may be part of
+// a secret.
+func expand(file string, src []byte, lookup func(string) (string, bool)) ([]byte, []error) {
+	var out strings.Builder
+	out.Grow(len(src))
+	var errs []error
+	for n, line := range strings.SplitAfter(string(src), "\n") {
+		errs = append(errs, expandLine(&out, line, file, n+1, lookup)...)
+	}
+	return []byte(out.String()), errs
+}
+
+func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func(string) (string, bool)) []error {
+	var errs []error
+	var quote byte // the open quote, or 0
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		prev := byte(' ')
+		if i > 0 {
+			prev = line[i-1]
+		}
+		switch {
+		case quote == '"' && c == '\\' && i+1 < len(line):
+			out.WriteString(line[i : i+2])
+			i++
+			continue
+		case quote != 0 && c == quote:
+			quote = 0
+		case quote == 0 && (c == '"' || c == '\'') && strings.IndexByte(" \t[{,", prev) >= 0:
+			quote = c
+		case quote == 0 && c == '#' && (prev == ' ' || prev == '\t'):
+			out.WriteString(line[i:]) // a comment
+			return errs
+		case c == '$' && strings.HasPrefix(line[i:], "$${"):
+			out.WriteString("${")
+			i += 2
+			continue
+		case c == '$' && strings.HasPrefix(line[i:], "${"):
+			n, val, err := reference(line[i:], lookup)
+			if err != nil {
+				errs = append(errs, &Error{File: file, Line: lineNo, Msg: err.Error()})
+			}
+			out.WriteString(val)
+			i += n - 1
+			continue
+		}
+		out.WriteByte(c)
+	}
+	return errs
+}
+
+// reference expands the reference that s starts with ("${…"), returning its
+// length, its value and an error for an unset or malformed reference.
+func reference(s string, lookup func(string) (string, bool)) (int, string, error) {
+	end := strings.IndexByte(s, '}')
+	if end < 0 {
+		return len(strings.TrimRight(s, "\r\n")), "", errors.New("unterminated ${ (write $${ for a literal ${)")
+	}
+	ref := s[:end+1]
+	name, def, hasDef := strings.Cut(s[2:end], ":-")
+	if !validEnvName(name) {
+		return len(ref), "", errors.New("malformed ${…}: want ${NAME} or ${NAME:-default} (write $${ for a literal ${)")
+	}
+	v, ok := lookup(name)
+	switch {
+	case hasDef && v == "":
+		return len(ref), def, nil
+	case !ok:
+		return len(ref), "", fmt.Errorf("${%s}: environment variable %s is not set (give a default with ${%s:-default})", name, name, name)
+	}
+	return len(ref), v, nil
+}
+
+func validEnvName(s string) bool {
+	if s == "" || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}

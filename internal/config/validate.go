@@ -1,0 +1,311 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/scheduler-dev/scheduler/internal/schedule"
+)
+
+// Error is one configuration problem. Load and Validate return these joined
+// with errors.Join; find one with errors.As (main exits 2 on any). Value
+// never holds a secret: passwords are omitted and DSNs redacted.
+type Error struct {
+	File  string // the file as given to Load; "" for a Config built in code
+	Line  int    // 1-based line when known, else 0
+	Key   string // dotted key path, e.g. "jobs.billing.nightly.schedule"; "" for the file as a whole
+	Value string // the offending value as written; "" when missing or secret
+	Msg   string // what is wrong
+}
+
+// Error formats as `file: key: "value": msg`; the line is shown instead of
+// the key when there is no key.
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		if e.Key == "" && e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
+		b.WriteString(": ")
+	} else if e.Key == "" && e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Key != "" {
+		b.WriteString(e.Key + ": ")
+	}
+	if e.Value != "" {
+		fmt.Fprintf(&b, "%q: ", e.Value)
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// problems collects Errors for one file.
+type problems struct {
+	file string
+	errs []error
+}
+
+func (p *problems) add(key, value, format string, args ...any) {
+	p.errs = append(p.errs, &Error{File: p.file, Key: key, Value: value, Msg: fmt.Sprintf(format, args...)})
+}
+
+// Validate reports every problem in c at once, joined with errors.Join; each
+// is an *Error. registered tells whether a job name has a handler; nil skips
+// that check (Load calls Validate(nil); main calls it again with its
+// registry). Validate reads the files named by the selected claimer's TLS
+// block and parses DSNs, but connects to nothing.
+func (c *Config) Validate(registered func(job string) bool) error {
+	p := &problems{file: c.file}
+	if strings.TrimSpace(c.InstanceID) == "" {
+		p.add("instance_id", "", "missing")
+	}
+	c.validateClaimer(p)
+	c.validateDatabase(p)
+	if a := c.HTTP.Addr; a != "" {
+		if err := checkAddr(a, true); err != nil {
+			p.add("http.addr", a, "%v", err)
+		}
+	}
+	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
+		p.add("log.level", c.Log.Level, "want debug, info, warn or error")
+	}
+	if !oneOf(c.Log.Format, "json", "text") {
+		p.add("log.format", c.Log.Format, "want json or text")
+	}
+	nonNegative(p, "shutdown_grace", c.ShutdownGrace)
+	for _, name := range c.JobNames() {
+		validateJob(p, name, c.Jobs[name], registered)
+	}
+	return errors.Join(p.errs...)
+}
+
+func (c *Config) validateClaimer(p *problems) {
+	cl := &c.Claimer
+	kind := cl.Kind
+	if !oneOf(kind, ClaimerPostgres, ClaimerRedis, ClaimerRedlock, ClaimerSQLite, ClaimerMemory) {
+		p.add("claimer.kind", kind, "unknown kind; want postgres, redis, redlock, sqlite or memory")
+	}
+	leaseOK := positive(p, "claimer.lease", cl.Lease)
+	if positive(p, "claimer.renew_every", cl.RenewEvery) && leaseOK && cl.RenewEvery >= cl.Lease {
+		p.add("claimer.renew_every", cl.RenewEvery.String(),
+			"must be shorter than claimer.lease (%s), or the claim expires between renewals", cl.Lease)
+	}
+	if nonNegative(p, "claimer.max_clock_skew", cl.MaxClockSkew) && leaseOK && cl.Lease <= cl.MaxClockSkew {
+		p.add("claimer.lease", cl.Lease.String(),
+			"must be longer than claimer.max_clock_skew (%s): a lease within the skew bound cannot protect a run", cl.MaxClockSkew)
+	}
+
+	pg := cl.Postgres
+	switch {
+	case pg.DSN == "" && kind == ClaimerPostgres:
+		p.add("claimer.postgres.dsn", "", "missing (required when claimer.kind is postgres)")
+	case pg.DSN != "" && kind == ClaimerPostgres:
+		if err := checkPostgresDSN(pg.DSN); err != nil {
+			p.add("claimer.postgres.dsn", Redact(pg.DSN), "invalid DSN: %v", err)
+		}
+	}
+	if pg.MaxConns < 0 {
+		p.add("claimer.postgres.max_conns", strconv.Itoa(pg.MaxConns), "must not be negative (0 keeps the pool's default)")
+	}
+
+	r := cl.Redis
+	switch {
+	case r.Addr == "" && kind == ClaimerRedis:
+		p.add("claimer.redis.addr", "", "missing (required when claimer.kind is redis)")
+	case r.Addr != "":
+		if err := checkAddr(r.Addr, false); err != nil {
+			p.add("claimer.redis.addr", Redact(r.Addr), "%v", err)
+		}
+	}
+	if r.DB < 0 {
+		p.add("claimer.redis.db", strconv.Itoa(r.DB), "must not be negative")
+	}
+	if positive(p, "claimer.redis.done_ttl", r.DoneTTL) && kind == ClaimerRedis {
+		c.checkDoneTTL(p, "claimer.redis.done_ttl", r.DoneTTL)
+	}
+	if kind == ClaimerRedis {
+		checkTLS(p, "claimer.redis.tls", r.TLS)
+	}
+
+	rl := cl.Redlock
+	if len(rl.Addrs) == 0 && kind == ClaimerRedlock {
+		p.add("claimer.redlock.addrs", "", "missing (required when claimer.kind is redlock)")
+	}
+	seen := map[string]int{}
+	for i, a := range rl.Addrs {
+		key := fmt.Sprintf("claimer.redlock.addrs[%d]", i)
+		if err := checkAddr(a, false); err != nil {
+			p.add(key, Redact(a), "%v", err)
+		}
+		norm := strings.ToLower(strings.TrimSpace(a))
+		if j, dup := seen[norm]; dup {
+			p.add(key, Redact(a), "duplicate of addrs[%d]: one node counted twice fakes a quorum", j)
+		}
+		seen[norm] = i
+	}
+	if n := len(rl.Addrs); kind == ClaimerRedlock && n > 0 && !rl.AllowUnsafeNodeCount {
+		switch {
+		case n < 3:
+			p.add("claimer.redlock.addrs", Redact(strings.Join(rl.Addrs, ",")),
+				"%d node(s): a quorum needs at least 3 independent nodes (allow_unsafe_node_count: true for development)", n)
+		case n%2 == 0:
+			p.add("claimer.redlock.addrs", Redact(strings.Join(rl.Addrs, ",")),
+				"%d nodes tolerate no more failures than %d; use an odd number (or allow_unsafe_node_count: true)", n, n-1)
+		}
+	}
+	if positive(p, "claimer.redlock.done_ttl", rl.DoneTTL) && kind == ClaimerRedlock {
+		c.checkDoneTTL(p, "claimer.redlock.done_ttl", rl.DoneTTL)
+	}
+	if positive(p, "claimer.redlock.node_timeout", rl.NodeTimeout) && kind == ClaimerRedlock && leaseOK && rl.NodeTimeout*10 > cl.Lease {
+		p.add("claimer.redlock.node_timeout", rl.NodeTimeout.String(),
+			"must be at most a tenth of claimer.lease (%s): waiting on nodes eats into the claim's validity time", cl.Lease)
+	}
+	if kind == ClaimerRedlock {
+		checkTLS(p, "claimer.redlock.tls", rl.TLS)
+	}
+
+	if kind == ClaimerSQLite && cl.SQLite.Path == "" {
+		p.add("claimer.sqlite.path", "", "missing (required when claimer.kind is sqlite)")
+	}
+}
+
+// checkDoneTTL: a done marker must outlive the lease and every run-once
+// grace window, or a late or restarting replica could execute a finished
+// run again.
+func (c *Config) checkDoneTTL(p *problems, key string, ttl Duration) {
+	if ttl <= c.Claimer.Lease {
+		p.add(key, ttl.String(), "must be longer than claimer.lease (%s)", c.Claimer.Lease)
+		return
+	}
+	for _, name := range c.JobNames() {
+		if m := c.Jobs[name].Misfire; m.Policy == MisfireRunOnce && m.Grace > ttl {
+			p.add(key, ttl.String(), "shorter than jobs.%s.misfire.grace (%s): a finished run could execute again at start-up", name, m.Grace)
+			return
+		}
+	}
+}
+
+func (c *Config) validateDatabase(p *problems) {
+	d := c.Database
+	switch d.Kind {
+	case DatabasePostgres:
+		switch {
+		case d.DSN == "":
+			p.add("database.dsn", "", "missing (required when database.kind is postgres)")
+		case c.Claimer.Kind == ClaimerPostgres && d.DSN == c.Claimer.Postgres.DSN:
+			// already checked as claimer.postgres.dsn
+		default:
+			if err := checkPostgresDSN(d.DSN); err != nil {
+				p.add("database.dsn", Redact(d.DSN), "invalid DSN: %v", err)
+			}
+		}
+		if d.Path != "" {
+			p.add("database.path", d.Path, "only used when database.kind is sqlite")
+		}
+	case DatabaseSQLite:
+		if d.Path == "" {
+			p.add("database.path", "", "missing (required when database.kind is sqlite)")
+		}
+		if d.DSN != "" {
+			p.add("database.dsn", Redact(d.DSN), "only used when database.kind is postgres")
+		}
+	default:
+		p.add("database.kind", d.Kind, "unknown kind; want sqlite or postgres")
+	}
+}
+
+func validateJob(p *problems, name string, j Job, registered func(string) bool) {
+	key := "jobs." + name
+	if strings.TrimSpace(name) == "" {
+		p.add("jobs", "", "empty job name")
+		return
+	}
+	if strings.ContainsFunc(name, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		p.add(key, name, "job name must not contain spaces or control characters")
+	}
+	if registered != nil && !registered(name) {
+		p.add(key, "", "no handler registered under this name")
+	}
+	switch {
+	case j.Timezone == "Local":
+		p.add(key+".timezone", j.Timezone, "Local differs between replicas; name an IANA zone such as Europe/Berlin")
+	case j.Timezone != "":
+		if _, err := schedule.Parse("@daily", j.Timezone); err != nil {
+			p.add(key+".timezone", j.Timezone, "unknown time zone; want an IANA name such as Europe/Berlin")
+			j.Timezone = "" // still check the spec
+		}
+	}
+	if strings.TrimSpace(j.Schedule) == "" {
+		p.add(key+".schedule", "", "missing")
+	} else if _, err := schedule.Parse(j.Schedule, j.Timezone); err != nil {
+		spec := strings.TrimSpace(j.Schedule)
+		msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("schedule %q", spec))
+		p.add(key+".schedule", j.Schedule, "%s", strings.TrimLeft(msg, ": "))
+	}
+	nonNegative(p, key+".timeout", j.Timeout)
+	if !oneOf(j.Overlap, OverlapForbid, OverlapAllow) {
+		p.add(key+".overlap", j.Overlap, "want forbid or allow")
+	}
+	if j.MaxAttempts < 1 {
+		p.add(key+".max_attempts", strconv.Itoa(j.MaxAttempts), "must be at least 1")
+	}
+	if !oneOf(j.Misfire.Policy, MisfireSkip, MisfireRunOnce) {
+		p.add(key+".misfire.policy", j.Misfire.Policy, "want skip or run-once")
+	}
+	nonNegative(p, key+".misfire.grace", j.Misfire.Grace)
+}
+
+// checkTLS reports the TLS file that cannot be used.
+func checkTLS(p *problems, key string, t TLS) {
+	if _, sub, err := t.build(); err != nil {
+		file := map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile}[sub]
+		p.add(key+"."+sub, file, "%v", err)
+	}
+}
+
+// checkAddr accepts host:port; port 0 (any free port) only if allowZero.
+func checkAddr(a string, allowZero bool) error {
+	if strings.Contains(a, "://") {
+		return errors.New("want host:port, not a URL")
+	}
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return errors.New("want host:port")
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 || n == 0 && !allowZero {
+		return errors.New("want host:port with a port number from 1 to 65535")
+	}
+	return nil
+}
+
+func positive(p *problems, key string, d Duration) bool {
+	if d <= 0 {
+		p.add(key, d.String(), "must be positive")
+		return false
+	}
+	return true
+}
+
+func nonNegative(p *problems, key string, d Duration) bool {
+	if d < 0 {
+		p.add(key, d.String(), "must not be negative")
+		return false
+	}
+	return true
+}
+
+func oneOf(v string, allowed ...string) bool {
+	for _, a := range allowed {
+		if v == a {
+			return true
+		}
+	}
+	return false
+}
