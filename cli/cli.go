@@ -13,6 +13,7 @@ import (
 	"runtime/debug"
 	"text/tabwriter"
 	"time"
+	_ "time/tzdata" // time zones resolve on minimal images without /usr/share/zoneinfo
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"

@@ -1,0 +1,496 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "scheduler-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "scheduler")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// result is one finished invocation of the binary.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func run(t *testing.T, dir string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Dir = dir
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return result{code, o.String(), e.String()}
+}
+
+func writeConfig(t *testing.T, dir, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func randHex() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// pgSchema creates an empty schema and returns a DSN whose search_path
+// points at it; the schema is dropped when the test ends.
+func pgSchema(t *testing.T) string {
+	t.Helper()
+	dsn := testenv.PostgresDSN(t)
+	schema := "e2e_" + randHex()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		testenv.Missing(t, "postgres", err.Error())
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := testenv.CleanupContext()
+		defer cancel()
+		c, err := pgx.Connect(ctx, dsn)
+		if err == nil {
+			_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+			_ = c.Close(ctx)
+		}
+	})
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + "search_path=" + schema
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	dir := t.TempDir()
+	if r := run(t, dir, "version"); r.code != 0 || !strings.HasPrefix(r.stdout, "scheduler ") {
+		t.Fatalf("version: %+v", r)
+	}
+	if r := run(t, dir); r.code != 2 || !strings.Contains(r.stderr, "Usage:") {
+		t.Fatalf("no command: %+v", r)
+	}
+	for _, cmd := range []string{"run", "migrate", "jobs", "runs", "trigger"} {
+		if r := run(t, dir, cmd, "--help"); r.code != 0 || !strings.Contains(r.stderr, "Usage: scheduler "+cmd) {
+			t.Fatalf("%s --help: %+v", cmd, r)
+		}
+	}
+}
+
+func TestHappyPathsOnTheEmbeddedDefault(t *testing.T) {
+	dir := t.TempDir()
+	if r := run(t, dir, "run", "--check"); r.code != 0 || !strings.Contains(r.stdout, "configuration ok: claimer sqlite") {
+		t.Fatalf("run --check: %+v", r)
+	}
+	r := run(t, dir, "jobs", "--json")
+	var jobs []struct {
+		Name string      `json:"name"`
+		Next []time.Time `json:"next"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &jobs) != nil || len(jobs) != 1 || jobs[0].Name != "example.sleep" || len(jobs[0].Next) != 3 {
+		t.Fatalf("jobs --json: %+v", r)
+	}
+	if r := run(t, dir, "trigger", "example.sleep"); r.code != 0 || !strings.Contains(r.stdout, "example.sleep: succeeded") {
+		t.Fatalf("trigger: %+v", r)
+	}
+	r = run(t, dir, "runs", "--json")
+	var recs []struct {
+		Job     string `json:"job"`
+		Status  string `json:"status"`
+		Attempt int    `json:"attempt"`
+		Fence   int64  `json:"fence"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &recs) != nil || len(recs) != 1 || recs[0].Status != "succeeded" || recs[0].Fence < 1 {
+		t.Fatalf("runs --json after trigger: %+v", r)
+	}
+	if r := run(t, dir, "migrate", "status"); r.code != 0 || !strings.Contains(r.stdout, "00001") {
+		t.Fatalf("migrate status: %+v", r)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "scheduler.db")); err != nil {
+		t.Fatalf("embedded default did not create ./scheduler.db: %v", err)
+	}
+}
+
+func TestBadConfigAndArgumentsExitTwoNamingTheKey(t *testing.T) {
+	const secret = "s3cr3t-pa55"
+	base := func(extra string) string {
+		return "claimer:\n  kind: sqlite\n  sqlite:\n    path: ./x.db\nhttp:\n  addr: \"\"\n" + extra
+	}
+	job := func(body string) string {
+		return base("jobs:\n  example.sleep:\n" + body)
+	}
+	cases := []struct {
+		name   string
+		config string // "" means no --config
+		args   []string
+		want   string
+	}{
+		{"UnknownTopLevelKey", base("colour: blue\n"), nil, "colour"},
+		{"BadCron", job("    schedule: \"61 * * * *\"\n"), nil, "jobs.example.sleep.schedule"},
+		{"BadTimezone", job("    schedule: \"@daily\"\n    timezone: Mars/Olympus\n"), nil, "Mars/Olympus"},
+		{"UnknownClaimer", "claimer:\n  kind: zookeeper\n", nil, "claimer.kind"},
+		{"PostgresWithoutDSN", "claimer:\n  kind: postgres\n", nil, "claimer.postgres.dsn"},
+		{"BadPostgresDSNHidesPassword", "claimer:\n  kind: postgres\n  postgres:\n    dsn: \"postgres://u:" + secret + "@127.0.0.1:5432/db?sslmode=bogus\"\n", nil, "claimer.postgres.dsn"},
+		{"RedisWithoutAddr", "claimer:\n  kind: redis\n", nil, "claimer.redis.addr"},
+		{"RedlockEvenNodes", "claimer:\n  kind: redlock\n  redlock:\n    addrs: [a:1, b:1, c:1, d:1]\n", nil, "claimer.redlock.addrs"},
+		{"NegativeLease", base("") + "", []string{}, ""}, // replaced below
+		{"RenewNotShorterThanLease", "claimer:\n  kind: sqlite\n  lease: 10s\n  renew_every: 10s\n", nil, "claimer.renew_every"},
+		{"LeaseWithinSkew", "claimer:\n  kind: sqlite\n  lease: 1s\n  max_clock_skew: 2s\n", nil, "claimer.lease"},
+		{"UnknownOverlap", job("    schedule: \"@daily\"\n    overlap: sometimes\n"), nil, "jobs.example.sleep.overlap"},
+		{"UnknownMisfire", job("    schedule: \"@daily\"\n    misfire:\n      policy: later\n"), nil, "jobs.example.sleep.misfire.policy"},
+		{"JobWithoutHandler", base("jobs:\n  nobody.home:\n    schedule: \"@daily\"\n"), nil, "nobody.home"},
+		{"BadDuration", "shutdown_grace: forever\n", nil, "shutdown_grace"},
+		{"BadLogLevel", "log:\n  level: chatty\n", nil, "log.level"},
+		{"MissingEnv", "claimer:\n  kind: postgres\n  postgres:\n    dsn: ${SCHEDULER_TEST_SURELY_UNSET}\n", nil, "SCHEDULER_TEST_SURELY_UNSET"},
+		{"MissingConfigFile", "", []string{"run", "--config", "does-not-exist.yaml"}, "does-not-exist.yaml"},
+		{"UnknownCommand", "", []string{"dance"}, "unknown command"},
+		{"UnknownFlag", "", []string{"run", "--frobnicate"}, "frobnicate"},
+		{"TriggerWithoutJob", "", []string{"trigger"}, "JOB"},
+		{"TriggerUnknownJob", "", []string{"trigger", "nope"}, "nope"},
+		{"MigrateWithoutVerb", "", []string{"migrate"}, "up, down, status"},
+		{"RunsBadLimit", "", []string{"runs", "--limit", "0"}, "--limit"},
+	}
+	cases[8] = struct {
+		name   string
+		config string
+		args   []string
+		want   string
+	}{"NegativeLease", "claimer:\n  kind: sqlite\n  lease: -5s\n", nil, "claimer.lease"}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			args := tc.args
+			if tc.config != "" {
+				path := writeConfig(t, dir, tc.config)
+				args = []string{"run", "--check", "--config", path}
+			}
+			r := run(t, dir, args...)
+			if r.code != 2 {
+				t.Fatalf("exit %d, want 2\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
+			}
+			if !strings.Contains(r.stderr, tc.want) {
+				t.Fatalf("stderr does not name %q:\n%s", tc.want, r.stderr)
+			}
+			if tc.config != "" && !strings.Contains(r.stderr, "config.yaml") {
+				t.Fatalf("stderr does not name the file:\n%s", r.stderr)
+			}
+			if strings.Contains(r.stdout+r.stderr, secret) {
+				t.Fatalf("password leaked:\n%s%s", r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+func TestEveryProblemIsReportedAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := writeConfig(t, dir, "claimer:\n  kind: sqlite\n  lease: -1s\nlog:\n  format: xml\njobs:\n  example.sleep:\n    schedule: \"* * *\"\n")
+	r := run(t, dir, "run", "--config", path)
+	if r.code != 2 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	for _, key := range []string{"claimer.lease", "log.format", "jobs.example.sleep.schedule"} {
+		if !strings.Contains(r.stderr, key) {
+			t.Errorf("stderr lacks %s:\n%s", key, r.stderr)
+		}
+	}
+}
+
+func TestUnreachableBackendExitsOneWithoutPassword(t *testing.T) {
+	dir := t.TempDir()
+	const secret = "hunter2-secret"
+	path := writeConfig(t, dir, "claimer:\n  kind: postgres\n  postgres:\n    dsn: \"postgres://app:"+secret+"@127.0.0.1:1/db?connect_timeout=2\"\nhttp:\n  addr: \"\"\n")
+	r := run(t, dir, "run", "--config", path)
+	if r.code != 1 {
+		t.Fatalf("exit %d, want 1: %s", r.code, r.stderr)
+	}
+	if strings.Contains(r.stdout+r.stderr, secret) {
+		t.Fatalf("password leaked: %s", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "postgres") {
+		t.Fatalf("error does not name the backend: %s", r.stderr)
+	}
+}
+
+// proc is one replica process writing JSON logs.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{}
+}
+
+func startReplica(t *testing.T, dir, config, name string) *proc {
+	t.Helper()
+	lf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, "run", "--config", config)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "REPLICA="+name)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: name, cmd: cmd, log: lf, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		_ = lf.Close()
+	})
+	return p
+}
+
+type event struct {
+	Msg         string `json:"msg"`
+	Instance    string `json:"instance"`
+	RunID       string `json:"run_id"`
+	ScheduledAt string `json:"scheduled_at"`
+	Status      string `json:"status"`
+	Fence       int64  `json:"fence"`
+	Attempt     int    `json:"attempt"`
+	Reason      string `json:"reason"`
+	Job         string `json:"job"`
+	Claimer     string `json:"claimer"`
+	Duration    *int64 `json:"duration_ms"`
+}
+
+func readEvents(t *testing.T, dir string, names ...string) []event {
+	t.Helper()
+	var out []event
+	for _, n := range names {
+		f, err := os.Open(filepath.Join(dir, n+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				out = append(out, e)
+			}
+		}
+		_ = f.Close()
+	}
+	return out
+}
+
+// openRun returns a run the named replica started and has not finished.
+func openRun(t *testing.T, dir, name string) (event, bool) {
+	open := map[string]event{}
+	for _, e := range readEvents(t, dir, name) {
+		switch e.Msg {
+		case "run started":
+			open[e.RunID] = e
+		case "run finished":
+			delete(open, e.RunID)
+		}
+	}
+	for _, e := range open {
+		return e, true
+	}
+	return event{}, false
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond) // polling log files written by other processes
+	}
+}
+
+// TestReplicasAsProcessesSurviveKillAndSigterm runs three scheduler
+// processes on one claimer, kills one holder with SIGKILL mid-run and stops
+// another with SIGTERM mid-run, and checks from their JSON logs that every
+// instant ran to success exactly once, the killed run was taken over with
+// attempt 2 and a higher fence, and the terminated run was released as
+// interrupted and finished elsewhere.
+func TestReplicasAsProcessesSurviveKillAndSigterm(t *testing.T) {
+	claimers := map[string]func(t *testing.T, dir string) string{
+		"sqlite": func(t *testing.T, dir string) string {
+			return "  kind: sqlite\n  sqlite:\n    path: " + filepath.Join(dir, "shared.db") + "\n"
+		},
+		"postgres": func(t *testing.T, dir string) string {
+			return "  kind: postgres\n  postgres:\n    dsn: \"" + pgSchema(t) + "\"\n"
+		},
+		"redis": func(t *testing.T, dir string) string {
+			return "  kind: redis\n  redis:\n    addr: " + testenv.RedisAddr(t) + "\n    prefix: \"e2e:" + randHex() + ":\"\n"
+		},
+	}
+	for kind, block := range claimers {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			config := writeConfig(t, dir, `instance_id: ${REPLICA}
+claimer:
+`+block(t, dir)+`  lease: 3s
+  renew_every: 500ms
+  max_clock_skew: 500ms
+http:
+  addr: ""
+log:
+  format: json
+  level: debug
+shutdown_grace: 200ms
+jobs:
+  example.sleep:
+    schedule: "* * * * * *"
+    overlap: allow
+    params:
+      duration: 1500ms
+`)
+			names := []string{"r1", "r2", "r3"}
+			procs := map[string]*proc{}
+			for _, n := range names {
+				procs[n] = startReplica(t, dir, config, n)
+			}
+			begin := time.Now()
+			// Kill -9 a replica in the middle of a run.
+			var killed event
+			waitFor(t, "a run in flight on r1", func() bool {
+				var ok bool
+				killed, ok = openRun(t, dir, "r1")
+				return ok && time.Since(begin) > 3*time.Second
+			})
+			_ = procs["r1"].cmd.Process.Signal(syscall.SIGKILL)
+			<-procs["r1"].done
+			// SIGTERM another in the middle of a run.
+			var termed event
+			waitFor(t, "a run in flight on r2", func() bool {
+				var ok bool
+				termed, ok = openRun(t, dir, "r2")
+				return ok
+			})
+			_ = procs["r2"].cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-procs["r2"].done:
+			case <-time.After(20 * time.Second):
+				t.Fatal("r2 did not exit after SIGTERM")
+			}
+			if code := procs["r2"].cmd.ProcessState.ExitCode(); code != 0 {
+				t.Fatalf("r2 exit code %d after SIGTERM, want 0", code)
+			}
+			// Both runs must be finished by a survivor.
+			waitFor(t, "both takeovers to succeed", func() bool {
+				ok := 0
+				for _, e := range readEvents(t, dir, names...) {
+					if e.Msg == "run finished" && e.Status == "succeeded" && (e.RunID == killed.RunID || e.RunID == termed.RunID) {
+						ok++
+					}
+				}
+				return ok == 2
+			})
+			time.Sleep(2 * time.Second) // a few more instants on the survivor
+			end := time.Now()
+			_ = procs["r3"].cmd.Process.Signal(syscall.SIGTERM)
+			<-procs["r3"].done
+
+			events := readEvents(t, dir, names...)
+			succeeded := map[string][]event{}
+			starts := map[string][]event{}
+			for _, e := range events {
+				if e.Job != "" && (e.Claimer != kind || e.Instance == "" || e.ScheduledAt == "") {
+					t.Fatalf("event lacks the contract's keys: %+v", e)
+				}
+				switch e.Msg {
+				case "run started":
+					starts[e.RunID] = append(starts[e.RunID], e)
+				case "run finished":
+					if e.Status == "succeeded" {
+						succeeded[e.RunID] = append(succeeded[e.RunID], e)
+					}
+				}
+			}
+			// Every instant from the first full second to two seconds before
+			// the end succeeded exactly once.
+			from := begin.Truncate(time.Second).Add(2 * time.Second)
+			checked := 0
+			for at := from; at.Before(end.Add(-2 * time.Second)); at = at.Add(time.Second) {
+				id := "example.sleep@" + at.UTC().Format(time.RFC3339Nano)
+				if n := len(succeeded[id]); n != 1 {
+					t.Errorf("%s succeeded %d times, want 1 (starts: %+v)", id, n, starts[id])
+				}
+				checked++
+			}
+			if checked < 5 {
+				t.Fatalf("only %d instants checked", checked)
+			}
+			check := func(what string, first event, wantStatus string) {
+				s := starts[first.RunID]
+				if len(s) < 2 {
+					t.Fatalf("%s run %s started %d times, want a takeover", what, first.RunID, len(s))
+				}
+				last := s[len(s)-1]
+				if last.Attempt < 2 || last.Fence <= first.Fence || last.Instance == first.Instance {
+					t.Fatalf("%s run %s taken over as %+v after %+v", what, first.RunID, last, first)
+				}
+				if wantStatus == "" {
+					return
+				}
+				for _, e := range events {
+					if e.Msg == "run finished" && e.RunID == first.RunID && e.Instance == first.Instance && e.Status == wantStatus {
+						return
+					}
+				}
+				t.Fatalf("%s run %s: no %q finish from %s", what, first.RunID, wantStatus, first.Instance)
+			}
+			check("killed", killed, "")
+			check("terminated", termed, "interrupted")
+		})
+	}
+}
