@@ -2,14 +2,11 @@ package cli
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"database/sql"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -138,29 +135,11 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*backen
 }
 
 func redisClient(addr, user, password string, db int, t config.TLS) (*goredis.Client, error) {
-	opts := &goredis.Options{Addr: addr, Username: user, Password: password, DB: db}
-	if t.Enabled {
-		tc := &tls.Config{ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
-		if t.CAFile != "" {
-			pem, err := os.ReadFile(t.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("redis %s: tls.ca_file: %w", addr, err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("redis %s: tls.ca_file %s: no certificates", addr, t.CAFile)
-			}
-		}
-		if t.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("redis %s: tls.cert_file/key_file: %w", addr, err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
-		}
-		opts.TLSConfig = tc
+	tc, err := t.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("redis %s: tls: %w", addr, err)
 	}
-	return goredis.NewClient(opts), nil
+	return goredis.NewClient(&goredis.Options{Addr: addr, Username: user, Password: password, DB: db, TLSConfig: tc}), nil
 }
 
 // newLogger builds the process logger from log.level and log.format.
