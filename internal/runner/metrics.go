@@ -105,3 +105,6 @@ func (m *Metrics) skipped(job, reason string) {
 		m.skips.WithLabelValues(job, reason).Inc()
 	}
 }
+
+// ClaimsCounter exposes scheduler_claims_total for tests and embedders.
+func (m *Metrics) ClaimsCounter() *prometheus.CounterVec { return m.claims }

@@ -172,24 +172,27 @@ func TestEveryInstantRunsExactlyOnceAcrossSkewedReplicas(t *testing.T) {
 type failing struct {
 	claim.Claimer
 	down atomic.Bool
+	only string // when set, only this job's calls fail
 }
 
+func (f *failing) fails(job string) bool { return f.down.Load() && (f.only == "" || f.only == job) }
+
 func (f *failing) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
-	if f.down.Load() {
+	if f.fails(r.Job) {
 		return nil, claim.ErrUnavailable
 	}
 	return f.Claimer.Claim(ctx, r, l)
 }
 
 func (f *failing) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
-	if f.down.Load() {
+	if f.fails(c.Run.Job) {
 		return claim.ErrUnavailable
 	}
 	return f.Claimer.Renew(ctx, c, l)
 }
 
 func (f *failing) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	if f.down.Load() {
+	if f.fails(c.Run.Job) {
 		return claim.ErrUnavailable
 	}
 	return f.Claimer.Release(ctx, c, o)

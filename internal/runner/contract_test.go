@@ -1,0 +1,170 @@
+package runner_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// syncBuffer is a log sink several goroutines write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) lines() []map[string]any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestLogAndMetricsContract drives one job through every final status and
+// checks every run event's keys (DESIGN.md, "Log events") and the counters'
+// values (DESIGN.md, "Metrics").
+func TestLogAndMetricsContract(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs syncBuffer
+		logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		reg := prometheus.NewRegistry()
+		metrics := runner.NewMetrics(reg)
+		store := memory.NewStore(nil)
+		cut := &failing{Claimer: memory.New(store, "a"), only: "job.lease_lost"}
+		handlerLogged := make(chan struct{}, 8)
+		// One job per status; each fires once, at the first whole minute.
+		handler := func(status string) job.Handler {
+			return func(ctx context.Context, run job.Run) error {
+				run.Logger.InfoContext(ctx, "handler says hello")
+				handlerLogged <- struct{}{}
+				switch status {
+				case "succeeded":
+					return nil
+				case "failed":
+					return errors.New("boom")
+				case "lease_lost":
+					cut.down.Store(true)
+				}
+				<-ctx.Done()
+				return context.Cause(ctx)
+			}
+		}
+		var jobs []runner.Job
+		for _, st := range []string{"succeeded", "failed", "timeout", "lease_lost", "interrupted"} {
+			j := runner.Job{Name: "job." + st, Schedule: mustSchedule(t, "@every 1h"), Handler: handler(st)}
+			if st == "timeout" {
+				j.Timeout = time.Second
+			}
+			jobs = append(jobs, j)
+		}
+		time.Sleep(time.Until(time.Now().Truncate(time.Hour).Add(time.Hour - time.Second)))
+		r, err := runner.New(runner.Options{Claimer: cut, ClaimerName: "memory", Instance: "a",
+			Lease: 3 * time.Second, ShutdownGrace: 10 * time.Second, Logger: logger, Metrics: metrics}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		for range jobs {
+			<-handlerLogged
+		}
+		time.Sleep(5 * time.Second) // timeout (1s) and lease loss (3s) play out
+		cancel()                    // shutdown: only job.interrupted is still running
+		<-done
+
+		at := time.Now().Truncate(time.Hour).UTC()
+		want := map[string]string{"job.succeeded": "succeeded", "job.failed": "failed", "job.timeout": "timeout",
+			"job.lease_lost": "lease_lost", "job.interrupted": "interrupted"}
+		got := map[string]string{}
+		for _, l := range logs.lines() {
+			msg, _ := l["msg"].(string)
+			if msg != "run started" && msg != "run finished" && msg != "run skipped" && msg != "handler says hello" {
+				continue
+			}
+			for _, k := range []string{"job", "scheduled_at", "run_id", "instance", "claimer"} {
+				if l[k] == nil || l[k] == "" {
+					t.Fatalf("%q lacks %s: %v", msg, k, l)
+				}
+			}
+			if msg != "run skipped" {
+				if l["fence"] == nil || l["attempt"] == nil {
+					t.Fatalf("%q lacks fence/attempt: %v", msg, l)
+				}
+			}
+			if l["instance"] != "a" || l["claimer"] != "memory" {
+				t.Fatalf("wrong identity in %v", l)
+			}
+			jobName := l["job"].(string)
+			if l["scheduled_at"] != at.Format(time.RFC3339) {
+				continue // the start-up probe of the previous hour, recorded as a skip
+			}
+			if l["run_id"] != (claim.Run{Job: jobName, At: at}).ID() {
+				t.Fatalf("run_id %v, want %s", l["run_id"], claim.Run{Job: jobName, At: at}.ID())
+			}
+			if msg == "run finished" {
+				if l["duration_ms"] == nil {
+					t.Fatalf("run finished lacks duration_ms: %v", l)
+				}
+				if st := l["status"].(string); st != "succeeded" && l["error"] == nil {
+					t.Fatalf("run finished %s lacks error: %v", st, l)
+				}
+				got[jobName] = l["status"].(string)
+			}
+		}
+		for j, st := range want {
+			if got[j] != st {
+				t.Errorf("%s finished %q, want %q (all: %v)", j, got[j], st, got)
+			}
+		}
+		expected := `# HELP scheduler_runs_total Runs executed on this replica by final status.
+# TYPE scheduler_runs_total counter
+scheduler_runs_total{job="job.failed",status="failed"} 1
+scheduler_runs_total{job="job.interrupted",status="interrupted"} 1
+scheduler_runs_total{job="job.lease_lost",status="lease_lost"} 1
+scheduler_runs_total{job="job.succeeded",status="succeeded"} 1
+scheduler_runs_total{job="job.timeout",status="timeout"} 1
+`
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), "scheduler_runs_total"); err != nil {
+			t.Error(err)
+		}
+		// Each job: one skip-recorded probe of the previous hour, one won
+		// claim for this hour.
+		for _, j := range jobs {
+			won := testutil.ToFloat64(metrics.ClaimsCounter().WithLabelValues(j.Name, "memory", "won"))
+			if won != 2 {
+				t.Errorf("scheduler_claims_total{job=%q,result=won} = %v, want 2", j.Name, won)
+			}
+		}
+		if n := testutil.CollectAndCount(reg, "scheduler_claim_duration_seconds"); n != 1 {
+			t.Errorf("claim duration histogram series = %d, want 1 (claimer label only)", n)
+		}
+	})
+}
+
