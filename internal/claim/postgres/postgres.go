@@ -1,0 +1,278 @@
+// Package postgres is a claim.Claimer on PostgreSQL (pgx/v5). A replica wins
+// a run by inserting the run's row; leases are measured on the database's
+// clock, never a replica's; fences come from a global sequence. The schema is
+// created by the migrations package.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+const (
+	// insertRun grants a run nobody has claimed yet. nextval is evaluated
+	// even when the row exists: fences may skip values, never repeat.
+	insertRun = `
+INSERT INTO scheduler_runs
+       (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
+VALUES ($1, $2, $3, 'running', $4, $5, nextval('scheduler_fence_seq'), 1,
+        now(), now() + $6 * interval '1 microsecond')
+ON CONFLICT (run_id) DO NOTHING
+RETURNING fence, attempt, lease_until`
+
+	// takeOverRun grants an interrupted or expired run to a new holder. When
+	// it cannot, the second branch returns the run's status, so held and done
+	// are told apart without another round trip. That branch reads the
+	// statement's snapshot, which may predate a concurrent change; any
+	// non-terminal status then reads as held, which is what it is.
+	takeOverRun = `
+WITH taken AS (
+    UPDATE scheduler_runs
+       SET status = 'running', token = $2, holder = $3,
+           fence = nextval('scheduler_fence_seq'), attempt = attempt + 1,
+           started_at = now(), lease_until = now() + $4 * interval '1 microsecond',
+           finished_at = NULL
+     WHERE run_id = $1
+       AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now()))
+    RETURNING fence, attempt, lease_until
+)
+SELECT true, fence, attempt, lease_until, '' FROM taken
+UNION ALL
+SELECT false, 0, 0, lease_until, status FROM scheduler_runs
+ WHERE run_id = $1 AND NOT EXISTS (SELECT FROM taken)`
+
+	renewRun = `
+UPDATE scheduler_runs
+   SET lease_until = now() + $3 * interval '1 microsecond'
+ WHERE run_id = $1 AND token = $2 AND status = 'running' AND lease_until > now()
+RETURNING lease_until`
+
+	// releaseRun is allowed after the lease expired as long as nobody took
+	// the run over: the token still matches then.
+	releaseRun = `
+UPDATE scheduler_runs
+   SET status = $3, finished_at = CASE WHEN $4::boolean THEN now() END
+ WHERE run_id = $1 AND token = $2 AND status = 'running'`
+
+	historyColumns = `
+SELECT run_id, job, scheduled_at, status, holder, fence, attempt, started_at, lease_until, finished_at
+  FROM scheduler_runs`
+	// A NULL limit is no limit.
+	historyAll = historyColumns + `
+ ORDER BY scheduled_at DESC, job LIMIT $1`
+	historyJob = historyColumns + `
+ WHERE job = $1 ORDER BY scheduled_at DESC LIMIT $2`
+
+	pruneRuns = `
+DELETE FROM scheduler_runs
+ WHERE finished_at < now() - $1 * interval '1 microsecond'`
+)
+
+// Options configure a Claimer.
+type Options struct {
+	// Instance is the holder id written into claims.
+	Instance string
+}
+
+// Claimer grants claims through rows of the scheduler_runs table. It is safe
+// for concurrent use.
+type Claimer struct {
+	pool     *pgxpool.Pool
+	instance string
+	owned    bool // Close closes pool
+}
+
+var (
+	_ claim.Claimer   = (*Claimer)(nil)
+	_ claim.Historian = (*Claimer)(nil)
+)
+
+// New returns a Claimer on pool, whose connections must see the migrated
+// schema (search_path). Close does not close pool: its owner does.
+func New(pool *pgxpool.Pool, opts Options) *Claimer {
+	if pool == nil {
+		panic("postgres: nil pool")
+	}
+	return &Claimer{pool: pool, instance: opts.Instance}
+}
+
+// Open builds a pool for dsn and returns a Claimer that closes it on Close.
+// It does not connect: an unreachable server shows up as ErrUnavailable from
+// the first call, so a replica can start while its database is down. Errors
+// never contain the DSN's password.
+func Open(ctx context.Context, dsn string, opts Options) (*Claimer, error) {
+	cfg, err := pgxpool.ParseConfig(dsn) // its errors redact the password
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", translate(err))
+	}
+	c := New(pool, opts)
+	c.owned = true
+	return c, nil
+}
+
+// Claim implements claim.Claimer. The first round trip inserts the run's
+// row; only if it exists does a second one try to take it over.
+func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+	if err := claim.CheckClaim(run, lease); err != nil {
+		return nil, err
+	}
+	run.At = run.At.UTC()
+	id := run.ID()
+	cl := &claim.Claim{Run: run, Token: claim.NewToken(), Holder: c.instance, Lease: lease}
+
+	cl.Requested = time.Now()
+	err := c.pool.QueryRow(ctx, insertRun, id, run.Job, run.At, cl.Token, c.instance, lease.Microseconds()).
+		Scan(&cl.Fence, &cl.Attempt, &cl.Deadline)
+	switch {
+	case err == nil:
+		cl.Deadline = cl.Deadline.UTC()
+		return cl, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
+	}
+
+	var (
+		granted bool
+		status  claim.Status
+	)
+	cl.Requested = time.Now()
+	err = c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds()).
+		Scan(&granted, &cl.Fence, &cl.Attempt, &cl.Deadline, &status)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// The row existed a moment ago and only Prune deletes rows, and
+		// only finished ones.
+		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
+	case err != nil:
+		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
+	case granted:
+		cl.Deadline = cl.Deadline.UTC()
+		return cl, nil
+	case !status.Live():
+		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
+	default:
+		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
+	}
+}
+
+// Renew implements claim.Claimer.
+func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	if err := claim.CheckRenew(cl, lease); err != nil {
+		return err
+	}
+	requested := time.Now()
+	var deadline time.Time
+	err := c.pool.QueryRow(ctx, renewRun, cl.ID(), cl.Token, lease.Microseconds()).Scan(&deadline)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
+	case err != nil:
+		return fmt.Errorf("renew %s: %w", cl.ID(), translate(err))
+	}
+	cl.Deadline, cl.Requested, cl.Lease = deadline.UTC(), requested, lease
+	return nil
+}
+
+// Release implements claim.Claimer.
+func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+	if err := claim.CheckRelease(cl, o); err != nil {
+		return err
+	}
+	tag, err := c.pool.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(claim.Status(o)), o.Terminal())
+	switch {
+	case err != nil:
+		return fmt.Errorf("release %s: %w", cl.ID(), translate(err))
+	case tag.RowsAffected() == 0:
+		return fmt.Errorf("release %s: %w", cl.ID(), claim.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Ping implements claim.Claimer.
+func (c *Claimer) Ping(ctx context.Context) error {
+	if err := c.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("ping: %w", translate(err))
+	}
+	return nil
+}
+
+// Close implements claim.Claimer. It closes the pool only if Open built it.
+func (c *Claimer) Close() error {
+	if c.owned {
+		c.pool.Close()
+	}
+	return nil
+}
+
+// History implements claim.Historian: runs newest scheduled instant first,
+// of job or, if job is "", of every job; limit <= 0 means no limit.
+func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	var lim *int
+	if limit > 0 {
+		lim = &limit
+	}
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if job == "" {
+		rows, err = c.pool.Query(ctx, historyAll, lim)
+	} else {
+		rows, err = c.pool.Query(ctx, historyJob, job, lim)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", translate(err))
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claim.Record, error) {
+		var (
+			r        claim.Record
+			finished *time.Time
+		)
+		err := row.Scan(&r.RunID, &r.Job, &r.At, &r.Status, &r.Holder, &r.Fence, &r.Attempt,
+			&r.StartedAt, &r.LeaseUntil, &finished)
+		// The id carries the exact instant; the column is rounded to µs.
+		if run, perr := claim.ParseID(r.RunID); perr == nil {
+			r.At = run.At
+		}
+		r.At, r.StartedAt, r.LeaseUntil = r.At.UTC(), r.StartedAt.UTC(), r.LeaseUntil.UTC()
+		if finished != nil {
+			r.FinishedAt = finished.UTC()
+		}
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", translate(err))
+	}
+	return recs, nil
+}
+
+// Prune deletes runs that finished (succeeded, failed or skipped) more than
+// olderThan ago, on the database clock, and returns how many it deleted. It
+// is the retention policy: call it periodically from one place.
+//
+// A pruned run is forgotten: a replica that later claims the same run would
+// be granted it again as attempt 1. Keep olderThan well above the longest
+// window in which replicas still claim past runs (misfire grace, clock skew).
+// Interrupted runs and expired leases are kept: they are not finished, and
+// deleting them would lose the attempt count and let a stale run restart.
+func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("%w: prune older than %v", claim.ErrInvalid, olderThan)
+	}
+	tag, err := c.pool.Exec(ctx, pruneRuns, olderThan.Microseconds())
+	if err != nil {
+		return 0, fmt.Errorf("prune: %w", translate(err))
+	}
+	return tag.RowsAffected(), nil
+}

@@ -1,0 +1,101 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
+)
+
+var base = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+
+func TestPruneDeletesOnlyFinishedRunsPastRetention(t *testing.T) {
+	ctx := t.Context()
+	c := postgres.New(newPool(t, migratedSchema(t)), postgres.Options{Instance: "replica-a"})
+	var live *claim.Claim
+	for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {
+		cl, err := c.Claim(ctx, claim.Run{Job: "job.prune", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o == "" {
+			live = cl
+			continue
+		}
+		if err := c.Release(ctx, cl, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := c.Prune(ctx, time.Hour); err != nil || n != 0 {
+		t.Fatalf("prune older than 1h = %d, %v; want 0 (nothing is that old)", n, err)
+	}
+	if n, err := c.Prune(ctx, 0); err != nil || n != 3 {
+		t.Fatalf("prune older than 0 = %d, %v; want the 3 finished runs", n, err)
+	}
+	recs, err := c.History(ctx, "job.prune", 0)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("history after prune = %+v, %v; want the interrupted and the running run", recs, err)
+	}
+	if err := c.Renew(ctx, live, time.Minute); err != nil {
+		t.Fatalf("live claim after prune: %v", err)
+	}
+	if _, err := c.Prune(ctx, -time.Second); !errors.Is(err, claim.ErrInvalid) {
+		t.Fatalf("negative retention: %v, want ErrInvalid", err)
+	}
+}
+
+// A replica whose server is down must fail closed, with ErrUnavailable, and
+// never show the DSN's password.
+func TestUnreachableServerIsUnavailable(t *testing.T) {
+	const secret = "s3cret-pw"
+	c, err := postgres.Open(t.Context(), "postgres://postgres:"+secret+"@127.0.0.1:1/test?sslmode=disable&connect_timeout=5", postgres.Options{Instance: "replica-a"})
+	if err != nil {
+		t.Fatalf("open must not need the server: %v", err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+
+	_, claimErr := c.Claim(ctx, claim.Run{Job: "job.down", At: base}, time.Minute)
+	pingErr := c.Ping(ctx)
+	_, histErr := c.History(ctx, "", 10)
+	for what, err := range map[string]error{"claim": claimErr, "ping": pingErr, "history": histErr} {
+		if !errors.Is(err, claim.ErrUnavailable) {
+			t.Errorf("%s: %v, want ErrUnavailable", what, err)
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("%s error shows the password: %v", what, err)
+		}
+	}
+	cl := &claim.Claim{Run: claim.Run{Job: "job.down", At: base}, Token: claim.NewToken()}
+	if err := c.Renew(ctx, cl, time.Minute); !errors.Is(err, claim.ErrUnavailable) {
+		t.Errorf("renew: %v, want ErrUnavailable", err)
+	}
+	if err := c.Release(ctx, cl, claim.Succeeded); !errors.Is(err, claim.ErrUnavailable) {
+		t.Errorf("release: %v, want ErrUnavailable", err)
+	}
+}
+
+func TestBadDSNHidesPassword(t *testing.T) {
+	const secret = "s3cret-pw"
+	_, err := postgres.Open(t.Context(), "postgres://postgres:"+secret+"@127.0.0.1:notaport/test", postgres.Options{})
+	if err == nil {
+		t.Fatal("open with a bad port succeeded")
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Fatalf("error shows the password: %v", err)
+	}
+}
+
+func TestNewPanicsOnNilPool(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("New(nil) did not panic")
+		}
+	}()
+	postgres.New(nil, postgres.Options{})
+}

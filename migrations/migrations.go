@@ -1,0 +1,183 @@
+// Package migrations holds the goose SQL migrations of the SQL claimers,
+// embedded, one directory per dialect, and applies them with goose's Provider
+// API: no global goose state, so parallel callers (and tests) are safe.
+//
+// Migrations are append-only: add NNNNN_name.sql to both directories, never
+// edit one that has been applied.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"hash/crc64"
+	"io/fs"
+	"path"
+	"time"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed postgres/*.sql sqlite/*.sql
+var files embed.FS
+
+// Dialect selects a migration directory and goose's SQL dialect.
+type Dialect string
+
+// Supported dialects.
+const (
+	Postgres Dialect = "postgres"
+	SQLite   Dialect = "sqlite"
+)
+
+// ErrNoMigration is returned by Down when no migration is applied.
+var ErrNoMigration = errors.New("migrations: no applied migration to roll back")
+
+// Migration is the state of one migration in a database.
+type Migration struct {
+	Version   int64
+	Name      string // file name, e.g. 00001_create_runs.sql
+	Applied   bool
+	AppliedAt time.Time // zero when pending
+}
+
+// String renders a status line: "applied 2026-01-02T03:04:05Z 00001_create_runs.sql".
+func (m Migration) String() string {
+	if !m.Applied {
+		return fmt.Sprintf("pending %-20s %s", "", m.Name)
+	}
+	return fmt.Sprintf("applied %-20s %s", m.AppliedAt.UTC().Format(time.RFC3339), m.Name)
+}
+
+// Up applies every pending migration.
+//
+// Several replicas may run Up at once. On PostgreSQL a session advisory lock,
+// keyed by the current schema, serializes them. SQLite has no lock that
+// spans goose's statements, so a replica that loses the race to another
+// process retries until nothing is pending.
+func Up(ctx context.Context, db *sql.DB, d Dialect) error {
+	p, err := provider(ctx, db, d)
+	if err != nil {
+		return err
+	}
+	// Each failed round means another process applied at least the migration
+	// this one tried, so the number of migrations bounds the rounds.
+	rounds := len(p.ListSources()) + 1
+	for {
+		_, err = p.Up(ctx)
+		if err == nil || d != SQLite || ctx.Err() != nil {
+			break
+		}
+		if pending, perr := p.HasPending(ctx); perr == nil && !pending {
+			return nil
+		}
+		if rounds--; rounds == 0 {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("migrations: up (%s): %w", d, err)
+	}
+	return nil
+}
+
+// Down rolls back the most recently applied migration.
+func Down(ctx context.Context, db *sql.DB, d Dialect) error {
+	p, err := provider(ctx, db, d)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Down(ctx); err != nil {
+		if errors.Is(err, goose.ErrNoNextVersion) {
+			return ErrNoMigration
+		}
+		return fmt.Errorf("migrations: down (%s): %w", d, err)
+	}
+	return nil
+}
+
+// Status lists every known migration, oldest first, applied or pending.
+func Status(ctx context.Context, db *sql.DB, d Dialect) ([]Migration, error) {
+	p, err := provider(ctx, db, d)
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: status (%s): %w", d, err)
+	}
+	out := make([]Migration, 0, len(st))
+	for _, s := range st {
+		out = append(out, Migration{
+			Version:   s.Source.Version,
+			Name:      path.Base(s.Source.Path),
+			Applied:   s.State == goose.StateApplied,
+			AppliedAt: s.AppliedAt,
+		})
+	}
+	return out, nil
+}
+
+// Current reports whether every known migration is applied. Readiness uses
+// it: a replica must not claim runs against a schema it does not know. A
+// database migrated further by a newer release is current for this one.
+func Current(ctx context.Context, db *sql.DB, d Dialect) (bool, error) {
+	p, err := provider(ctx, db, d)
+	if err != nil {
+		return false, err
+	}
+	pending, err := p.HasPending(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrations: check (%s): %w", d, err)
+	}
+	return !pending, nil
+}
+
+// dialectFS returns the migration directory of dialect d.
+func dialectFS(d Dialect) (fs.FS, error) {
+	switch d {
+	case Postgres, SQLite:
+		return fs.Sub(files, string(d))
+	}
+	return nil, fmt.Errorf("migrations: unknown dialect %q", d)
+}
+
+func provider(ctx context.Context, db *sql.DB, d Dialect) (*goose.Provider, error) {
+	fsys, err := dialectFS(d)
+	if err != nil {
+		return nil, err
+	}
+	opts := []goose.ProviderOption{goose.WithDisableGlobalRegistry(true)}
+	dialect := goose.DialectSQLite3
+	if d == Postgres {
+		dialect = goose.DialectPostgres
+		locker, err := schemaLocker(ctx, db)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, goose.WithSessionLocker(locker))
+	}
+	p, err := goose.NewProvider(dialect, db, fsys, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	return p, nil
+}
+
+// schemaLocker returns an advisory-lock locker whose key is derived from the
+// current schema: migrations of one schema are serialized across replicas,
+// while migrations of different schemas in one database (parallel tests) do
+// not wait for each other.
+func schemaLocker(ctx context.Context, db *sql.DB) (lock.SessionLocker, error) {
+	var schema sql.NullString
+	if err := db.QueryRowContext(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return nil, fmt.Errorf("migrations: current schema: %w", err)
+	}
+	sum := crc64.Checksum([]byte("scheduler migrations "+schema.String), crc64.MakeTable(crc64.ECMA))
+	// Wait up to 5 minutes (probing every second) for a replica that is
+	// migrating the same schema: migrations may legitimately take that long.
+	return lock.NewPostgresSessionLocker(lock.WithLockID(int64(sum>>1)), lock.WithLockTimeout(1, 300))
+}

@@ -1,0 +1,175 @@
+package migrations_test
+
+import (
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"go.uber.org/goleak"
+	_ "modernc.org/sqlite"
+
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/migrations"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// openDB returns a factory of *sql.DB handles on one fresh database: a
+// schema of the test server for PostgreSQL, a file for SQLite.
+func openDB(t *testing.T, d migrations.Dialect) func() *sql.DB {
+	t.Helper()
+	var driver, dsn string
+	switch d {
+	case migrations.SQLite:
+		driver = "sqlite"
+		dsn = "file:" + filepath.Join(t.TempDir(), "m.db") +
+			"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+	case migrations.Postgres:
+		driver = "pgx"
+		dsn = schemaDSN(t, testenv.PostgresDSN(t))
+	}
+	return func() *sql.DB {
+		db, err := sql.Open(driver, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+}
+
+// schemaDSN creates a private schema and returns dsn with its search_path.
+func schemaDSN(t *testing.T, dsn string) string {
+	t.Helper()
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	schema := "t_" + hex.EncodeToString(b)
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Close() })
+	if _, err := admin.ExecContext(t.Context(), "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := testenv.CleanupContext()
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func dialects(t *testing.T, f func(t *testing.T, d migrations.Dialect)) {
+	for _, d := range []migrations.Dialect{migrations.Postgres, migrations.SQLite} {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			f(t, d)
+		})
+	}
+}
+
+func wantCurrent(t *testing.T, db *sql.DB, d migrations.Dialect, want bool) {
+	t.Helper()
+	got, err := migrations.Current(t.Context(), db, d)
+	if err != nil {
+		t.Fatalf("current: %v", err)
+	}
+	if got != want {
+		t.Fatalf("current = %v, want %v", got, want)
+	}
+}
+
+func TestUpDownUp(t *testing.T) {
+	dialects(t, func(t *testing.T, d migrations.Dialect) {
+		db := openDB(t, d)()
+		ctx := t.Context()
+		wantCurrent(t, db, d, false)
+		if err := migrations.Up(ctx, db, d); err != nil {
+			t.Fatalf("up: %v", err)
+		}
+		wantCurrent(t, db, d, true)
+		if err := migrations.Up(ctx, db, d); err != nil {
+			t.Fatalf("second up is a no-op, got: %v", err)
+		}
+		st, err := migrations.Status(ctx, db, d)
+		if err != nil || len(st) == 0 || st[0].Name != "00001_create_runs.sql" {
+			t.Fatalf("status = %v, %v; want 00001_create_runs.sql first", st, err)
+		}
+		for _, m := range st {
+			if !m.Applied || m.AppliedAt.IsZero() {
+				t.Fatalf("after up, %s", m)
+			}
+		}
+		// Down one by one to nothing, then up again: the files are reversible.
+		for range st {
+			if err := migrations.Down(ctx, db, d); err != nil {
+				t.Fatalf("down: %v", err)
+			}
+		}
+		if err := migrations.Down(ctx, db, d); !errors.Is(err, migrations.ErrNoMigration) {
+			t.Fatalf("down with nothing applied: %v, want ErrNoMigration", err)
+		}
+		wantCurrent(t, db, d, false)
+		if _, err := db.ExecContext(ctx, "SELECT 1 FROM scheduler_runs"); err == nil {
+			t.Fatal("scheduler_runs survived down")
+		}
+		if err := migrations.Up(ctx, db, d); err != nil {
+			t.Fatalf("up after down: %v", err)
+		}
+		wantCurrent(t, db, d, true)
+		if _, err := db.ExecContext(ctx, "SELECT run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until, finished_at FROM scheduler_runs"); err != nil {
+			t.Fatalf("schema after up: %v", err)
+		}
+	})
+}
+
+// Replicas started together all migrate on start-up; every one must succeed.
+func TestConcurrentUp(t *testing.T) {
+	dialects(t, func(t *testing.T, d migrations.Dialect) {
+		open := openDB(t, d)
+		dbs := make([]*sql.DB, 4)
+		for i := range dbs {
+			dbs[i] = open()
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, len(dbs))
+		for i, db := range dbs {
+			wg.Go(func() {
+				if err := migrations.Up(t.Context(), db, d); err != nil {
+					errs <- fmt.Errorf("replica %d: %w", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		wantCurrent(t, dbs[0], d, true)
+	})
+}
+
+func TestUnknownDialect(t *testing.T) {
+	db := openDB(t, migrations.SQLite)()
+	if err := migrations.Up(t.Context(), db, "oracle"); err == nil {
+		t.Fatal("up with an unknown dialect succeeded")
+	}
+}
