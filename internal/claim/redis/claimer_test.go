@@ -18,7 +18,12 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// After repeated dial failures go-redis probes the node from a goroutine
+	// that checks for Close only between one-second sleeps; it exits on its
+	// own once the client is closed.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+}
 
 func newClient(addr string) *goredis.Client {
 	return goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
@@ -258,3 +263,25 @@ func BenchmarkRawSetNXDel(b *testing.B) {
 }
 
 func strconvI(i int) string { return "raw:" + strconv.Itoa(i) }
+
+func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	p := prefix()
+	isolate(t, addr, p)
+	client := newClient(addr)
+	defer client.Close()
+	node := redis.NewNode(client, redis.Options{Prefix: p}, 0, 1)
+	run := claim.Run{Job: "job.key", At: base}
+	first := claim.NewToken()
+	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redis.Granted {
+		t.Fatalf("first claim: %+v, %v", r, err)
+	}
+	r, err := node.Claim(ctxT(t), run, claim.NewToken(), "replica-b", time.Minute)
+	if err != nil || r.Vote != redis.Held || r.Holder != "replica-a" || r.HolderKey != redis.TokenKey(first) {
+		t.Fatalf("second claim: %+v, %v; want held by replica-a with key %s", r, err, redis.TokenKey(first))
+	}
+	// A retried request (same token) is granted again, not held by itself.
+	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redis.Granted || r.Attempt != 1 {
+		t.Fatalf("retried claim: %+v, %v; want the same grant", r, err)
+	}
+}

@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -68,11 +70,19 @@ const (
 type Reply struct {
 	Vote       Vote
 	Fence      int64        // Granted
-	Attempt    int          // Granted
+	Attempt    int          // Granted: the attempt granted; Held, Done: the attempt recorded
 	LeaseUntil time.Time    // Granted, Held
 	Holder     string       // Held: the holder's instance
-	HolderKey  string       // Held: a digest of the holder's token; equal keys mean the same grant
+	HolderKey  string       // Held: TokenKey of the holder's token
 	Status     claim.Status // Done
+}
+
+// TokenKey is the digest a Held reply carries for the holder's token (the
+// first 16 hex digits of its SHA-1), so that votes can be grouped by grant
+// without handing out tokens.
+func TokenKey(token string) string {
+	sum := sha1.Sum([]byte(token))
+	return hex.EncodeToString(sum[:8])
 }
 
 // Claim asks the node to grant run to token for lease.
@@ -92,9 +102,9 @@ func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, l
 	case "granted":
 		out = Reply{Vote: Granted, Fence: r.int(1), Attempt: int(r.int(2)), LeaseUntil: ms(r.int(3))}
 	case "held":
-		out = Reply{Vote: Held, Holder: r.str(1), LeaseUntil: ms(r.int(2)), HolderKey: r.str(3)}
+		out = Reply{Vote: Held, Holder: r.str(1), LeaseUntil: ms(r.int(2)), HolderKey: r.str(3), Attempt: int(r.int(4))}
 	case "done":
-		out = Reply{Vote: Done, Status: claim.Status(r.str(1))}
+		out = Reply{Vote: Done, Status: claim.Status(r.str(1)), Attempt: int(r.int(2))}
 	default:
 		return Reply{}, fmt.Errorf("redis: claim script replied %v", vals)
 	}

@@ -17,7 +17,8 @@ import goredis "github.com/redis/go-redis/v9"
 // history limit, fence slot, fence slots.
 //
 // Replies: {"granted", fence, attempt, lease_until_ms},
-// {"held", holder, lease_until_ms, token digest}, {"done", status}.
+// {"held", holder, lease_until_ms, token digest, attempt},
+// {"done", status, attempt}.
 var claimScript = goredis.NewScript(`
 local function s(x) return string.format('%.0f', x) end
 local t = redis.call('TIME')
@@ -31,10 +32,10 @@ if h[2] then
     return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3])}
   end
   if h[2] ~= 'running' and h[2] ~= 'interrupted' then
-    return {'done', h[2]}
+    return {'done', h[2], tonumber(h[4])}
   end
   if h[2] == 'running' and tonumber(h[3]) > now then
-    return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16)}
+    return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4])}
   end
   attempt = tonumber(h[4]) + 1
 end

@@ -17,7 +17,12 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// After repeated dial failures go-redis probes the node from a goroutine
+	// that checks for Close only between one-second sleeps; it exits on its
+	// own once the client is closed.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
+}
 
 // nodeTimeout is generous for a loaded 2-core CI box; it is capped at
 // lease/3 anyway.
@@ -83,7 +88,7 @@ func TestConformance(t *testing.T) {
 		isolate(t, addrs, p)
 		open := opener(t, addrs, p)
 		return func(instance string) claim.Claimer { return open(instance) }
-	}, claimtest.Options{Lease: 600 * time.Millisecond})
+	}, claimtest.Options{Lease: time.Second})
 }
 
 func TestNewRejectsNoNodesAndBadClients(t *testing.T) {
@@ -279,4 +284,65 @@ func BenchmarkClaimRelease(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+func TestStaleReleaseOnAMinorityIsNotDone(t *testing.T) {
+	addrs := testenv.RedlockAddrs(t, 5)
+	p := prefix()
+	isolate(t, addrs, p)
+	open := opener(t, addrs, p)
+	a, c := open("replica-a"), open("replica-c")
+	// b reaches only the first four nodes, so its takeover misses the last.
+	clients := make([]goredis.UniversalClient, 5)
+	for i := range 4 {
+		clients[i] = newClient(addrs[i])
+	}
+	clients[4] = newClient("127.0.0.1:1")
+	b, err := redlock.New(clients, redlock.Options{Instance: "replica-b", Prefix: p, NodeTimeout: nodeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+
+	const lease = 300 * time.Millisecond
+	run := runAt("job.stale", 0)
+	first, err := a.Claim(ctxT(t), run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := takeOver(t, b, run, lease)
+	// a no longer holds a majority, but its release lands on the node b missed.
+	if err := a.Release(ctxT(t), first, claim.Succeeded); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("stale release: %v, want ErrLeaseLost", err)
+	}
+	if _, err := c.Claim(ctxT(t), run, lease); !errors.Is(err, claim.ErrHeld) {
+		t.Fatalf("claim while b holds the run and one node says done by a: %v, want ErrHeld", err)
+	}
+	// b dies without releasing: its run is taken over, not lost to a's stale "done".
+	third := takeOver(t, c, run, lease)
+	if third.Attempt != 3 || third.Fence <= second.Fence {
+		t.Fatalf("takeover after b: attempt %d fence %d, want attempt 3 and fence > %d", third.Attempt, third.Fence, second.Fence)
+	}
+	if err := c.Release(ctxT(t), third, claim.Succeeded); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Claim(ctxT(t), run, lease); !errors.Is(err, claim.ErrDone) {
+		t.Fatalf("claim after c finished: %v, want ErrDone", err)
+	}
+}
+
+// takeOver polls until c wins run once the holder's lease has expired.
+func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration) *claim.Claim {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		cl, err := c.Claim(ctxT(t), run, lease)
+		if err == nil {
+			return cl
+		}
+		if !errors.Is(err, claim.ErrHeld) || time.Now().After(deadline) {
+			t.Fatalf("takeover of %s: %v", run.ID(), err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a lease held on the nodes
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -39,10 +40,30 @@ func (c *Claimer) verdict(action string, errs []error) error {
 	case t.yes >= c.quorum:
 		return nil
 	case t.yes+t.unreachable >= c.quorum:
-		return fmt.Errorf("%s: done on %d of %d nodes, %d did not answer: %w (%v)",
-			action, t.yes, len(c.nodes), t.unreachable, claim.ErrUnavailable, errors.Join(errs...))
+		return fmt.Errorf("%s: done on %d of %d nodes, %d did not answer: %w (%s)",
+			action, t.yes, len(c.nodes), t.unreachable, claim.ErrUnavailable, reasons(errs))
 	}
-	return fmt.Errorf("%s: done on %d of %d nodes, %d refused: %w", action, t.yes, len(c.nodes), t.no, claim.ErrLeaseLost)
+	return fmt.Errorf("%s: done on %d of %d nodes, %d refused: %w (%s)",
+		action, t.yes, len(c.nodes), t.no, claim.ErrLeaseLost, reasons(errs))
+}
+
+// reasons summarises per-node errors, each distinct text once with its
+// count, as text: the nodes' errors are not the caller's to match.
+func reasons(errs []error) string {
+	var texts []string
+	n := map[string]int{}
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if n[err.Error()]++; n[err.Error()] == 1 {
+			texts = append(texts, err.Error())
+		}
+	}
+	for i, t := range texts {
+		texts[i] = fmt.Sprintf("%d× %s", n[t], t)
+	}
+	return strings.Join(texts, "; ")
 }
 
 // Renew implements claim.Claimer.

@@ -21,19 +21,29 @@
 // (which never repeats itself) or from two. This relies on every replica
 // listing the nodes in the same order.
 //
-// A claim that is not won is undone on every node that granted it (the
-// abort script: a fresh run disappears, a takeover returns to the attempt
-// it replaced). Then:
+// A claim that is not won is undone on every node that granted it or did
+// not answer (it may have granted late) with the abort script: a fresh run
+// disappears, a takeover returns to the attempt it replaced. Then:
 //
-//   - any node saying done gives ErrDone. A node records a terminal outcome
-//     only when the holder of a won claim releases it there, so one such
-//     node proves the run ended, even if other nodes have lost the marker;
+//   - a node saying done gives ErrDone, unless another node has seen a
+//     later attempt. A node records a terminal outcome when a holder
+//     releases the run there. A holder whose claim was taken over can still
+//     do that on a node the takeover missed (its release then fails on the
+//     majority), but that node's attempt is older than the successor's. A
+//     done attempt at least as recent as every other node's means the run
+//     ended, even if the release reached only a minority or other nodes
+//     have lost the marker since, so it vetoes the grant. Otherwise the
+//     done vote is stale and counts for nothing;
 //   - fewer than a majority answering gives ErrUnavailable ("quorum not
 //     reached: k of n nodes answered");
 //   - another claim held on a majority gives ErrHeld;
-//   - otherwise the vote was split between contenders and nobody won: the
-//     claim is tried again after a random pause of up to 10ms (at most
-//     three times, within ctx), then reported as ErrHeld.
+//   - otherwise the vote was split between contenders and nobody won. A
+//     claimer does not retry on the runner's behalf, but a split vote is no
+//     answer at all: left alone, every contender would report ErrHeld and
+//     nobody would run the job. So the round is tried again, at most three
+//     more times within ctx: at once by the contender whose token digest is
+//     the smallest among the votes, after one to two round-times plus up to
+//     10ms by the others; then the split is reported as ErrHeld.
 //
 // Renew and Release go to every node and succeed on a majority; Renew also
 // within the validity time.
@@ -60,7 +70,6 @@ package redlock
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -172,11 +181,19 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 	}
 	run.At = run.At.UTC()
 	for round := 0; ; round++ {
+		start := time.Now()
 		cl, split, err := c.claimOnce(ctx, run, lease)
-		if !split || round == splitRetries {
+		if split == nil || round == splitRetries {
 			return cl, err
 		}
-		t := time.NewTimer(rand.N(splitPause))
+		pause := time.Duration(0)
+		if !split.lead {
+			// Leave the leader a clear round: one to two of our own round
+			// times (which grow with load), plus jitter among the others.
+			took := time.Since(start)
+			pause = took + rand.N(took+splitPause)
+		}
+		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -186,8 +203,12 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 	}
 }
 
-// claimOnce runs one round; split reports a vote nobody won.
-func (c *Claimer) claimOnce(ctx context.Context, run claim.Run, lease time.Duration) (_ *claim.Claim, split bool, _ error) {
+// split describes a vote nobody won; lead is set for the contender whose
+// token digest was the smallest among the votes.
+type split struct{ lead bool }
+
+// claimOnce runs one round; a non-nil split reports a vote nobody won.
+func (c *Claimer) claimOnce(ctx context.Context, run claim.Run, lease time.Duration) (_ *claim.Claim, _ *split, _ error) {
 	token := claim.NewToken()
 	id := run.ID()
 	start := time.Now()
@@ -198,58 +219,73 @@ func (c *Claimer) claimOnce(ctx context.Context, run claim.Run, lease time.Durat
 		replies[i], errs[i] = n.Claim(ctx, run, token, c.instance, lease)
 	})
 
-	var granted []int
-	var done, answered, heldVotes, maxHeld int
+	// undo lists the nodes to abort on if the claim is not won: those that
+	// granted, and those that did not answer, which may have granted late.
+	var granted, undo []int
+	var answered, heldVotes, maxHeld, doneVotes int
+	// doneAt is the latest attempt a node recorded as done, newest the
+	// latest attempt any other node recorded before this round.
+	doneAt, newest := 0, 0
 	held := map[string]int{} // votes per holding claim
 	for i, r := range replies {
 		if errs[i] != nil {
+			undo = append(undo, i)
 			continue
 		}
 		answered++
 		switch r.Vote {
 		case redis.Granted:
 			granted = append(granted, i)
+			undo = append(undo, i)
+			newest = max(newest, r.Attempt-1)
 		case redis.Done:
-			done++
+			doneVotes++
+			doneAt = max(doneAt, r.Attempt)
 		case redis.Held:
 			heldVotes++
 			held[r.HolderKey]++
 			maxHeld = max(maxHeld, held[r.HolderKey])
+			newest = max(newest, r.Attempt)
 		}
 	}
+	done := doneVotes > 0 && doneAt >= newest
 	if ctx.Err() != nil {
-		c.abort(ctx, run, token, granted)
-		return nil, false, ctx.Err()
+		c.abort(ctx, run, token, undo)
+		return nil, nil, ctx.Err()
 	}
 
 	var why string
-	if done == 0 && len(granted) >= c.quorum {
+	if !done && len(granted) >= c.quorum {
 		cl, err := c.commit(ctx, run, token, lease, start, granted, replies, errs)
 		if err == nil {
-			return cl, false, nil
+			return cl, nil, nil
 		}
 		if ctx.Err() != nil {
-			c.abort(ctx, run, token, granted)
-			return nil, false, ctx.Err()
+			c.abort(ctx, run, token, undo)
+			return nil, nil, ctx.Err()
 		}
 		why = err.Error()
 	}
-	c.abort(ctx, run, token, granted)
+	c.abort(ctx, run, token, undo)
 
 	votes := fmt.Sprintf("%d granted, %d held, %d done, %d of %d nodes answered",
-		len(granted), heldVotes, done, answered, len(c.nodes))
+		len(granted), heldVotes, doneVotes, answered, len(c.nodes))
 	switch {
-	case done > 0:
-		return nil, false, fmt.Errorf("claim %s: %s: %w", id, votes, claim.ErrDone)
+	case done:
+		return nil, nil, fmt.Errorf("claim %s: %s: %w", id, votes, claim.ErrDone)
 	case answered < c.quorum:
-		return nil, false, fmt.Errorf("claim %s: quorum not reached: %d of %d nodes answered: %w (%v)",
-			id, answered, len(c.nodes), claim.ErrUnavailable, errors.Join(errs...))
+		return nil, nil, fmt.Errorf("claim %s: quorum not reached: %d of %d nodes answered: %w (%s)",
+			id, answered, len(c.nodes), claim.ErrUnavailable, reasons(errs))
 	case why != "":
-		return nil, false, fmt.Errorf("claim %s: %s, but %s: %w", id, votes, why, claim.ErrUnavailable)
+		return nil, nil, fmt.Errorf("claim %s: %s, but %s: %w", id, votes, why, claim.ErrUnavailable)
 	case maxHeld >= c.quorum:
-		return nil, false, fmt.Errorf("claim %s: %s: %w", id, votes, claim.ErrHeld)
+		return nil, nil, fmt.Errorf("claim %s: %s: %w", id, votes, claim.ErrHeld)
 	}
-	return nil, true, fmt.Errorf("claim %s: split vote: %s: %w", id, votes, claim.ErrHeld)
+	lead, mine := len(granted) > 0, redis.TokenKey(token)
+	for k := range held {
+		lead = lead && mine < k
+	}
+	return nil, &split{lead: lead}, fmt.Errorf("claim %s: split vote: %s: %w", id, votes, claim.ErrHeld)
 }
 
 // commit fixes the fence and attempt of a claim granted by a majority and
@@ -289,7 +325,7 @@ func (c *Claimer) commit(ctx context.Context, run claim.Run, token string, lease
 	}, nil
 }
 
-// abort undoes the grant to token on nodes, even if ctx is done: a grant
+// abort undoes any grant to token on nodes, even if ctx is done: a grant
 // left behind would hold its node's vote for a whole lease.
 func (c *Claimer) abort(ctx context.Context, run claim.Run, token string, nodes []int) {
 	if len(nodes) == 0 {
