@@ -41,6 +41,7 @@ Usage:
   scheduler jobs     [--config FILE] [--json]   registered jobs, schedules, next instants
   scheduler runs     [--config FILE] [--job J] [--limit N] [--json]
   scheduler trigger  [--config FILE] JOB        claim and execute one run of JOB now
+  scheduler seed     [--config FILE] [--customers N] [--days N]  demo customers and usage for billing.nightly
   scheduler version
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid config.
@@ -58,12 +59,17 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "scheduler:", err)
 		return ExitUsage
 	}
+	bill, err := registerBilling(reg)
+	if err != nil {
+		fmt.Fprintln(stderr, "scheduler:", err)
+		return ExitUsage
+	}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return ExitUsage
 	}
 	cmd, rest := args[0], args[1:]
-	e := &env{reg: reg, stdout: stdout, stderr: stderr}
+	e := &env{reg: reg, billing: bill, stdout: stdout, stderr: stderr}
 	switch cmd {
 	case "run":
 		return e.run(rest)
@@ -75,6 +81,8 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
 		return e.runs(rest)
 	case "trigger":
 		return e.trigger(rest)
+	case "seed":
+		return e.seed(rest)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "scheduler", version())
 		return ExitOK
@@ -99,6 +107,7 @@ func version() string {
 // env is what every command shares.
 type env struct {
 	reg            *job.Registry
+	billing        *billingJob // bound to the database by openBilling
 	stdout, stderr io.Writer
 }
 
@@ -319,4 +328,3 @@ func sortedJobs(cfg *config.Config) []string {
 	sortStrings(names)
 	return names
 }
-

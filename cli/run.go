@@ -100,6 +100,12 @@ func (e *env) run(args []string) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := runner.NewMetrics(reg)
+	closeBilling, err := e.openBilling(ctx, cfg, reg)
+	if err != nil {
+		log.Error("cannot open billing database", "database", cfg.Database.Kind, "error", err.Error())
+		return ExitRuntime
+	}
+	defer closeBilling()
 	r, err := runner.New(runnerOptions(cfg, b, log, metrics), jobsList)
 	if err != nil {
 		log.Error("invalid runner settings", "error", err.Error())
@@ -190,6 +196,12 @@ func (e *env) trigger(args []string) int {
 		return ExitRuntime
 	}
 	defer b.Close()
+	closeBilling, err := e.openBilling(ctx, cfg, nil)
+	if err != nil {
+		log.Error("cannot open billing database", "database", cfg.Database.Kind, "error", err.Error())
+		return ExitRuntime
+	}
+	defer closeBilling()
 	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
 	if err != nil {
 		return e.fail("%v", err)
