@@ -1,0 +1,351 @@
+// Package sqlite is a claim.Claimer on a local SQLite file (modernc.org/sqlite,
+// no cgo): the embedded default. Several processes on one host coordinate
+// through one file: WAL journal, single-statement writes (which take the
+// write lock before they read) and a busy timeout serialize them, and leases
+// are measured on SQLite's clock (the host's), in integer unix milliseconds.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/migrations"
+)
+
+// nowMS is SQLite's clock in unix milliseconds. Within one statement every
+// use reads the same instant.
+const nowMS = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
+
+const (
+	// claimRun grants a fresh run, or takes over an interrupted or expired
+	// one, in one statement; it returns no row when the run is held or done.
+	// The fence is the counter's next value, and the schema's triggers
+	// advance the counter in the statement's own transaction. A write
+	// statement takes SQLite's write lock before it reads, so two claims
+	// never both see a run as free.
+	claimRun = `
+INSERT INTO scheduler_runs
+       (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
+VALUES (?1, ?2, ?3, 'running', ?4, ?5, (SELECT value + 1 FROM scheduler_fence WHERE id = 1), 1,
+        ` + nowMS + `, ` + nowMS + ` + ?6)
+ON CONFLICT (run_id) DO UPDATE
+   SET status = 'running', token = excluded.token, holder = excluded.holder,
+       fence = excluded.fence, attempt = scheduler_runs.attempt + 1,
+       started_at = excluded.started_at, lease_until = excluded.lease_until, finished_at = NULL
+ WHERE scheduler_runs.status = 'interrupted'
+    OR (scheduler_runs.status = 'running' AND scheduler_runs.lease_until <= excluded.started_at)
+RETURNING fence, attempt, lease_until`
+
+	// runState reads a run without taking the write lock (WAL readers never
+	// wait): whether it exists, its status, and whether its lease is live.
+	runState = `SELECT status, lease_until > ` + nowMS + ` FROM scheduler_runs WHERE run_id = ?1`
+
+	renewRun = `
+UPDATE scheduler_runs
+   SET lease_until = ` + nowMS + ` + ?3
+ WHERE run_id = ?1 AND token = ?2 AND status = 'running' AND lease_until > ` + nowMS + `
+RETURNING lease_until`
+
+	// releaseRun is allowed after the lease expired as long as nobody took
+	// the run over: the token still matches then.
+	releaseRun = `
+UPDATE scheduler_runs
+   SET status = ?3, finished_at = CASE WHEN ?4 THEN ` + nowMS + ` END
+ WHERE run_id = ?1 AND token = ?2 AND status = 'running'`
+
+	historyColumns = `
+SELECT run_id, job, status, holder, fence, attempt, started_at, lease_until, finished_at
+  FROM scheduler_runs`
+	// A negative limit is no limit.
+	historyAll = historyColumns + `
+ ORDER BY scheduled_at DESC, job LIMIT ?1`
+	historyJob = historyColumns + `
+ WHERE job = ?1 ORDER BY scheduled_at DESC LIMIT ?2`
+
+	pruneRuns = `DELETE FROM scheduler_runs WHERE finished_at < ` + nowMS + ` - ?1`
+)
+
+// Options configure a Claimer.
+type Options struct {
+	// Instance is the holder id written into claims.
+	Instance string
+}
+
+// Claimer grants claims through rows of the scheduler_runs table in one
+// SQLite file. It is safe for concurrent use.
+type Claimer struct {
+	db       *sql.DB
+	stmts    stmts
+	instance string
+	owned    bool // Close closes db
+	// writer admits one write statement of this Claimer at a time. SQLite
+	// runs one writer per file anyway; queuing writers here, in order and
+	// honouring ctx, is fairer and cheaper than every connection sleep-polling
+	// in SQLite's busy handler, which under load starves some past the busy
+	// timeout. Other processes still wait in the busy handler.
+	writer chan struct{}
+}
+
+var (
+	_ claim.Claimer   = (*Claimer)(nil)
+	_ claim.Historian = (*Claimer)(nil)
+)
+
+// DSN is the data source name Open uses for the file at path: WAL journal
+// (readers never block the writer), a 5s busy timeout (how long a write
+// waits for another connection's), and explicit transactions that take the
+// write lock at BEGIN (IMMEDIATE), so they cannot fail half-way on a lock.
+func DSN(path string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath() +
+		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+}
+
+// Open opens (creating it if needed) the SQLite file at path, applies the
+// migrations, and returns a Claimer that closes the file on Close.
+func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
+	db, err := sql.Open("sqlite", DSN(path))
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	if err := migrations.Up(ctx, db, migrations.SQLite); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, translate(err))
+	}
+	c := New(db, opts)
+	c.owned = true
+	return c, nil
+}
+
+// New returns a Claimer on db, which must be migrated and opened with DSN's
+// settings (above all _txlock=immediate). Close does not close db.
+func New(db *sql.DB, opts Options) *Claimer {
+	if db == nil {
+		panic("sqlite: nil db")
+	}
+	return &Claimer{db: db, stmts: stmts{db: db}, instance: opts.Instance, writer: make(chan struct{}, 1)}
+}
+
+// leaseMS is lease in whole milliseconds, rounded up, plus one: SQLite's
+// clock reads in truncated milliseconds, and the lease it records must never
+// be shorter than the one asked for (see claim.Claim.Requested).
+func leaseMS(lease time.Duration) int64 {
+	return int64((lease+time.Millisecond-1)/time.Millisecond) + 1
+}
+
+// Claim implements claim.Claimer. Most bids are lost (every replica bids
+// for every run), so it first reads the run, which in WAL mode never waits
+// for the write lock, and answers held or done from that read. Only a run
+// that looks free is bid for with the write statement, which decides; a bid
+// lost in that race reads the run again to tell held from done.
+func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+	if err := claim.CheckClaim(run, lease); err != nil {
+		return nil, err
+	}
+	run.At = run.At.UTC()
+	id := run.ID()
+	if err := c.lostBid(ctx, id, true); err != nil {
+		return nil, fmt.Errorf("claim %s: %w", id, err)
+	}
+	cl := &claim.Claim{Run: run, Token: claim.NewToken(), Holder: c.instance, Lease: lease}
+	var deadline int64
+	err := c.write(ctx, func() error {
+		cl.Requested = time.Now()
+		return c.stmts.queryRow(ctx, claimRun,
+			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease)},
+			&cl.Fence, &cl.Attempt, &deadline)
+	})
+	switch {
+	case err == nil:
+		cl.Deadline = time.UnixMilli(deadline).UTC()
+		return cl, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
+	}
+	err = c.lostBid(ctx, id, false)
+	if err == nil { // it was free a moment ago, so someone else won it
+		err = claim.ErrHeld
+	}
+	return nil, fmt.Errorf("claim %s: %w", id, err)
+}
+
+// lostBid reads run id and returns ErrHeld or ErrDone if it cannot be won
+// now, nil if it looks free. A missing row is free before the bid, and
+// pruned (done) after it.
+func (c *Claimer) lostBid(ctx context.Context, id string, beforeBid bool) error {
+	var (
+		status claim.Status
+		live   bool
+	)
+	err := c.stmts.queryRow(ctx, runState, []any{id}, &status, &live)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) && beforeBid:
+		return nil
+	case errors.Is(err, sql.ErrNoRows):
+		// The row existed at the bid and only Prune deletes rows, and only
+		// finished ones.
+		return claim.ErrDone
+	case err != nil:
+		return translate(err)
+	case !status.Live():
+		return claim.ErrDone
+	case status == claim.StatusRunning && live:
+		return claim.ErrHeld
+	}
+	return nil
+}
+
+// write runs f, one write statement, once no other write of c is running.
+func (c *Claimer) write(ctx context.Context, f func() error) error {
+	select {
+	case c.writer <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-c.writer }()
+	return f()
+}
+
+// Renew implements claim.Claimer.
+func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	if err := claim.CheckRenew(cl, lease); err != nil {
+		return err
+	}
+	var (
+		requested time.Time
+		deadline  int64
+	)
+	err := c.write(ctx, func() error {
+		requested = time.Now()
+		return c.stmts.queryRow(ctx, renewRun, []any{cl.ID(), cl.Token, leaseMS(lease)}, &deadline)
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
+	case err != nil:
+		return fmt.Errorf("renew %s: %w", cl.ID(), translate(err))
+	}
+	cl.Deadline, cl.Requested, cl.Lease = time.UnixMilli(deadline).UTC(), requested, lease
+	return nil
+}
+
+// Release implements claim.Claimer.
+func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+	if err := claim.CheckRelease(cl, o); err != nil {
+		return err
+	}
+	var res sql.Result
+	err := c.write(ctx, func() (err error) {
+		res, err = c.stmts.exec(ctx, releaseRun, cl.ID(), cl.Token, string(claim.Status(o)), o.Terminal())
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("release %s: %w", cl.ID(), translate(err))
+	}
+	n, err := res.RowsAffected()
+	switch {
+	case err != nil:
+		return fmt.Errorf("release %s: %w", cl.ID(), translate(err))
+	case n == 0:
+		return fmt.Errorf("release %s: %w", cl.ID(), claim.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Ping implements claim.Claimer: the file can be opened and read.
+func (c *Claimer) Ping(ctx context.Context) error {
+	if err := c.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("ping: %w", translate(err))
+	}
+	return nil
+}
+
+// Close implements claim.Claimer. It closes the database only if Open
+// opened it.
+func (c *Claimer) Close() error {
+	err := c.stmts.close()
+	if c.owned {
+		err = errors.Join(err, c.db.Close())
+	}
+	return err
+}
+
+// History implements claim.Historian: runs newest scheduled instant first,
+// of job or, if job is "", of every job; limit <= 0 means no limit.
+func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	if limit <= 0 {
+		limit = -1
+	}
+	var (
+		rows *sql.Rows
+		err  error
+	)
+	if job == "" {
+		rows, err = c.stmts.query(ctx, historyAll, limit)
+	} else {
+		rows, err = c.stmts.query(ctx, historyJob, job, limit)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", translate(err))
+	}
+	defer rows.Close()
+	var recs []claim.Record
+	for rows.Next() {
+		var (
+			r                   claim.Record
+			started, leaseUntil int64
+			finished            sql.NullInt64
+		)
+		if err := rows.Scan(&r.RunID, &r.Job, &r.Status, &r.Holder, &r.Fence, &r.Attempt,
+			&started, &leaseUntil, &finished); err != nil {
+			return nil, fmt.Errorf("history: %w", translate(err))
+		}
+		// The id carries the exact instant; the column is in milliseconds.
+		if run, err := claim.ParseID(r.RunID); err == nil {
+			r.At = run.At
+		}
+		r.StartedAt, r.LeaseUntil = time.UnixMilli(started).UTC(), time.UnixMilli(leaseUntil).UTC()
+		if finished.Valid {
+			r.FinishedAt = time.UnixMilli(finished.Int64).UTC()
+		}
+		recs = append(recs, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("history: %w", translate(err))
+	}
+	return recs, nil
+}
+
+// Prune deletes runs that finished (succeeded, failed or skipped) more than
+// olderThan ago, on SQLite's clock, and returns how many it deleted. It is
+// the retention policy: call it periodically from one place.
+//
+// A pruned run is forgotten: a replica that later claims the same run would
+// be granted it again as attempt 1. Keep olderThan well above the longest
+// window in which replicas still claim past runs (misfire grace, clock skew).
+// Interrupted runs and expired leases are kept: they are not finished, and
+// deleting them would lose the attempt count and let a stale run restart.
+func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("%w: prune older than %v", claim.ErrInvalid, olderThan)
+	}
+	var res sql.Result
+	err := c.write(ctx, func() (err error) {
+		res, err = c.stmts.exec(ctx, pruneRuns, olderThan.Milliseconds())
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("prune: %w", translate(err))
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("prune: %w", translate(err))
+	}
+	return n, nil
+}
