@@ -101,7 +101,10 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*backen
 		}
 		return b, nil
 	case config.ClaimerRedis:
-		client, err := redisClient(c.Redis.Addr, c.Redis.Username, string(c.Redis.Password), c.Redis.DB, c.Redis.TLS)
+		// ContextTimeoutEnabled: claim calls carry deadlines shorter than
+		// the lease, and a hung server must not outlive them.
+		opts := &goredis.Options{Addr: c.Redis.Addr, ContextTimeoutEnabled: true}
+		client, err := redisClient(opts, c.Redis.Username, string(c.Redis.Password), c.Redis.DB, c.Redis.TLS)
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +118,7 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*backen
 	case config.ClaimerRedlock:
 		var clients []goredis.UniversalClient
 		for _, addr := range c.Redlock.Addrs {
-			client, err := redisClient(addr, c.Redlock.Username, string(c.Redlock.Password), 0, c.Redlock.TLS)
+			client, err := redisClient(redlock.ClientOptions(addr), c.Redlock.Username, string(c.Redlock.Password), 0, c.Redlock.TLS)
 			if err != nil {
 				return nil, err
 			}
@@ -134,12 +137,15 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*backen
 	return nil, fmt.Errorf("claimer.kind: %q: unknown claimer", c.Kind)
 }
 
-func redisClient(addr, user, password string, db int, t config.TLS) (*goredis.Client, error) {
+// redisClient opens one Redis connection pool; base carries the claimer's
+// own settings (redlock.ClientOptions for Redlock nodes).
+func redisClient(base *goredis.Options, user, password string, db int, t config.TLS) (*goredis.Client, error) {
 	tc, err := t.ClientConfig()
 	if err != nil {
-		return nil, fmt.Errorf("redis %s: tls: %w", addr, err)
+		return nil, fmt.Errorf("redis %s: tls: %w", base.Addr, err)
 	}
-	return goredis.NewClient(&goredis.Options{Addr: addr, Username: user, Password: password, DB: db, TLSConfig: tc}), nil
+	base.Username, base.Password, base.DB, base.TLSConfig = user, password, db, tc
+	return goredis.NewClient(base), nil
 }
 
 // newLogger builds the process logger from log.level and log.format.

@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
@@ -80,35 +78,7 @@ func randHex() string {
 	return hex.EncodeToString(b[:])
 }
 
-// pgSchema creates an empty schema and returns a DSN whose search_path
-// points at it; the schema is dropped when the test ends.
-func pgSchema(t *testing.T) string {
-	t.Helper()
-	dsn := testenv.PostgresDSN(t)
-	schema := "e2e_" + randHex()
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		testenv.Missing(t, "postgres", err.Error())
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := testenv.CleanupContext()
-		defer cancel()
-		c, err := pgx.Connect(ctx, dsn)
-		if err == nil {
-			_, _ = c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
-			_ = c.Close(ctx)
-		}
-	})
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	return dsn + sep + "search_path=" + schema
-}
+func pgSchema(t *testing.T) string { return testenv.PostgresSchema(t) }
 
 func TestVersionAndHelp(t *testing.T) {
 	dir := t.TempDir()

@@ -9,6 +9,8 @@ package testenv
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -19,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Environment variables read by tests (and only by tests).
@@ -209,3 +213,47 @@ func CleanupContext() (context.Context, context.CancelFunc) {
 
 // TempPath returns a file path in a per-test directory.
 func TempPath(t testing.TB, name string) string { return filepath.Join(t.TempDir(), name) }
+
+// PostgresSchema creates an empty schema on the test server and returns a
+// DSN whose connections use it (search_path). The schema is dropped when t
+// ends, so tests can run in parallel and re-run on a dirty database.
+func PostgresSchema(t testing.TB) string {
+	t.Helper()
+	dsn := PostgresDSN(t)
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	schema := "t_" + hex.EncodeToString(b[:])
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		Missing(t, "postgres", err.Error())
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := CleanupContext()
+		defer cancel()
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return dsn + sep + "search_path=" + schema
+}
+
+// RandomPrefix returns a unique Redis key prefix for one test.
+func RandomPrefix(name string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "test:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+}

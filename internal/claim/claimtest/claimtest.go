@@ -50,7 +50,7 @@ func (o *Options) defaults() {
 }
 
 // longLease is long enough never to expire during a test.
-const longLease = time.Minute
+const longLease = 10 * time.Minute
 
 // waitFor bounds every wait on wall time. Generous: CI is a noisy 2-core box.
 const waitFor = 15 * time.Second

@@ -29,10 +29,7 @@ func TestMain(m *testing.M) {
 const nodeTimeout = time.Second
 
 func newClient(addr string) *goredis.Client {
-	// No retries: a dead node must cost one refused dial, not a backoff.
-	return goredis.NewClient(&goredis.Options{
-		Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1,
-	})
+	return goredis.NewClient(redlock.ClientOptions(addr))
 }
 
 func prefix() string { return "schedtest:" + claim.NewToken()[:12] + ":" }

@@ -341,3 +341,11 @@ func (c *Claimer) abort(ctx context.Context, run claim.Run, token string, nodes 
 		}
 	})
 }
+
+// ClientOptions are the settings a node's client needs: the node timeout
+// bounds every call (ContextTimeoutEnabled), and a dead node costs one
+// failed vote, not go-redis's own retries, which the validity time has no
+// room for.
+func ClientOptions(addr string) *goredis.Options {
+	return &goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1}
+}
