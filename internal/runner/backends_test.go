@@ -61,68 +61,73 @@ func TestReplicasOnRealBackends(t *testing.T) {
 		{"* * * * * *", 4, 400 * time.Millisecond, 32 * time.Second},
 		{"@every 3s", 3, 2 * time.Second, 32 * time.Second},
 	}
+	// The scenarios sleep through wall-clock instants, so they all run at
+	// once rather than under -parallel's limit of GOMAXPROCS.
+	var all sync.WaitGroup
+	defer all.Wait()
 	for _, kind := range backends.Kinds {
 		for _, sc := range scenarios {
-			t.Run(kind+"/"+sc.spec, func(t *testing.T) {
-				t.Parallel()
-				open := backends.Open(t, kind)
-				led := newLedger()
-				lags := &lagLog{}
-				jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, sc.spec),
-					Handler: func(ctx context.Context, run job.Run) error {
-						lags.add(run.ID, time.Since(run.ScheduledAt))
-						select {
-						case <-time.After(100 * time.Millisecond): // a little work
-						case <-ctx.Done():
+			all.Go(func() {
+				t.Run(kind+"/"+sc.spec, func(t *testing.T) {
+					open := backends.Open(t, kind)
+					led := newLedger()
+					lags := &lagLog{}
+					jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, sc.spec),
+						Handler: func(ctx context.Context, run job.Run) error {
+							lags.add(run.ID, time.Since(run.ScheduledAt))
+							select {
+							case <-time.After(100 * time.Millisecond): // a little work
+							case <-ctx.Done():
+							}
+							return nil
+						}}}
+					skews := []time.Duration{0, 400 * time.Millisecond, -450 * time.Millisecond, 200 * time.Millisecond, -100 * time.Millisecond}
+					ctx, cancel := context.WithCancel(context.Background())
+					var wg sync.WaitGroup
+					begin := time.Now()
+					for i := range sc.replicas {
+						skew := skews[i]
+						r, err := runner.New(runner.Options{
+							Claimer: open(fmt.Sprintf("r%d", i)), ClaimerName: kind, Instance: fmt.Sprintf("r%d", i),
+							Lease: 5 * time.Second, MaxClockSkew: 500 * time.Millisecond, ShutdownGrace: 5 * time.Second,
+							Now: func() time.Time { return time.Now().Add(skew) }, Observe: led.observe,
+						}, jobs)
+						if err != nil {
+							t.Fatal(err)
 						}
-						return nil
-					}}}
-				skews := []time.Duration{0, 400 * time.Millisecond, -450 * time.Millisecond, 200 * time.Millisecond, -100 * time.Millisecond}
-				ctx, cancel := context.WithCancel(context.Background())
-				var wg sync.WaitGroup
-				begin := time.Now()
-				for i := range sc.replicas {
-					skew := skews[i]
-					r, err := runner.New(runner.Options{
-						Claimer: open(fmt.Sprintf("r%d", i)), ClaimerName: kind, Instance: fmt.Sprintf("r%d", i),
-						Lease: 5 * time.Second, MaxClockSkew: 500 * time.Millisecond, ShutdownGrace: 5 * time.Second,
-						Now: func() time.Time { return time.Now().Add(skew) }, Observe: led.observe,
-					}, jobs)
-					if err != nil {
-						t.Fatal(err)
+						wg.Go(func() { _ = r.Run(ctx) })
+						time.Sleep(sc.startGap) // replicas come up at different moments
 					}
-					wg.Go(func() { _ = r.Run(ctx) })
-					time.Sleep(sc.startGap) // replicas come up at different moments
-				}
-				time.Sleep(sc.span)
-				end := time.Now()
-				cancel()
-				wg.Wait()
+					time.Sleep(sc.span)
+					end := time.Now()
+					cancel()
+					wg.Wait()
 
-				sched := mustSchedule(t, sc.spec)
-				// From the moment every replica was up, with a skew's margin,
-				// to a margin before shutdown.
-				from := begin.Add(time.Duration(sc.replicas)*sc.startGap + time.Second)
-				var ids []string
-				for at := sched.Next(from); at.Before(end.Add(-2 * time.Second)); at = sched.Next(at) {
-					id := claim.Run{Job: "tick", At: at}.ID()
-					s := led.starts(id)
-					if len(s) != 1 {
-						t.Errorf("%s started %d times, want once", id, len(s))
-						continue
+					sched := mustSchedule(t, sc.spec)
+					// From the moment every replica was up, with a skew's margin,
+					// to a margin before shutdown.
+					from := begin.Add(time.Duration(sc.replicas)*sc.startGap + time.Second)
+					var ids []string
+					for at := sched.Next(from); at.Before(end.Add(-2 * time.Second)); at = sched.Next(at) {
+						id := claim.Run{Job: "tick", At: at}.ID()
+						s := led.starts(id)
+						if len(s) != 1 {
+							t.Errorf("%s started %d times, want once", id, len(s))
+							continue
+						}
+						if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
+							t.Errorf("%s finished %+v, want one success", id, f)
+						}
+						ids = append(ids, id)
 					}
-					if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
-						t.Errorf("%s finished %+v, want one success", id, f)
+					n := len(ids)
+					if min := int(sc.span/sched.Period(begin)) - 4; n < min {
+						t.Fatalf("checked %d instants, want at least %d", n, min)
 					}
-					ids = append(ids, id)
-				}
-				n := len(ids)
-				if min := int(sc.span/sched.Period(begin)) - 4; n < min {
-					t.Fatalf("checked %d instants, want at least %d", n, min)
-				}
-				p50, worst := lags.worst(ids)
-				t.Logf("%s %s: %d instants exactly once; lag from the true instant to handler start p50 %v, worst %v (replica clocks skewed by up to ±450ms)",
-					kind, sc.spec, n, p50.Round(time.Millisecond), worst.Round(time.Millisecond))
+					p50, worst := lags.worst(ids)
+					t.Logf("%s %s: %d instants exactly once; lag from the true instant to handler start p50 %v, worst %v (replica clocks skewed by up to ±450ms)",
+						kind, sc.spec, n, p50.Round(time.Millisecond), worst.Round(time.Millisecond))
+				})
 			})
 		}
 	}
