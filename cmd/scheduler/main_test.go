@@ -464,3 +464,12 @@ jobs:
 		})
 	}
 }
+
+func readLog(t *testing.T, dir, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -78,6 +78,12 @@ func Handler(s *Store) job.Handler {
 		if err != nil {
 			return cmp.Or(context.Cause(ctx), err)
 		}
+		// params.pace slows each customer down, as a slow pricing or payment
+		// call would; drills use it to pause a holder mid-run.
+		pace, err := run.Params.Duration("pace", 0)
+		if err != nil {
+			return err
+		}
 		written, rejected := 0, 0
 		defer func() {
 			level := slog.LevelInfo
@@ -93,6 +99,13 @@ func Handler(s *Store) job.Handler {
 			}
 			if s.beforeWrite != nil {
 				s.beforeWrite(run, written)
+			}
+			if pace > 0 {
+				select {
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				case <-time.After(pace):
+				}
 			}
 			inv.WrittenBy = run.Instance
 			ok, err := s.WriteInvoice(ctx, inv, run.Fence)
