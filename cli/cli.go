@@ -42,6 +42,7 @@ Usage:
   scheduler runs     [--config FILE] [--job J] [--limit N] [--json]
   scheduler trigger  [--config FILE] JOB        claim and execute one run of JOB now
   scheduler seed     [--config FILE] [--customers N] [--days N]  demo customers and usage for billing.nightly
+  scheduler prune    [--config FILE] [--older-than 720h]   delete old finished runs (SQL claimers)
   scheduler version
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid config.
@@ -81,6 +82,8 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
 		return e.runs(rest)
 	case "trigger":
 		return e.trigger(rest)
+	case "prune":
+		return e.prune(rest)
 	case "seed":
 		return e.seed(rest)
 	case "version", "--version":

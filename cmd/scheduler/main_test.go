@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -472,4 +473,34 @@ func readLog(t *testing.T, dir, name string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func TestPruneKeepsRecentRuns(t *testing.T) {
+	dir := t.TempDir()
+	if r := run(t, dir, "trigger", "example.sleep"); r.code != 0 {
+		t.Fatalf("trigger: %+v", r)
+	}
+	if r := run(t, dir, "prune", "--older-than", "48h"); r.code != 0 || !strings.Contains(r.stdout, "pruned 0 finished runs") {
+		t.Fatalf("prune: %+v", r)
+	}
+	if r := run(t, dir, "runs", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"status": "succeeded"`) {
+		t.Fatalf("runs after prune: %+v", r)
+	}
+	if r := run(t, dir, "prune", "--older-than", "1h"); r.code != 2 || !strings.Contains(r.stderr, "--older-than") {
+		t.Fatalf("prune --older-than 1h: %+v", r)
+	}
+}
+
+func TestHTTPBindErrorExitsOne(t *testing.T) {
+	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	path := writeConfig(t, dir, "http:\n  addr: \""+l.Addr().String()+"\"\n")
+	r := run(t, dir, "run", "--config", path)
+	if r.code != 1 || !strings.Contains(r.stderr, "cannot listen on http.addr") || !strings.Contains(r.stderr, l.Addr().String()) {
+		t.Fatalf("exit %d, stderr: %s", r.code, r.stderr)
+	}
 }
