@@ -1,0 +1,131 @@
+// Command scheduler-bench measures every claimer against the raw clients it
+// is built on (go-redis, pgx, redis-benchmark, pgbench), runs the 10,000
+// jobs × 3 replicas scale scenario, merges the peer libraries' rows written
+// by the nested bench module, and prints one table (plus JSON and an SVG
+// chart). bench/run.sh is the one command that runs everything.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/benchkit"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var (
+		o         benchkit.Options
+		s         benchkit.Services
+		conc      = flag.String("c", "1,16", "concurrencies")
+		kinds     = flag.String("claimers", "memory,sqlite,postgres,redis,redlock", "claimers to measure")
+		scale     = flag.String("scale", "postgres,redis,sqlite", "claimers for the scale scenario (\"\" for none)")
+		scaleOpts benchkit.ScaleOptions
+		redlock   = flag.String("redlock", "", "comma-separated Redlock nodes (default: start 5 private redis-server)")
+		peers     = flag.String("peers", "", "JSON rows of the peer libraries to merge (written by bench/)")
+		jsonOut   = flag.String("json", "", "write the report as JSON to this file")
+		svgOut    = flag.String("svg", "", "write a bar chart of ops/s as SVG to this file")
+		smoke     = flag.Bool("smoke", false, "seconds, not minutes: short measurements, 300 jobs")
+	)
+	flag.DurationVar(&o.Duration, "duration", 2*time.Second, "measurement time per row and concurrency")
+	flag.StringVar(&s.PostgresDSN, "postgres", env("SCHEDULER_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
+	flag.StringVar(&s.RedisAddr, "redis", env("SCHEDULER_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
+	flag.IntVar(&scaleOpts.Jobs, "jobs", 10_000, "jobs due at one instant in the scale scenario")
+	flag.IntVar(&scaleOpts.Replicas, "replicas", 3, "replicas in the scale scenario")
+	flag.Parse()
+	if *smoke {
+		o.Duration, scaleOpts.Jobs, scaleOpts.Lead = 150*time.Millisecond, 300, time.Second
+	}
+	for _, c := range strings.Split(*conc, ",") {
+		var n int
+		if _, err := fmt.Sscan(c, &n); err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "scheduler-bench: bad concurrency %q\n", c)
+			return 2
+		}
+		o.Concurrencies = append(o.Concurrencies, n)
+	}
+	o.Kinds = strings.Split(*kinds, ",")
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	dir, err := os.MkdirTemp("", "scheduler-bench-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	s.Dir = dir
+	if *redlock != "" {
+		s.RedlockAddrs = strings.Split(*redlock, ",")
+	} else if nodes, err := benchkit.StartRedisNodes(5, dir); err != nil {
+		o.Log.Warn("no redlock nodes", "error", err.Error())
+	} else {
+		defer nodes.Stop()
+		s.RedlockAddrs = nodes.Addrs
+	}
+
+	host, _ := os.Hostname()
+	rep := benchkit.Report{When: time.Now().UTC(), Host: host}
+	if *peers != "" {
+		b, err := os.ReadFile(*peers)
+		if err == nil {
+			err = json.Unmarshal(b, &rep.Rows)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scheduler-bench: peers:", err)
+			return 1
+		}
+	}
+	rep.Rows = append(rep.Rows, benchkit.Claimers(ctx, s, o)...)
+	for _, kind := range strings.FieldsFunc(*scale, func(r rune) bool { return r == ',' }) {
+		so := scaleOpts
+		so.Kind = kind
+		o.Log.Info("scale scenario", "claimer", kind, "jobs", so.Jobs, "replicas", so.Replicas)
+		rep.Scale = append(rep.Scale, benchkit.RunScale(ctx, s, so))
+	}
+	rep.Finish()
+	rep.WriteTable(os.Stdout)
+	for path, write := range map[string]func(*os.File) error{
+		*jsonOut: func(f *os.File) error { return rep.WriteJSON(f) },
+		*svgOut:  func(f *os.File) error { return rep.WriteSVG(f) },
+	} {
+		if path == "" {
+			continue
+		}
+		f, err := os.Create(path)
+		if err == nil {
+			err = write(f)
+			err = errorsJoin(err, f.Close())
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+func errorsJoin(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,227 @@
+package benchkit
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Report is everything one run of the suite measured.
+type Report struct {
+	When    time.Time `json:"when"`
+	Host    string    `json:"host"`
+	Rows    []Row     `json:"rows"`
+	Targets []Target  `json:"targets"`
+	Scale   []Scale   `json:"scale,omitempty"`
+}
+
+// Target is one of the issue's goals: row / of at concurrency 1 (plain
+// ops/s ratio, whatever the round trips).
+type Target struct {
+	Row   string  `json:"row"`
+	Of    string  `json:"of"`
+	Want  float64 `json:"want"`
+	Got   float64 `json:"got"`
+	Met   bool    `json:"met"`
+	Known bool    `json:"known"` // both rows measured
+}
+
+// Peer row names, written by the nested bench module.
+const (
+	PeerRedislock = "bsm/redislock"
+	PeerRedsync1  = "redsync (1 node)"
+	PeerRedsync5  = "redsync (5 nodes)"
+)
+
+var targets = []Target{
+	{Row: "redis", Of: RefGoRedis, Want: 0.9},
+	{Row: "redis", Of: PeerRedislock, Want: 1.0},
+	{Row: RowPostgresClaim, Of: RefPgxInsert, Want: 0.9},
+	{Row: RowRedlock, Of: PeerRedsync5, Want: 1.5},
+}
+
+// Finish fills in every row's ratio to its reference (throughput per round
+// trip, same concurrency) and the targets.
+func (r *Report) Finish() {
+	find := func(name string, conc int) *Row {
+		for i := range r.Rows {
+			if x := &r.Rows[i]; x.Name == name && x.Concurrency == conc && x.Error == "" && x.OpsPerSec > 0 {
+				return x
+			}
+		}
+		return nil
+	}
+	for i := range r.Rows {
+		x := &r.Rows[i]
+		x.Ratio = 0
+		if x.Ref == "" || x.Error != "" {
+			continue
+		}
+		if ref := find(x.Ref, x.Concurrency); ref != nil {
+			x.Ratio = x.OpsPerSec * float64(max(x.RoundTrips, 1)) / (ref.OpsPerSec * float64(max(ref.RoundTrips, 1)))
+		}
+	}
+	r.Targets = nil
+	for _, t := range targets {
+		a, b := find(t.Row, 1), find(t.Of, 1)
+		if a != nil && b != nil {
+			t.Known, t.Got = true, a.OpsPerSec/b.OpsPerSec
+			t.Met = t.Got >= t.Want
+		}
+		r.Targets = append(r.Targets, t)
+	}
+}
+
+var groupOrder = map[string]int{"claimer": 0, "peer": 1, "raw": 2}
+
+// Sorted returns the rows grouped (claimers, peers, raw), then in the order
+// they were measured, concurrencies together.
+func (r *Report) Sorted() []Row {
+	rows := slices.Clone(r.Rows)
+	first := map[string]int{}
+	for i, x := range rows {
+		if _, ok := first[x.Name]; !ok {
+			first[x.Name] = i
+		}
+	}
+	slices.SortStableFunc(rows, func(a, b Row) int {
+		return cmp.Or(cmp.Compare(groupOrder[a.Group], groupOrder[b.Group]),
+			cmp.Compare(first[a.Name], first[b.Name]), cmp.Compare(a.Concurrency, b.Concurrency))
+	})
+	return rows
+}
+
+// WriteTable prints the rows, the targets and the scale scenarios.
+func (r *Report) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "row\top\tc\tops/s\tp50\tp99\tRT\t×ref\treference\t")
+	for _, x := range r.Sorted() {
+		if x.Error != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t—\t—\t—\t\t\terror: %s\t\n", x.Name, x.Op, x.Concurrency, clip(x.Error, 70))
+			continue
+		}
+		ratio := ""
+		if x.Ratio > 0 {
+			ratio = fmt.Sprintf("%.2f", x.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t\n", x.Name, x.Op, x.Concurrency, count(x.OpsPerSec),
+			micros(x.P50us), micros(x.P99us), x.RoundTrips, ratio, x.Ref)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "×ref = (ops/s × RT) / (reference ops/s × reference RT) at the same concurrency: throughput per round trip.")
+	if len(r.Targets) > 0 {
+		fmt.Fprintln(w, "\ntargets (c=1, plain ops/s ratio):")
+		for _, t := range r.Targets {
+			got, verdict := "not measured", "?"
+			if t.Known {
+				got, verdict = fmt.Sprintf("%.2f", t.Got), map[bool]string{true: "met", false: "MISSED"}[t.Met]
+			}
+			fmt.Fprintf(w, "  %-22s ≥ %.1f × %-36s %-12s %s\n", t.Row, t.Want, t.Of, got, verdict)
+		}
+	}
+	if len(r.Scale) > 0 {
+		fmt.Fprintln(w)
+		WriteScale(w, r.Scale)
+	}
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+func count(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e4:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func micros(us float64) string {
+	switch {
+	case us == 0:
+		return "—"
+	case us >= 1000:
+		return fmt.Sprintf("%.2fms", us/1000)
+	}
+	return fmt.Sprintf("%.0fµs", us)
+}
+
+// WriteJSON writes the report, indented.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteSVG draws claims/s by row as horizontal bars on a log scale, one
+// bar per concurrency.
+func (r *Report) WriteSVG(w io.Writer) error {
+	rows := r.Sorted()
+	type bar struct {
+		label string
+		v     float64
+		c     int
+		group string
+	}
+	var bars []bar
+	maxV := 1.0
+	for _, x := range rows {
+		if x.Error != "" || x.OpsPerSec <= 0 {
+			continue
+		}
+		bars = append(bars, bar{x.Name, x.OpsPerSec, x.Concurrency, x.Group})
+		maxV = max(maxV, x.OpsPerSec)
+	}
+	const (
+		left, right, top, barH, gap = 290.0, 90.0, 60.0, 14.0, 3.0
+		width                       = 980.0
+	)
+	decades := math.Ceil(math.Log10(maxV))
+	lo := 1.0 // 10^1 ops/s at the left edge
+	plotW := width - left - right
+	x := func(v float64) float64 {
+		return plotW * max(math.Log10(v)-lo, 0) / (decades - lo)
+	}
+	height := top + float64(len(bars))*(barH+gap) + 50
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="11">`+"\n", width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="10" y="20" font-size="15" font-weight="bold">claims (operations) per second, log scale</text>`+"\n")
+	fmt.Fprintf(&b, `<text x="10" y="38" fill="#555">%s · %s · bars: c=1 dark, c=16 light; claimers blue, peers orange, raw references grey</text>`+"\n",
+		esc(r.Host), r.When.UTC().Format(time.RFC3339))
+	for d := lo; d <= decades; d++ {
+		gx := left + x(math.Pow(10, d))
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#ddd"/>`+"\n", gx, top-6, gx, height-40)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.0f" text-anchor="middle" fill="#555">%s</text>`+"\n", gx, height-26, count(math.Pow(10, d)))
+	}
+	colors := map[string][2]string{"claimer": {"#1f5fa8", "#8fb6e3"}, "peer": {"#c0641a", "#efb27c"}, "raw": {"#555", "#bbb"}}
+	for i, br := range bars {
+		y := top + float64(i)*(barH+gap)
+		col := colors[br.group][0]
+		if br.c != 1 {
+			col = colors[br.group][1]
+		}
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" text-anchor="end">%s  c=%d</text>`+"\n", left-6, y+barH-3, esc(br.label), br.c)
+		fmt.Fprintf(&b, `<rect x="%.0f" y="%.1f" width="%.1f" height="%.0f" fill="%s"/>`+"\n", left, y, max(x(br.v), 1), barH, col)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text>`+"\n", left+max(x(br.v), 1)+4, y+barH-3, count(br.v))
+	}
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func esc(s string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(s)
+}
