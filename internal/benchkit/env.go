@@ -42,11 +42,11 @@ type backend struct {
 	open    func(instance string) (claim.Claimer, error)
 	closers []func()
 	// raw clients into the same namespace, for reference rows.
-	pool   *pgxpool.Pool   // postgres
-	schema string          // postgres
-	prefix string          // redis, redlock
+	pool   *pgxpool.Pool     // postgres
+	schema string            // postgres
+	prefix string            // redis, redlock
 	rdb    []*goredis.Client // redis (1), redlock (n)
-	path   string          // sqlite
+	path   string            // sqlite
 }
 
 func (b *backend) close() {
