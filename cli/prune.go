@@ -4,13 +4,9 @@ import (
 	"context"
 	"fmt"
 	"time"
-)
 
-// pruner is implemented by the SQL claimers; Redis expires its run keys by
-// itself (done_ttl).
-type pruner interface {
-	Prune(ctx context.Context, olderThan time.Duration) (int64, error)
-}
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
 
 // minRetention keeps prune from forgetting runs replicas may still claim:
 // a forgotten run would be granted again as attempt 1.
@@ -39,7 +35,7 @@ func (e *env) prune(args []string) int {
 		return e.fail("%v", err)
 	}
 	defer b.Close()
-	p, ok := b.Claimer.(pruner)
+	p, ok := b.Claimer.(claim.Pruner)
 	if !ok {
 		fmt.Fprintf(e.stdout, "claimer %s expires finished runs by itself; nothing to prune\n", cfg.Claimer.Kind)
 		return ExitOK

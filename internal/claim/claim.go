@@ -203,6 +203,17 @@ type Historian interface {
 	History(ctx context.Context, job string, limit int) ([]Record, error)
 }
 
+// Pruner is implemented by claimers that keep finished runs until told to
+// forget them (the SQL backends). Prune deletes succeeded, failed and
+// skipped runs that finished more than olderThan ago, on the backend's
+// clock, and returns how many. Live and interrupted runs are kept: their
+// attempt count must survive. A pruned run could be granted again as
+// attempt 1, so retention must exceed any window in which replicas still
+// claim past runs.
+type Pruner interface {
+	Prune(ctx context.Context, olderThan time.Duration) (int64, error)
+}
+
 // NewToken returns a random 128-bit token in hex.
 func NewToken() string {
 	var b [16]byte

@@ -451,4 +451,52 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 			t.Fatalf("history of all jobs, limit 2: %d records, %v", len(all), err)
 		}
 	})
+
+	t.Run("PruneForgetsOnlyFinishedRunsPastRetention", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		c := open("replica-a")
+		p, ok := c.(claim.Pruner)
+		if !ok {
+			t.Skip("claimer expires finished runs by itself")
+		}
+		h := c.(claim.Historian)
+		var live *claim.Claim
+		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {
+			cl := mustClaim(t, c, runAt("job.prune", i), longLease)
+			if o == "" {
+				live = cl
+				continue
+			}
+			if err := c.Release(ctxT(t), cl, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n, err := p.Prune(ctxT(t), time.Hour); err != nil || n != 0 {
+			t.Fatalf("prune older than 1h = %d, %v; want 0 (nothing is that old)", n, err)
+		}
+		// A backend clock with millisecond resolution needs a tick before
+		// the releases are older than "now".
+		var pruned int64
+		for deadline := time.Now().Add(waitFor); pruned < 3 && time.Now().Before(deadline); {
+			n, err := p.Prune(ctxT(t), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pruned += n
+		}
+		if pruned != 3 {
+			t.Fatalf("prune older than 0 deleted %d runs, want the 3 finished ones", pruned)
+		}
+		recs, err := h.History(ctxT(t), "job.prune", 0)
+		if err != nil || len(recs) != 2 {
+			t.Fatalf("history after prune = %+v, %v; want the interrupted and the running run", recs, err)
+		}
+		if err := c.Renew(ctxT(t), live, longLease); err != nil {
+			t.Fatalf("live claim after prune: %v", err)
+		}
+		if _, err := p.Prune(ctxT(t), -time.Second); !errors.Is(err, claim.ErrInvalid) {
+			t.Fatalf("negative retention: %v, want ErrInvalid", err)
+		}
+	})
 }

@@ -1,11 +1,11 @@
 package postgres_test
 
 import (
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
 )
 
@@ -13,33 +13,7 @@ import (
 // claimer's cost per executed run. Compare claims/s with BenchmarkRawInsert.
 func BenchmarkClaimRelease(b *testing.B) {
 	c := postgres.New(newPool(b, migratedSchema(b)), postgres.Options{Instance: "bench"})
-	var seq atomic.Int64
-	claimRelease := func(b *testing.B) {
-		i := seq.Add(1)
-		cl, err := c.Claim(b.Context(), claim.Run{Job: "job.bench", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := c.Release(b.Context(), cl, claim.Succeeded); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.Run("Serial", func(b *testing.B) {
-		start := time.Now()
-		for b.Loop() {
-			claimRelease(b)
-		}
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
-	})
-	b.Run("Parallel", func(b *testing.B) {
-		start := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				claimRelease(b)
-			}
-		})
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
-	})
+	claimtest.BenchClaimRelease(b, c)
 }
 
 // BenchmarkRawInsert is the floor: one bare pgx INSERT … ON CONFLICT DO
@@ -53,29 +27,11 @@ func BenchmarkRawInsert(b *testing.B) {
 INSERT INTO raw_runs (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
 VALUES ($1, 'job.bench', $2, 'running', 'token', 'bench', 1, 1, now(), now())
 ON CONFLICT (run_id) DO NOTHING RETURNING fence`
-	var seq atomic.Int64
-	insertOne := func(b *testing.B) {
-		i := seq.Add(1)
+	claimtest.Throughput(b, "inserts", func(b *testing.B, i int64) {
 		at := base.Add(time.Duration(i) * time.Second)
 		var fence int64
 		if err := pool.QueryRow(b.Context(), insert, claim.Run{Job: "job.bench", At: at}.ID(), at).Scan(&fence); err != nil {
 			b.Fatal(err)
 		}
-	}
-	b.Run("Serial", func(b *testing.B) {
-		start := time.Now()
-		for b.Loop() {
-			insertOne(b)
-		}
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "inserts/s")
-	})
-	b.Run("Parallel", func(b *testing.B) {
-		start := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				insertOne(b)
-			}
-		})
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "inserts/s")
 	})
 }

@@ -13,41 +13,6 @@ import (
 
 var base = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 
-func TestPruneDeletesOnlyFinishedRunsPastRetention(t *testing.T) {
-	ctx := t.Context()
-	c := postgres.New(newPool(t, migratedSchema(t)), postgres.Options{Instance: "replica-a"})
-	var live *claim.Claim
-	for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {
-		cl, err := c.Claim(ctx, claim.Run{Job: "job.prune", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if o == "" {
-			live = cl
-			continue
-		}
-		if err := c.Release(ctx, cl, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n, err := c.Prune(ctx, time.Hour); err != nil || n != 0 {
-		t.Fatalf("prune older than 1h = %d, %v; want 0 (nothing is that old)", n, err)
-	}
-	if n, err := c.Prune(ctx, 0); err != nil || n != 3 {
-		t.Fatalf("prune older than 0 = %d, %v; want the 3 finished runs", n, err)
-	}
-	recs, err := c.History(ctx, "job.prune", 0)
-	if err != nil || len(recs) != 2 {
-		t.Fatalf("history after prune = %+v, %v; want the interrupted and the running run", recs, err)
-	}
-	if err := c.Renew(ctx, live, time.Minute); err != nil {
-		t.Fatalf("live claim after prune: %v", err)
-	}
-	if _, err := c.Prune(ctx, -time.Second); !errors.Is(err, claim.ErrInvalid) {
-		t.Fatalf("negative retention: %v, want ErrInvalid", err)
-	}
-}
-
 // A replica whose server is down must fail closed, with ErrUnavailable, and
 // never show the DSN's password.
 func TestUnreachableServerIsUnavailable(t *testing.T) {

@@ -201,20 +201,7 @@ func BenchmarkClaimRelease(b *testing.B) {
 	addr := testenv.RedisAddr(b)
 	p := prefix()
 	isolate(b, addr, p)
-	c := opener(b, addr, p, redis.Options{})("bench")
-	ctx := context.Background()
-	i := 0
-	for b.Loop() {
-		cl, err := c.Claim(ctx, claim.Run{Job: "job.bench", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := c.Release(ctx, cl, claim.Succeeded); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	claimtest.BenchClaimRelease(b, opener(b, addr, p, redis.Options{})("bench"))
 }
 
 // BenchmarkRawSetNX is the floor: one bare SET NX PX per run.
@@ -224,15 +211,11 @@ func BenchmarkRawSetNX(b *testing.B) {
 	isolate(b, addr, p)
 	client := newClient(addr)
 	defer client.Close()
-	ctx := context.Background()
-	i := 0
-	for b.Loop() {
-		if err := client.SetNX(ctx, p+strconvI(i), claim.NewToken(), time.Minute).Err(); err != nil {
+	claimtest.Throughput(b, "ops", func(b *testing.B, i int64) {
+		if err := client.SetNX(b.Context(), p+"raw:"+strconv.FormatInt(i, 10), claim.NewToken(), time.Minute).Err(); err != nil {
 			b.Fatal(err)
 		}
-		i++
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	})
 }
 
 var compareAndDelete = goredis.NewScript(`
@@ -247,22 +230,16 @@ func BenchmarkRawSetNXDel(b *testing.B) {
 	isolate(b, addr, p)
 	client := newClient(addr)
 	defer client.Close()
-	ctx := context.Background()
-	i := 0
-	for b.Loop() {
-		key, token := p+strconvI(i), claim.NewToken()
-		if err := client.SetNX(ctx, key, token, time.Minute).Err(); err != nil {
+	claimtest.Throughput(b, "ops", func(b *testing.B, i int64) {
+		key, token := p+"raw:"+strconv.FormatInt(i, 10), claim.NewToken()
+		if err := client.SetNX(b.Context(), key, token, time.Minute).Err(); err != nil {
 			b.Fatal(err)
 		}
-		if err := compareAndDelete.Run(ctx, client, []string{key}, token).Err(); err != nil {
+		if err := compareAndDelete.Run(b.Context(), client, []string{key}, token).Err(); err != nil {
 			b.Fatal(err)
 		}
-		i++
-	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+	})
 }
-
-func strconvI(i int) string { return "raw:" + strconv.Itoa(i) }
 
 func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
 	addr := testenv.RedisAddr(t)

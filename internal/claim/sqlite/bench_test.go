@@ -1,11 +1,11 @@
 package sqlite_test
 
 import (
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
 )
 
@@ -13,33 +13,7 @@ import (
 // claimer's cost per executed run. Compare claims/s with BenchmarkRawInsert.
 func BenchmarkClaimRelease(b *testing.B) {
 	c := sqlite.New(openDB(b, migratedFile(b)), sqlite.Options{Instance: "bench"})
-	var seq atomic.Int64
-	claimRelease := func(b *testing.B) {
-		i := seq.Add(1)
-		cl, err := c.Claim(b.Context(), claim.Run{Job: "job.bench", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := c.Release(b.Context(), cl, claim.Succeeded); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.Run("Serial", func(b *testing.B) {
-		start := time.Now()
-		for b.Loop() {
-			claimRelease(b)
-		}
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
-	})
-	b.Run("Parallel", func(b *testing.B) {
-		start := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				claimRelease(b)
-			}
-		})
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "claims/s")
-	})
+	claimtest.BenchClaimRelease(b, c)
 }
 
 // BenchmarkRawInsert is the floor: one bare INSERT per run, autocommit, into
@@ -62,27 +36,10 @@ VALUES (?1, 'job.bench', ?2, 'running', 'token', 'bench', 1, 1, 0, 0)`)
 		b.Fatal(err)
 	}
 	defer insert.Close()
-	var seq atomic.Int64
-	insertOne := func(b *testing.B) {
-		at := base.Add(time.Duration(seq.Add(1)) * time.Second)
+	claimtest.Throughput(b, "inserts", func(b *testing.B, i int64) {
+		at := base.Add(time.Duration(i) * time.Second)
 		if _, err := insert.ExecContext(b.Context(), claim.Run{Job: "job.bench", At: at}.ID(), at.UnixMilli()); err != nil {
 			b.Fatal(err)
 		}
-	}
-	b.Run("Serial", func(b *testing.B) {
-		start := time.Now()
-		for b.Loop() {
-			insertOne(b)
-		}
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "inserts/s")
-	})
-	b.Run("Parallel", func(b *testing.B) {
-		start := time.Now()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				insertOne(b)
-			}
-		})
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "inserts/s")
 	})
 }
