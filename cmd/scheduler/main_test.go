@@ -342,6 +342,10 @@ func TestReplicasAsProcessesSurviveKillAndSigterm(t *testing.T) {
 		"redis": func(t *testing.T, dir string) string {
 			return "  kind: redis\n  redis:\n    addr: " + testenv.RedisAddr(t) + "\n    prefix: \"e2e:" + randHex() + ":\"\n"
 		},
+		"redlock": func(t *testing.T, dir string) string {
+			return "  kind: redlock\n  redlock:\n    addrs: [" + strings.Join(testenv.RedlockAddrs(t, 5), ", ") +
+				"]\n    prefix: \"e2e:" + randHex() + ":\"\n"
+		},
 	}
 	for kind, block := range claimers {
 		t.Run(kind, func(t *testing.T) {
