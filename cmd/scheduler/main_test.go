@@ -508,3 +508,78 @@ func TestHTTPBindErrorExitsOne(t *testing.T) {
 		t.Fatalf("exit %d, stderr: %s", r.code, r.stderr)
 	}
 }
+
+const sleepJob = "jobs:\n  example.sleep:\n    schedule: \"@daily\"\n"
+
+func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
+	dir := t.TempDir()
+	pg := writeConfig(t, dir, "claimer:\n  kind: postgres\n  postgres:\n    dsn: \""+pgSchema(t)+"\"\n    migrate: false\nhttp:\n  addr: \"\"\n"+sleepJob)
+	if r := run(t, dir, "migrate", "--config", pg, "status"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
+		t.Fatalf("migrate status before up: %+v", r)
+	}
+	if r := run(t, dir, "migrate", "--config", pg, "up"); r.code != 0 || strings.Contains(r.stdout, "pending") {
+		t.Fatalf("migrate up: %+v", r)
+	}
+	if r := run(t, dir, "trigger", "--config", pg, "example.sleep"); r.code != 0 {
+		t.Fatalf("trigger on postgres: %+v", r)
+	}
+	if r := run(t, dir, "migrate", "--config", pg, "down"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
+		t.Fatalf("migrate down: %+v", r)
+	}
+
+	rd := filepath.Join(dir, "redis.yaml")
+	if err := os.WriteFile(rd, []byte("claimer:\n  kind: redis\n  redis:\n    addr: "+testenv.RedisAddr(t)+
+		"\n    prefix: \"e2e:"+randHex()+":\"\nhttp:\n  addr: \"\"\n"+sleepJob), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if r := run(t, dir, "trigger", "--config", rd, "example.sleep"); r.code != 0 {
+			t.Fatalf("trigger on redis: %+v", r)
+		}
+	}
+	r := run(t, dir, "runs", "--config", rd, "--job", "example.sleep", "--limit", "5", "--json")
+	var recs []struct {
+		Status string `json:"status"`
+		Fence  int64  `json:"fence"`
+	}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &recs) != nil || len(recs) != 2 ||
+		recs[0].Status != "succeeded" || recs[0].Fence <= recs[1].Fence {
+		t.Fatalf("runs from redis: %+v", r)
+	}
+}
+
+// TestSecondSignalExitsAtOnce: the first SIGTERM starts a graceful shutdown
+// that waits for a long handler; the second ends the process immediately.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	config := writeConfig(t, dir, `instance_id: sig-1
+http:
+  addr: ""
+log:
+  format: json
+shutdown_grace: 1m
+jobs:
+  example.sleep:
+    schedule: "* * * * * *"
+    params:
+      duration: 1m
+`)
+	p := startReplica(t, dir, config, "sig-1")
+	waitFor(t, "a run in flight", func() bool { _, ok := openRun(t, dir, "sig-1"); return ok })
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		t.Fatal("exited on the first signal although a handler had a minute of grace left")
+	case <-time.After(time.Second):
+	}
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("second SIGTERM did not end the process")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("second signal took %v", d)
+	}
+}
