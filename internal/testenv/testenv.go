@@ -44,7 +44,7 @@ func Required() bool { return os.Getenv(EnvRequireServices) == "1" }
 // Missing skips t, or fails it when services are required.
 func Missing(t testing.TB, service, why string) {
 	t.Helper()
-	msg := fmt.Sprintf("%s unavailable (%s); set %s or start it locally (Docker/testcontainers is not wired in this build)", service, why, envFor(service))
+	msg := fmt.Sprintf("%s unavailable (%s); set %s, start it locally, or run with -tags testcontainers where Docker is available", service, why, envFor(service))
 	if Required() {
 		t.Fatalf("%s, and %s=1", msg, EnvRequireServices)
 	}
@@ -62,28 +62,42 @@ func envFor(service string) string {
 	}
 }
 
+// Container starters, set by containers.go when built with -tags
+// testcontainers; nil otherwise.
+var startPostgres, startRedis func() (string, error)
+
 // PostgresDSN returns the DSN of a reachable PostgreSQL server.
 func PostgresDSN(t testing.TB) string {
 	t.Helper()
-	if dsn := os.Getenv(EnvPostgresDSN); dsn != "" {
-		return dsn
-	}
-	if err := dial("127.0.0.1:5432"); err != nil {
-		Missing(t, "postgres", err.Error())
-	}
-	return defaultPostgresDSN
+	return find(t, "postgres", os.Getenv(EnvPostgresDSN), "127.0.0.1:5432", defaultPostgresDSN, startPostgres)
 }
 
 // RedisAddr returns the address of a reachable Redis server.
 func RedisAddr(t testing.TB) string {
 	t.Helper()
-	if addr := os.Getenv(EnvRedisAddr); addr != "" {
-		return addr
+	return find(t, "redis", os.Getenv(EnvRedisAddr), defaultRedisAddr, defaultRedisAddr, startRedis)
+}
+
+// find applies DESIGN.md's order: the variable, the local default when it
+// answers, a container when built with testcontainers, else Missing.
+func find(t testing.TB, service, fromEnv, localAddr, local string, container func() (string, error)) string {
+	t.Helper()
+	if fromEnv != "" {
+		return fromEnv
 	}
-	if err := dial(defaultRedisAddr); err != nil {
-		Missing(t, "redis", err.Error())
+	err := dial(localAddr)
+	if err == nil {
+		return local
 	}
-	return defaultRedisAddr
+	if container != nil {
+		got, cerr := container()
+		if cerr == nil {
+			return got
+		}
+		err = cerr
+	}
+	Missing(t, service, err.Error())
+	return ""
 }
 
 // RedlockAddrs returns the addresses of independent Redis nodes for Redlock:
