@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -36,6 +37,7 @@ func run() int {
 		jsonOut   = flag.String("json", "", "write the report as JSON to this file")
 		svgOut    = flag.String("svg", "", "write a bar chart of ops/s as SVG to this file")
 		smoke     = flag.Bool("smoke", false, "seconds, not minutes: short measurements, 300 jobs")
+		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	)
 	flag.DurationVar(&o.Duration, "duration", 2*time.Second, "measurement time per row and concurrency")
 	flag.StringVar(&s.PostgresDSN, "postgres", env("SCHEDULER_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
@@ -55,6 +57,17 @@ func run() int {
 		o.Concurrencies = append(o.Concurrencies, n)
 	}
 	o.Kinds = strings.Split(*kinds, ",")
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	o.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

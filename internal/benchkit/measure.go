@@ -48,58 +48,90 @@ type Op func(ctx context.Context, i int64) error
 // reports throughput and latency percentiles. The first error stops the
 // measurement and is recorded in the row.
 func Measure(ctx context.Context, row Row, conc int, d time.Duration, op Op) Row {
-	row.Concurrency = conc
-	var seq atomic.Int64
-	run := func(d time.Duration, keep bool) ([]time.Duration, time.Duration, error) {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		var (
-			mu      sync.Mutex
-			all     []time.Duration
-			firstEr error
-			wg      sync.WaitGroup
-		)
-		start := time.Now()
-		end := start.Add(d)
-		for range conc {
-			wg.Go(func() {
-				lat := make([]time.Duration, 0, 1024)
-				for time.Now().Before(end) && ctx.Err() == nil {
-					t := time.Now()
-					if err := op(ctx, seq.Add(1)-1); err != nil {
-						mu.Lock()
-						if firstEr == nil && !errors.Is(err, context.Canceled) {
-							firstEr = err
-						}
-						mu.Unlock()
-						cancel()
-						break
-					}
-					lat = append(lat, time.Since(t))
-				}
-				if keep {
-					mu.Lock()
-					all = append(all, lat...)
-					mu.Unlock()
-				}
-			})
+	return Interleave(ctx, conc, d, 1, []Row{row}, []Op{op})[0]
+}
+
+// Interleave measures several operations that are to be compared in turns:
+// rounds times, each op for d/rounds, after one warm-up of each. On a
+// shared, noisy machine, load that comes and goes then weighs on every row
+// alike, and their ratios stay meaningful.
+func Interleave(ctx context.Context, conc int, d time.Duration, rounds int, rows []Row, ops []Op) []Row {
+	ms := make([]*meter, len(ops))
+	for i, op := range ops {
+		ms[i] = &meter{op: op, conc: conc}
+		ms[i].run(ctx, d/10, false)
+	}
+	for range rounds {
+		for _, m := range ms {
+			if m.err == nil {
+				m.run(ctx, d/time.Duration(rounds), true)
+			}
 		}
-		wg.Wait()
-		return all, time.Since(start), firstEr
 	}
-	if _, _, err := run(d/10, false); err != nil {
-		row.Error = err.Error()
-		return row
+	out := make([]Row, len(rows))
+	for i, row := range rows {
+		m := ms[i]
+		row.Concurrency = conc
+		if m.err != nil {
+			row.Error = m.err.Error()
+		} else {
+			row.Ops, row.Seconds = int64(len(m.lat)), m.took.Seconds()
+			row.OpsPerSec = float64(len(m.lat)) / m.took.Seconds()
+			row.P50us, row.P99us = Percentile(m.lat, 0.50), Percentile(m.lat, 0.99)
+		}
+		out[i] = row
 	}
-	lat, took, err := run(d, true)
-	if err != nil {
-		row.Error = err.Error()
-		return row
+	return out
+}
+
+// meter accumulates one operation's latencies over several spans.
+type meter struct {
+	op   Op
+	conc int
+	seq  atomic.Int64
+	lat  []time.Duration
+	took time.Duration
+	err  error
+}
+
+// run runs m.op from m.conc goroutines for d; keep adds the span to the
+// results.
+func (m *meter) run(ctx context.Context, d time.Duration, keep bool) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	start := time.Now()
+	end := start.Add(d)
+	for range m.conc {
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 1024)
+			for time.Now().Before(end) && ctx.Err() == nil {
+				t := time.Now()
+				if err := m.op(ctx, m.seq.Add(1)-1); err != nil {
+					mu.Lock()
+					if m.err == nil && !errors.Is(err, context.Canceled) {
+						m.err = err
+					}
+					mu.Unlock()
+					cancel()
+					break
+				}
+				lat = append(lat, time.Since(t))
+			}
+			if keep {
+				mu.Lock()
+				m.lat = append(m.lat, lat...)
+				mu.Unlock()
+			}
+		})
 	}
-	row.Ops, row.Seconds = int64(len(lat)), took.Seconds()
-	row.OpsPerSec = float64(len(lat)) / took.Seconds()
-	row.P50us, row.P99us = Percentile(lat, 0.50), Percentile(lat, 0.99)
-	return row
+	wg.Wait()
+	if keep {
+		m.took += time.Since(start)
+	}
 }
 
 // Percentile returns the q-quantile of lat in microseconds (nearest rank).

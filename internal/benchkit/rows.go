@@ -57,69 +57,81 @@ func (o *Options) defaults() {
 
 var base = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// Claimers measures every claimer and, next to it in time, its raw
-// references. Rows for a backend that cannot be reached carry the error.
+// Claimers measures every claimer and its raw references, in turns (see
+// Interleave). Rows for a backend that cannot be reached carry the error.
 func Claimers(ctx context.Context, s Services, o Options) []Row {
 	o.defaults()
 	var rows []Row
-	add := func(r Row, conc int, op Op) {
-		o.Log.Info("measuring", "row", r.Name, "concurrency", conc)
-		rows = append(rows, Measure(ctx, r, conc, o.Duration, op))
-	}
 	for _, kind := range o.Kinds {
 		b, err := s.openBackend(ctx, kind)
+		if err == nil {
+			var c claim.Claimer
+			if c, err = b.open("bench"); err == nil {
+				rows = append(rows, o.backendRows(ctx, s, kind, b, c)...)
+			}
+			b.close()
+		}
 		if err != nil {
 			for _, c := range o.Concurrencies {
 				rows = append(rows, Row{Name: kind, Group: "claimer", Op: opCycle, Concurrency: c, Error: err.Error()})
 			}
-			continue
 		}
-		c, err := b.open("bench")
-		if err != nil {
-			b.close()
-			rows = append(rows, Row{Name: kind, Group: "claimer", Op: opCycle, Error: err.Error()})
-			continue
-		}
-		for _, conc := range o.Concurrencies {
-			switch kind {
-			case "memory":
-				add(Row{Name: RefMutexMap, Group: "raw", Op: "insert+delete", RoundTrips: 2}, conc, mutexMap())
-				add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefMutexMap}, conc, cycle(c, conc, true))
-			case "sqlite":
-				// Statements, not round trips: a claim reads, then upserts;
-				// a release updates.
-				op, closeRaw, err := sqliteInsert(ctx, b.path)
-				if err != nil {
-					rows = append(rows, Row{Name: RefSQLiteInsert, Group: "raw", Concurrency: conc, Error: err.Error()})
-				} else {
-					add(Row{Name: RefSQLiteInsert, Group: "raw", Op: "INSERT", RoundTrips: 1}, conc, op)
-					closeRaw()
-				}
-				add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 3, Ref: RefSQLiteInsert,
-					Note: "round trips = SQL statements"}, conc, cycle(c, conc, true))
-			case "postgres":
-				op, err := pgxInsert(ctx, b)
-				if err != nil {
-					rows = append(rows, Row{Name: RefPgxInsert, Group: "raw", Concurrency: conc, Error: err.Error()})
-				} else {
-					add(Row{Name: RefPgxInsert, Group: "raw", Op: "INSERT", RoundTrips: 1, Ref: RefPgbench}, conc, op)
-				}
-				rows = append(rows, pgbench(ctx, s, b, conc, o.Duration))
-				add(Row{Name: RowPostgresClaim, Group: "claimer", Op: "claim", RoundTrips: 1, Ref: RefPgxInsert}, conc, cycle(c, conc, false))
-				add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefPgxInsert}, conc, cycle(c, conc, true))
-			case "redis":
-				rows = append(rows, redisBenchmark(ctx, s.RedisAddr, b.prefix, conc, o.Duration))
-				add(Row{Name: RefGoRedis, Group: "raw", Op: "SET NX PX + DEL", RoundTrips: 2, Ref: RefRedisBench}, conc, goRedis(b.rdb, b.prefix+"raw:"))
-				add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefGoRedis}, conc, cycle(c, conc, true))
-			case "redlock":
-				add(Row{Name: RefGoRedis5, Group: "raw", Op: "SET NX PX + DEL", RoundTrips: 2, Ref: RefGoRedis}, conc, goRedis(b.rdb, b.prefix+"raw:"))
-				add(Row{Name: RowRedlock, Group: "claimer", Op: opCycle, RoundTrips: 3, Ref: RefGoRedis5,
-					Note: "claim, commit and release rounds"}, conc, cycle(c, conc, true))
-			}
-		}
-		b.close()
 	}
 	return rows
+}
+
+// rounds is how many turns Interleave takes.
+const rounds = 5
+
+func (o Options) backendRows(ctx context.Context, s Services, kind string, b *backend, c claim.Claimer) []Row {
+	var out []Row
+	for _, conc := range o.Concurrencies {
+		var (
+			rows []Row
+			ops  []Op
+		)
+		add := func(r Row, op Op) { rows, ops = append(rows, r), append(ops, op) }
+		switch kind {
+		case "memory":
+			add(Row{Name: RefMutexMap, Group: "raw", Op: "insert+delete", RoundTrips: 2}, mutexMap())
+			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefMutexMap}, cycle(c, conc, true))
+		case "sqlite":
+			op, closeRaw, err := sqliteInsert(ctx, b.path)
+			if err != nil {
+				out = append(out, Row{Name: RefSQLiteInsert, Group: "raw", Concurrency: conc, Error: err.Error()})
+			} else {
+				defer closeRaw()
+				add(Row{Name: RefSQLiteInsert, Group: "raw", Op: "INSERT", RoundTrips: 1}, op)
+			}
+			// Statements, not round trips: a claim reads, then upserts; a
+			// release updates.
+			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 3, Ref: RefSQLiteInsert,
+				Note: "round trips = SQL statements"}, cycle(c, conc, true))
+		case "postgres":
+			out = append(out, pgbench(ctx, s, b, conc, o.Duration))
+			op, err := pgxInsert(ctx, b)
+			if err != nil {
+				out = append(out, Row{Name: RefPgxInsert, Group: "raw", Concurrency: conc, Error: err.Error()})
+			} else {
+				add(Row{Name: RefPgxInsert, Group: "raw", Op: "INSERT", RoundTrips: 1, Ref: RefPgbench}, op)
+			}
+			add(Row{Name: RowPostgresClaim, Group: "claimer", Op: "claim", RoundTrips: 1, Ref: RefPgxInsert}, cycle(c, conc, false))
+			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefPgxInsert}, cycle(c, conc, true))
+		case "redis":
+			out = append(out, redisBenchmark(ctx, s.RedisAddr, b.prefix, conc, o.Duration))
+			add(Row{Name: RefGoRedis, Group: "raw", Op: "SET NX PX + DEL", RoundTrips: 2, Ref: RefRedisBench}, goRedis(b.rdb, b.prefix+"raw:"))
+			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefGoRedis}, cycle(c, conc, true))
+		case "redlock":
+			add(Row{Name: RefGoRedis5, Group: "raw", Op: "SET NX PX + DEL", RoundTrips: 2}, goRedis(b.rdb, b.prefix+"raw:"))
+			add(Row{Name: RowRedlock, Group: "claimer", Op: opCycle, RoundTrips: 3, Ref: RefGoRedis5,
+				Note: "claim, commit and release rounds"}, cycle(c, conc, true))
+		}
+		for _, r := range rows {
+			o.Log.Info("measuring", "row", r.Name, "concurrency", conc)
+		}
+		out = append(out, Interleave(ctx, conc, o.Duration, rounds, rows, ops)...)
+	}
+	return out
 }
 
 // cycle claims a fresh run and, if release, releases it as succeeded.

@@ -160,6 +160,8 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 		}
 	}
 
+	// Two collections: the first may leave finalizer-held garbage.
+	runtime.GC()
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
@@ -199,6 +201,7 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 		return fail(ctx.Err())
 	case <-idle.C:
 	}
+	runtime.GC()
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
