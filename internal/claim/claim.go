@@ -159,7 +159,11 @@ type Claimer interface {
 	// including when its lease already expired.
 	Renew(ctx context.Context, c *Claim, lease time.Duration) error
 	// Release ends c with outcome o. It returns ErrLeaseLost if c is no
-	// longer the claim on its run (someone took over).
+	// longer the claim on its run (someone took over) or was already
+	// released with another outcome. Releasing again with the outcome c
+	// was released with succeeds and changes nothing: a caller that lost
+	// the reply to a release that took effect retries it, and must not be
+	// told it lost the run it just finished.
 	Release(ctx context.Context, c *Claim, o Outcome) error
 	// Ping reports whether the backend is reachable (ErrUnavailable if not).
 	Ping(ctx context.Context) error

@@ -221,8 +221,16 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		if err := a.Release(ctxT(t), cl, claim.Succeeded); err != nil {
 			t.Fatalf("release by holder: %v", err)
 		}
-		wantErr(t, a.Release(ctxT(t), cl, claim.Succeeded), claim.ErrLeaseLost, "second release")
+		// A retry of a release whose reply was lost succeeds and changes
+		// nothing; no other outcome can overwrite it.
+		if err := a.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+			t.Fatalf("repeated release (a retry after a lost reply): %v", err)
+		}
+		wantErr(t, a.Release(ctxT(t), cl, claim.Failed), claim.ErrLeaseLost, "release as failed after succeeded")
+		wantErr(t, a.Release(ctxT(t), cl, claim.Interrupted), claim.ErrLeaseLost, "interrupt after succeeded")
 		wantErr(t, a.Renew(ctxT(t), cl, longLease), claim.ErrLeaseLost, "renew after release")
+		_, err = b.Claim(ctxT(t), run, longLease)
+		wantErr(t, err, claim.ErrDone, "claim after repeated release")
 	})
 
 	t.Run("RenewKeepsTheClaimPastItsFirstLease", func(t *testing.T) {
@@ -310,10 +318,14 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		if err := a.Release(ctxT(t), first, claim.Interrupted); err != nil {
 			t.Fatalf("release interrupted: %v", err)
 		}
+		if err := a.Release(ctxT(t), first, claim.Interrupted); err != nil {
+			t.Fatalf("repeated interrupt before a takeover: %v", err)
+		}
 		second := mustClaim(t, b, run, longLease) // no wait for the lease
 		if second.Attempt != 2 || second.Fence <= first.Fence {
 			t.Fatalf("reclaim = attempt %d fence %d; want attempt 2, fence > %d", second.Attempt, second.Fence, first.Fence)
 		}
+		wantErr(t, a.Release(ctxT(t), first, claim.Interrupted), claim.ErrLeaseLost, "repeated interrupt after a takeover")
 		wantErr(t, a.Renew(ctxT(t), first, longLease), claim.ErrLeaseLost, "renew of interrupted claim")
 		if err := b.Release(ctxT(t), second, claim.Interrupted); err != nil {
 			t.Fatalf("second interrupt: %v", err)

@@ -138,6 +138,9 @@ func (m *Claimer) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) 
 	s := m.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if e := s.runs[c.ID()]; e != nil && e.token == c.Token && e.rec.Status == claim.Status(o) {
+		return nil // a retry of a release that took effect
+	}
 	e, err := s.live(c)
 	if err != nil {
 		return err

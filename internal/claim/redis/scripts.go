@@ -75,7 +75,9 @@ redis.call('PEXPIRE', KEYS[1], string.format('%.0f', tonumber(ARGV[3]) + tonumbe
 return {'renewed', lease_until}
 `)
 
-// releaseScript ends the claim held with the token.
+// releaseScript ends the claim held with the token. Releasing again with
+// the same outcome (a client retrying after a lost reply) is a no-op that
+// replies released.
 //
 // KEYS: run hash. ARGV: token, outcome, done TTL ms, "1" if the outcome is
 // terminal.
@@ -84,6 +86,7 @@ var releaseScript = goredis.NewScript(`
 local h = redis.call('HMGET', KEYS[1], 'token', 'status')
 if not h[1] then return {'lost', 'no such run'} end
 if h[1] ~= ARGV[1] then return {'lost', 'taken over'} end
+if h[2] == ARGV[2] then return {'released'} end
 if h[2] ~= 'running' then return {'lost', 'released'} end
 redis.call('HSET', KEYS[1], 'status', ARGV[2])
 if ARGV[4] == '1' then

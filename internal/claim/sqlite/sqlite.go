@@ -54,11 +54,14 @@ UPDATE scheduler_runs
 RETURNING lease_until`
 
 	// releaseRun is allowed after the lease expired as long as nobody took
-	// the run over: the token still matches then.
+	// the run over: the token still matches then. A retry of a release
+	// that took effect (same token, same outcome) matches and changes
+	// nothing.
 	releaseRun = `
 UPDATE scheduler_runs
-   SET status = ?3, finished_at = CASE WHEN ?4 THEN ` + nowMS + ` END
- WHERE run_id = ?1 AND token = ?2 AND status = 'running'`
+   SET status = ?3,
+       finished_at = CASE WHEN status <> 'running' THEN finished_at WHEN ?4 THEN ` + nowMS + ` END
+ WHERE run_id = ?1 AND token = ?2 AND (status = 'running' OR status = ?3)`
 
 	historyColumns = `
 SELECT run_id, job, status, holder, fence, attempt, started_at, lease_until, finished_at
