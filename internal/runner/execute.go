@@ -181,6 +181,18 @@ func (d *dispatcher) granted(j *jobState, cl *claim.Claim, misfired bool) {
 // with the outcome. It returns the run's final status.
 func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 	r := d.r
+	if late := time.Since(cl.TrustedUntil(r.trustMargin())); late >= 0 {
+		// The grant reached this point only after the window in which the
+		// lease may be trusted (a stalled process, an overloaded host): the
+		// lease may be gone and another replica running the run. Hand it
+		// back instead of starting the handler; keepAlive would cancel it
+		// at once, but it would have started.
+		err := fmt.Errorf("claim reached the handler %v past its trust window: %w", late.Round(time.Millisecond), claim.ErrLeaseLost)
+		r.opts.Logger.WarnContext(d.ctx, "lease not confirmed in time; not starting run", runAttrs(r, cl.Run, cl)...)
+		d.release(cl, claim.Interrupted)
+		d.finished(cl, StatusLeaseLost, 0, err)
+		return StatusLeaseLost
+	}
 	ctx, cancel := context.WithCancelCause(d.execCtx)
 	defer cancel(nil)
 	hctx := ctx
@@ -253,7 +265,7 @@ func callHandler(ctx context.Context, h job.Handler, run job.Run) (err error) {
 // clock from the moment the last successful request was sent.
 func (d *dispatcher) keepAlive(ctx context.Context, cl *claim.Claim, cancel context.CancelCauseFunc) {
 	r := d.r
-	margin := r.opts.Lease / 10
+	margin := r.trustMargin()
 	next := time.NewTimer(r.opts.RenewEvery)
 	defer next.Stop()
 	for {
@@ -289,6 +301,11 @@ func (d *dispatcher) keepAlive(ctx context.Context, cl *claim.Claim, cancel cont
 		}
 	}
 }
+
+// trustMargin is how long before the earliest possible end of a lease
+// (TrustedUntil) this replica stops trusting it: room for the drift between
+// its monotonic clock and the backend's.
+func (r *Runner) trustMargin() time.Duration { return r.opts.Lease / 10 }
 
 // release ends cl with o, retrying transient failures while the lease can
 // still be trusted: a lost release would let the run be executed again.
