@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -37,6 +38,10 @@ type dispatcher struct {
 	execCtx context.Context // cancelled only after ShutdownGrace
 	standby *sync.WaitGroup
 	exec    *sync.WaitGroup
+	// slots admits Options.MaxClaims claim calls at a time, in arrival
+	// order (blocked channel senders are served first in, first out); nil
+	// admits all.
+	slots chan struct{}
 }
 
 // dispatch starts the life of one run: claim, stand by, execute.
@@ -51,6 +56,9 @@ func (d *dispatcher) dispatch(j *jobState, at time.Time, misfired bool) {
 		defer j.setLive(at, watching, -1)
 		if j.Overlap == OverlapForbid && d.overlaps(j, at) {
 			d.skip(run, nil, ReasonOverlap, slog.LevelInfo)
+			return
+		}
+		if !misfired && !d.hold(run) {
 			return
 		}
 		d.contend(j, run, misfired)
@@ -82,6 +90,41 @@ func (d *dispatcher) overlaps(j *jobState, at time.Time) bool {
 		}
 	}
 	return false
+}
+
+// hold waits this replica's share of Spread before its first bid for run
+// (see Options.Spread). It returns false if Run's ctx ended the wait.
+func (d *dispatcher) hold(run claim.Run) bool {
+	wait := holdFor(run.ID(), d.r.opts.Instance, d.r.opts.Spread)
+	if wait <= 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	select {
+	case <-d.ctx.Done():
+		t.Stop()
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// holdFor maps (run id, instance) uniformly onto [0, spread).
+func holdFor(runID, instance string, spread time.Duration) time.Duration {
+	if spread <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(runID))
+	h.Write([]byte{0})
+	h.Write([]byte(instance))
+	// FNV's last bytes barely reach the high bits; mix them (splitmix64's
+	// finalizer) so instances that differ in one character spread too.
+	x := h.Sum64()
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	return time.Duration(float64(x>>11) / (1 << 53) * float64(spread))
 }
 
 // contend claims run, standing by while another replica holds it, until the
@@ -137,6 +180,14 @@ func (d *dispatcher) claim(run claim.Run) (*claim.Claim, error) {
 	r := d.r
 	if r.isClosing() {
 		return nil, errClosing
+	}
+	if d.slots != nil {
+		select {
+		case d.slots <- struct{}{}:
+		case <-d.ctx.Done():
+			return nil, d.ctx.Err()
+		}
+		defer func() { <-d.slots }()
 	}
 	// A claim that takes longer than a third of the lease is treated as
 	// failed: the reply may still be in flight, so the run stays held

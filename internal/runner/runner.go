@@ -65,6 +65,23 @@ type Options struct {
 	// ShutdownGrace is how long running handlers may finish after Run's ctx
 	// is done before they are cancelled and released as interrupted.
 	ShutdownGrace time.Duration
+	// Spread is the longest a replica holds back its first bid for a run
+	// (default min(Lease/10, DefaultSpread); negative: never). The hold is
+	// a hash of the run id and the instance, different for every replica
+	// and every run, so the replica with the shortest hold for a run
+	// usually wins it and runs due at one instant are shared out evenly,
+	// instead of going to whichever replica woke first. Replicas need not
+	// know each other. It adds at most Spread to the schedule lag, about
+	// Spread/(replicas+1) on average; it cannot hide clock skew larger
+	// than itself.
+	Spread time.Duration
+	// MaxClaims is how many claim calls this replica makes at once (default
+	// DefaultMaxClaims; negative: no limit). When many runs fall due at one
+	// instant, bids wait their turn in order instead of all reaching the
+	// backend's client at once, where they would queue for a connection
+	// inside their claim timeout, time out, and be sent again. Renewals and
+	// releases are never held back.
+	MaxClaims int
 	Logger        *slog.Logger
 	Metrics       *Metrics // nil: no metrics
 	// Now is the wall clock instants are computed on (default time.Now).
@@ -118,6 +135,8 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	opts.Lease = cmp.Or(opts.Lease, 30*time.Second)
 	opts.RenewEvery = cmp.Or(opts.RenewEvery, opts.Lease/3)
 	opts.MaxClockSkew = cmp.Or(opts.MaxClockSkew, 2*time.Second)
+	opts.Spread = cmp.Or(opts.Spread, min(opts.Lease/10, DefaultSpread))
+	opts.MaxClaims = cmp.Or(opts.MaxClaims, DefaultMaxClaims)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -150,6 +169,16 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 // be dispatched before it counts as misfired: the skew between replicas plus
 // room for a loaded machine.
 func (r *Runner) lateTolerance() time.Duration { return 2*r.opts.MaxClockSkew + 5*time.Second }
+
+// Defaults for Options.
+const (
+	// DefaultSpread caps the default Spread.
+	DefaultSpread = 100 * time.Millisecond
+	// DefaultMaxClaims is enough to keep a backend's client busy (go-redis
+	// and pgx pools hold 4 to 20 connections on a small host) without a
+	// queue inside it.
+	DefaultMaxClaims = 32
+)
 
 // maxWait caps each sleep of the loop so that a wall-clock jump or a
 // suspend is noticed within a second, not at the next instant.
@@ -184,6 +213,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancelExec(nil)
 	var standby, exec sync.WaitGroup
 	d := &dispatcher{r: r, ctx: ctx, execCtx: execCtx, standby: &standby, exec: &exec}
+	if r.opts.MaxClaims > 0 {
+		d.slots = make(chan struct{}, r.opts.MaxClaims)
+	}
 
 	now := r.opts.Now()
 	h := &dueHeap{}

@@ -1,0 +1,117 @@
+package runner_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// slowClaims makes every claim take a little (fake) time and records how
+// many are in flight at once.
+type slowClaims struct {
+	claim.Claimer
+	inFlight, most *atomic.Int32
+	delay          time.Duration
+}
+
+func (s slowClaims) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
+	}
+	time.Sleep(s.delay)
+	return s.Claimer.Claim(ctx, r, l)
+}
+
+// shareOut runs jobs jobs, all due at the same instants, on three replicas
+// whose clocks run 0, 1 and 2 late steps behind, with claims that take
+// claimDelay, and returns how many runs each replica started.
+func shareOut(t *testing.T, jobs int, opts runner.Options, lateStep, claimDelay time.Duration) (shares []int, led *ledger, most int32) {
+	store := memory.NewStore(nil)
+	led = newLedger()
+	var inFlight, peak atomic.Int32
+	var list []runner.Job
+	for i := range jobs {
+		list = append(list, runner.Job{Name: fmt.Sprintf("j%03d", i), Schedule: mustSchedule(t, "@every 10s"),
+			Handler: func(context.Context, job.Run) error { return nil }})
+	}
+	var mu sync.Mutex
+	shares = make([]int, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range shares {
+		o := opts
+		o.Claimer = slowClaims{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), inFlight: &inFlight, most: &peak, delay: claimDelay}
+		o.Instance, o.ClaimerName, o.Lease = fmt.Sprintf("r%d", i), "memory", 3*time.Second
+		late := time.Duration(i) * lateStep
+		o.Now = func() time.Time { return time.Now().Add(-late) }
+		o.Observe = func(e runner.Event) {
+			led.observe(e)
+			if e.Kind == runner.EventStarted {
+				mu.Lock()
+				shares[i]++
+				mu.Unlock()
+			}
+		}
+		r, err := runner.New(o, list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	time.Sleep(35 * time.Second) // three instants
+	cancel()
+	wg.Wait()
+	return shares, led, peak.Load()
+}
+
+func TestSpreadSharesRunsDueAtOneInstantAmongReplicas(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		shares, led, _ := shareOut(t, 100, runner.Options{}, time.Millisecond, 0)
+		total := 0
+		for _, n := range shares {
+			total += n
+		}
+		if total < 300 {
+			t.Fatalf("%d runs started, want 100 jobs × 3 instants or more", total)
+		}
+		for id, s := range led.started {
+			if len(s) != 1 {
+				t.Fatalf("run %s started %d times", id, len(s))
+			}
+		}
+		if lo, hi := slices.Min(shares), slices.Max(shares); float64(hi) > 1.5*float64(lo) {
+			t.Fatalf("shares %v: max/min %.2f, want ≤ 1.5", shares, float64(hi)/float64(max(lo, 1)))
+		}
+		// Without it, the replica that wakes first wins nearly everything.
+		if shares, _, _ := shareOut(t, 100, runner.Options{Spread: -1}, time.Millisecond, 0); slices.Min(shares)*5 > slices.Max(shares) {
+			t.Fatalf("without Spread shares are %v: the case proves nothing", shares)
+		}
+	})
+}
+
+func TestMaxClaimsBoundsClaimsInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		shares, _, most := shareOut(t, 50, runner.Options{MaxClaims: 4, Spread: -1}, 0, time.Millisecond)
+		if total := shares[0] + shares[1] + shares[2]; total < 150 {
+			t.Fatalf("%d runs started, want 50 jobs × 3 instants or more", total)
+		}
+		if most > 3*4 {
+			t.Fatalf("%d claims in flight at once on 3 replicas, want at most 3 × MaxClaims = 12", most)
+		}
+		// Without the limit, the same instants put every bid in flight at once.
+		if _, _, most := shareOut(t, 50, runner.Options{MaxClaims: -1, Spread: -1}, 0, time.Millisecond); most <= 12 {
+			t.Fatalf("without MaxClaims only %d claims were in flight at once: the case proves nothing", most)
+		}
+	})
+}
