@@ -44,6 +44,8 @@ func run() int {
 	flag.StringVar(&s.RedisAddr, "redis", env("SCHEDULER_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
 	flag.IntVar(&scaleOpts.Jobs, "jobs", 10_000, "jobs due at one instant in the scale scenario")
 	flag.IntVar(&scaleOpts.Replicas, "replicas", 3, "replicas in the scale scenario")
+	flag.IntVar(&scaleOpts.MaxClaims, "max-claims", 0, "runner claim limit in the scale scenario (0: the runner's default; negative: none)")
+	flag.DurationVar(&scaleOpts.Spread, "spread", 0, "runner spread in the scale scenario (0: the runner's default; negative: none)")
 	flag.Parse()
 	if *smoke {
 		o.Duration, scaleOpts.Jobs, scaleOpts.Lead = 150*time.Millisecond, 300, time.Second
@@ -56,7 +58,7 @@ func run() int {
 		}
 		o.Concurrencies = append(o.Concurrencies, n)
 	}
-	o.Kinds = strings.Split(*kinds, ",")
+	o.Kinds = strings.FieldsFunc(*kinds, func(r rune) bool { return r == ',' })
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
 		if err == nil {
@@ -100,7 +102,9 @@ func run() int {
 			return 1
 		}
 	}
-	rep.Rows = append(rep.Rows, benchkit.Claimers(ctx, s, o)...)
+	if len(o.Kinds) > 0 {
+		rep.Rows = append(rep.Rows, benchkit.Claimers(ctx, s, o)...)
+	}
 	for _, kind := range strings.FieldsFunc(*scale, func(r rune) bool { return r == ',' }) {
 		so := scaleOpts
 		so.Kind = kind

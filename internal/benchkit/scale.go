@@ -1,6 +1,7 @@
 package benchkit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -28,6 +29,11 @@ type ScaleOptions struct {
 	// Lead is how long before the instant the replicas start (default 3s):
 	// the idle heap is measured in between.
 	Lead time.Duration
+	// Spread is runner.Options.Spread (0: the runner's default, negative:
+	// none).
+	Spread time.Duration
+	// MaxClaims is runner.Options.MaxClaims (0: default, negative: none).
+	MaxClaims int
 	// Timeout bounds the wait for every run to start and every loser to
 	// see it done (default 2 minutes).
 	Timeout time.Duration
@@ -57,6 +63,9 @@ type Scale struct {
 	Claimer  string `json:"claimer"`
 	Jobs     int    `json:"jobs"`
 	Replicas int    `json:"replicas"`
+	Spread   string `json:"spread"`
+	// MaxClaims is the runner's in-flight claim limit, 0 for none.
+	MaxClaims int `json:"max_claims"`
 	// Schedule lag: instant → handler start, on the starting replica.
 	LagP50ms float64 `json:"lag_p50_ms"`
 	LagP99ms float64 `json:"lag_p99_ms"`
@@ -103,7 +112,11 @@ func (c counting) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 // RunScale runs one scale scenario on the real runner.
 func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	o.defaults()
-	res := Scale{Claimer: o.Kind, Jobs: o.Jobs, Replicas: o.Replicas}
+	res := Scale{Claimer: o.Kind, Jobs: o.Jobs, Replicas: o.Replicas, Spread: "default"}
+	if o.Spread != 0 {
+		res.Spread = max(o.Spread, 0).String()
+	}
+	res.MaxClaims = max(cmp.Or(o.MaxClaims, runner.DefaultMaxClaims), 0)
 	fail := func(err error) Scale { res.Error = err.Error(); return res }
 	b, err := s.openBackend(ctx, o.Kind)
 	if err != nil {
@@ -177,7 +190,7 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 				Handler: func(context.Context, job.Run) error { return nil }}
 		}
 		r, err := runner.New(runner.Options{Claimer: claimers[i], ClaimerName: o.Kind, Instance: fmt.Sprintf("r%d", i),
-			Lease: o.Lease, Now: now, Observe: observe(i)}, jobs)
+			Lease: o.Lease, Spread: o.Spread, MaxClaims: o.MaxClaims, Now: now, Observe: observe(i)}, jobs)
 		if err != nil {
 			return fail(err)
 		}
@@ -249,20 +262,20 @@ func cpuTime() time.Duration {
 // WriteScale prints scale results as a table.
 func WriteScale(w io.Writer, rows []Scale) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scale\tjobs×replicas\tlag p50\tlag p99\tall started\tcalls/run\tCPU/run\theap/job\tshares\tmax/min\tdup\tmissing\t")
+	fmt.Fprintln(tw, "scale\tjobs×replicas\tspread\tmax claims\tlag p50\tlag p99\tall started\tcalls/run\tCPU/run\theap/job\tshares\tmax/min\tdup\tmissing\t")
 	for _, s := range rows {
 		if s.Error != "" && s.Shares == nil {
-			fmt.Fprintf(tw, "%s\t%d×%d\terror: %s\t\t\t\t\t\t\t\t\t\t\n", s.Claimer, s.Jobs, s.Replicas, clip(s.Error, 80))
+			fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%d\terror: %s\t\t\t\t\t\t\t\t\t\t\n", s.Claimer, s.Jobs, s.Replicas, s.Spread, s.MaxClaims, clip(s.Error, 80))
 			continue
 		}
 		fair := fmt.Sprintf("%.2f", s.Fairness)
 		if s.Fairness == 0 {
 			fair = "∞"
 		}
-		fmt.Fprintf(tw, "%s\t%d×%d\t%.0fms\t%.0fms\t%.0fms\t%.2f\t%.0fµs\t%.0f B\t%v\t%s\t%d\t%d\t\n", s.Claimer, s.Jobs, s.Replicas,
+		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%d\t%.0fms\t%.0fms\t%.0fms\t%.2f\t%.0fµs\t%.0f B\t%v\t%s\t%d\t%d\t\n", s.Claimer, s.Jobs, s.Replicas, s.Spread, s.MaxClaims,
 			s.LagP50ms, s.LagP99ms, s.LagMaxms, s.CallsPerRun, s.CPUPerRunus, s.HeapPerJob, s.Shares, fair, s.Duplicates, s.Missing)
 		if s.Error != "" {
-			fmt.Fprintf(tw, "\t\terror: %s\t\t\t\t\t\t\t\t\t\t\n", clip(s.Error, 80))
+			fmt.Fprintf(tw, "\t\t\t\terror: %s\t\t\t\t\t\t\t\t\t\t\n", clip(s.Error, 80))
 		}
 	}
 	tw.Flush()

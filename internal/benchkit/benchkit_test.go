@@ -1,0 +1,130 @@
+package benchkit_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/scheduler-dev/scheduler/internal/benchkit"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func services(t *testing.T) benchkit.Services {
+	return benchkit.Services{
+		PostgresDSN:  testenv.PostgresDSN(t),
+		RedisAddr:    testenv.RedisAddr(t),
+		RedlockAddrs: testenv.RedlockAddrs(t, 5),
+		Dir:          t.TempDir(),
+	}
+}
+
+// TestBenchSmoke keeps the benchmark suite from rotting: every row and the
+// scale scenario run briefly against the real backends and produce numbers.
+// It asserts that they do, never how fast.
+func TestBenchSmoke(t *testing.T) {
+	s := services(t)
+	rows := benchkit.Claimers(t.Context(), s, benchkit.Options{Duration: 50 * time.Millisecond, Concurrencies: []int{1, 4}})
+	tools := map[string]string{benchkit.RefRedisBench: "redis-benchmark", benchkit.RefPgbench: "pgbench"}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		seen[r.Name] = true
+		if tool, ok := tools[r.Name]; ok {
+			if _, err := exec.LookPath(tool); err != nil && !testenv.Required() {
+				continue // reported as an error row; CI has the tool
+			}
+		}
+		if r.Error != "" || r.OpsPerSec <= 0 || r.Ops <= 0 || r.P50us <= 0 || r.P99us < r.P50us {
+			t.Errorf("row %s c=%d: %+v", r.Name, r.Concurrency, r)
+		}
+	}
+	for _, name := range []string{"memory", "sqlite", "postgres", benchkit.RowPostgresClaim, "redis", benchkit.RowRedlock,
+		benchkit.RefMutexMap, benchkit.RefSQLiteInsert, benchkit.RefPgxInsert, benchkit.RefPgbench,
+		benchkit.RefGoRedis, benchkit.RefGoRedis5, benchkit.RefRedisBench} {
+		if !seen[name] {
+			t.Errorf("no row %q", name)
+		}
+	}
+
+	rep := benchkit.Report{When: time.Now(), Host: "test", Rows: rows}
+	for _, kind := range []string{"memory", "sqlite", "postgres", "redis"} {
+		sc := benchkit.RunScale(t.Context(), s, benchkit.ScaleOptions{Kind: kind, Jobs: 60, Replicas: 3,
+			Lease: 1500 * time.Millisecond, Lead: time.Second, Timeout: 30 * time.Second})
+		sum := 0
+		for _, n := range sc.Shares {
+			sum += n
+		}
+		if sc.Error != "" || sc.Missing != 0 || sc.Duplicates != 0 || sum != 60 || sc.CallsPerRun < 2 {
+			t.Errorf("scale on %s: %+v", kind, sc)
+		}
+		rep.Scale = append(rep.Scale, sc)
+	}
+
+	rep.Finish()
+	for _, r := range rep.Rows {
+		if r.Ref != "" && r.Error == "" && r.Ratio <= 0 && r.Ref != benchkit.RefRedisBench && r.Ref != benchkit.RefPgbench {
+			t.Errorf("row %s c=%d has no ratio to %s", r.Name, r.Concurrency, r.Ref)
+		}
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	for _, want := range []string{"redlock (5 nodes)", "targets", "scale", "max/min"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back benchkit.Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back.Rows) != len(rows) || len(back.Scale) != 4 {
+		t.Fatalf("JSON round trip: %v, %d rows", err, len(back.Rows))
+	}
+	var svg bytes.Buffer
+	if err := rep.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	dec, rects := xml.NewDecoder(&svg), 0
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("SVG is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "rect" {
+			rects++
+		}
+	}
+	if rects < len(rows)/2 {
+		t.Errorf("SVG has %d bars for %d rows", rects-1, len(rows))
+	}
+}
+
+// TestMeasureReportsTheFirstError: a failing operation yields an error row,
+// not numbers.
+func TestMeasureReportsTheFirstError(t *testing.T) {
+	boom := errors.New("boom")
+	r := benchkit.Measure(t.Context(), benchkit.Row{Name: "x"}, 2, 20*time.Millisecond,
+		func(ctx context.Context, i int64) error {
+			if i == 3 {
+				return boom
+			}
+			return nil
+		})
+	if r.Error != "boom" || r.OpsPerSec != 0 {
+		t.Fatalf("row = %+v, want error boom and no throughput", r)
+	}
+}
