@@ -82,8 +82,8 @@ type Options struct {
 	// inside their claim timeout, time out, and be sent again. Renewals and
 	// releases are never held back.
 	MaxClaims int
-	Logger        *slog.Logger
-	Metrics       *Metrics // nil: no metrics
+	Logger    *slog.Logger
+	Metrics   *Metrics // nil: no metrics
 	// Now is the wall clock instants are computed on (default time.Now).
 	// Leases and trust windows use the monotonic clock, never this one.
 	Now func() time.Time
@@ -104,8 +104,8 @@ type Event struct {
 	Kind   string
 	Run    claim.Run
 	Claim  *claim.Claim // nil for skips before a grant
-	Status string      // for EventFinished
-	Reason string      // for EventSkipped
+	Status string       // for EventFinished
+	Reason string       // for EventSkipped
 	Err    error
 }
 
@@ -121,7 +121,7 @@ type Runner struct {
 
 type jobState struct {
 	Job
-	mu   sync.Mutex
+	mu sync.Mutex
 	// live counts, per instant (unix ns), the runs executing here or watched
 	// as held elsewhere.
 	live map[int64][2]int
