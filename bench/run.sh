@@ -41,7 +41,7 @@ trap cleanup EXIT
 # A random port nothing answers on (bash's /dev/tcp, no other tool needed).
 free_port() {
   while :; do
-    p=$((20000 + RANDOM % 40000))
+    p=$((20000 + RANDOM % 12000)) # below the kernel's ephemeral range
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
   done
 }
@@ -54,8 +54,14 @@ for i in 1 2 3 4 5; do
   pids+=($!)
   nodes+=("127.0.0.1:$port")
 done
-for n in "${nodes[@]}"; do
+for i in "${!nodes[@]}"; do
+  n="${nodes[$i]}"
   for _ in $(seq 1 50); do redis-cli -h "${n%:*}" -p "${n#*:}" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  if ! redis-cli -h "${n%:*}" -p "${n#*:}" ping >/dev/null 2>&1; then
+    echo "redis-server on $n did not come up:" >&2
+    tail -5 "$tmp/n$((i + 1))/log" >&2 || true
+    exit 1
+  fi
 done
 redlock="$(IFS=,; echo "${nodes[*]}")"
 

@@ -153,6 +153,7 @@ func (r *Report) WriteTable(w io.Writer) {
 }
 
 func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > n {
 		return s[:n] + "…"
 	}
