@@ -42,6 +42,7 @@ Usage:
   scheduler runs     [--config FILE] [--job J] [--limit N] [--json]
   scheduler trigger  [--config FILE] JOB        claim and execute one run of JOB now
   scheduler seed     [--config FILE] [--customers N] [--days N]  demo customers and usage for billing.nightly
+  scheduler compare  [--claimers a,b] [--faults pause,crash,…] [--json F] [--html F]  claim strategies side by side under faults
   scheduler prune    [--config FILE] [--older-than 720h]   delete old finished runs (SQL claimers)
   scheduler version
 
@@ -86,6 +87,8 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
 		return e.prune(rest)
 	case "seed":
 		return e.seed(rest)
+	case "compare":
+		return e.compare(rest)
 	case "version", "--version":
 		fmt.Fprintln(stdout, "scheduler", version())
 		return ExitOK

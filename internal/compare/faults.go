@@ -1,0 +1,206 @@
+package compare
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Fault names. A scenario is one name or several joined by "+" (pause+skew);
+// each scenario is run as its own cell for every claimer.
+const (
+	FaultNone            = "none"             // baseline: healthy replicas
+	FaultPause           = "pause"            // the holder of a billing run freezes (handler and keep-alive) for 2.5 leases
+	FaultCrash           = "crash"            // the holder of a long run dies mid-run: no release, no renewal
+	FaultSkew            = "skew"             // replica clocks offset within ±max_clock_skew/2
+	FaultSkewBeyond      = "skew-beyond"      // replica clocks offset by 1–2×max_clock_skew, alternating sign
+	FaultLatency         = "latency"          // every replica's links delayed 1–10ms each way (seeded per replica)
+	FaultReset           = "reset"            // every lease/4–lease/2 one replica's connections are reset
+	FaultPartition       = "partition"        // the holder of a billing run is cut off from its backend for 2 leases
+	FaultRedisRestart    = "redis-restart"    // a redis-server compare started is killed and restarted empty
+	FaultPostgresRestart = "postgres-restart" // not implemented: compare does not own the PostgreSQL server
+)
+
+// AllFaults lists every fault name, in report order.
+var AllFaults = []string{FaultNone, FaultPause, FaultCrash, FaultSkew, FaultSkewBeyond,
+	FaultLatency, FaultReset, FaultPartition, FaultRedisRestart, FaultPostgresRestart}
+
+// networkFaults need a TCP link between replica and backend (a faultproxy).
+var networkFaults = []string{FaultLatency, FaultReset, FaultPartition}
+
+// ParseScenarios splits a --faults value: scenarios separated by commas,
+// faults within a scenario by "+". It rejects unknown names, duplicates and
+// combinations that contradict each other.
+func ParseScenarios(s string) ([]string, error) {
+	var out []string
+	for _, sc := range strings.Split(s, ",") {
+		sc = strings.TrimSpace(sc)
+		if sc == "" {
+			continue
+		}
+		parts := strings.Split(sc, "+")
+		for i, f := range parts {
+			f = strings.TrimSpace(f)
+			parts[i] = f
+			if !slices.Contains(AllFaults, f) {
+				return nil, fmt.Errorf("unknown fault %q (want one of %s)", f, strings.Join(AllFaults, ", "))
+			}
+			if slices.Index(parts, f) != i {
+				return nil, fmt.Errorf("fault %q listed twice in %q", f, sc)
+			}
+		}
+		if len(parts) > 1 && slices.Contains(parts, FaultNone) {
+			return nil, fmt.Errorf("%q: none cannot be combined", sc)
+		}
+		if slices.Contains(parts, FaultSkew) && slices.Contains(parts, FaultSkewBeyond) {
+			return nil, fmt.Errorf("%q: skew and skew-beyond contradict each other", sc)
+		}
+		sc = strings.Join(parts, "+")
+		if slices.Contains(out, sc) {
+			return nil, fmt.Errorf("scenario %q listed twice", sc)
+		}
+		out = append(out, sc)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no fault scenario given")
+	}
+	return out, nil
+}
+
+// faultSet is one scenario's faults.
+type faultSet []string
+
+func (f faultSet) has(name string) bool { return slices.Contains(f, name) }
+
+func (f faultSet) network() bool {
+	return slices.ContainsFunc(f, func(n string) bool { return slices.Contains(networkFaults, n) })
+}
+
+// replica is one in-process replica: its claimer, its clock and the state
+// the faults act on. A frozen replica (pause) blocks its handlers and every
+// claimer call, keep-alive included, as a stop-the-world GC pause would; a
+// crashed one does nothing any more.
+type replica struct {
+	id      string
+	c       *cell
+	claimer claim.Claimer // the real one wrapped in faulty
+	offset  time.Duration // clock skew
+	links   []link        // faultproxies between this replica and its backend
+
+	mu      sync.Mutex
+	frozen  chan struct{} // non-nil while paused; closed when the pause ends
+	crashed atomic.Bool
+	dead    chan struct{} // closed on crash
+	cancel  context.CancelFunc
+}
+
+// now is the replica's wall clock, as the runner sees it.
+func (r *replica) now() time.Time { return time.Now().Add(r.offset) }
+
+// gate blocks while the replica is frozen. It ignores every context on
+// purpose: a paused process does not notice deadlines either. It returns
+// early only when the replica crashes or the cell ends.
+func (r *replica) gate() {
+	r.mu.Lock()
+	ch := r.frozen
+	r.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-r.dead:
+	case <-r.c.stop:
+	}
+}
+
+// freeze pauses the replica for d. The cell's wait group owns the timer
+// goroutine that thaws it.
+func (r *replica) freeze(d time.Duration) {
+	ch := make(chan struct{})
+	r.mu.Lock()
+	if r.frozen != nil {
+		r.mu.Unlock()
+		return
+	}
+	r.frozen = ch
+	r.mu.Unlock()
+	r.c.wg.Go(func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.c.stop:
+		}
+		r.mu.Lock()
+		r.frozen = nil
+		r.mu.Unlock()
+		close(ch)
+	})
+}
+
+// crash kills the replica: its runner is cancelled, and from now on every
+// claimer call fails without reaching the backend, so nothing is released
+// or renewed, and its handlers return at their next step without writing.
+func (r *replica) crash() {
+	if r.crashed.Swap(true) {
+		return
+	}
+	close(r.dead)
+	r.cancel()
+}
+
+var errCrashed = fmt.Errorf("%w: replica crashed (simulated)", claim.ErrLeaseLost)
+
+// faulty wraps a replica's real claimer: it applies the replica's faults
+// and records every call (latency, grants, renewals, releases).
+type faulty struct {
+	inner claim.Claimer
+	rep   *replica
+	rec   *recorder
+}
+
+func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+	f.rep.gate()
+	if f.rep.crashed.Load() {
+		return nil, fmt.Errorf("%w: replica crashed (simulated)", claim.ErrUnavailable)
+	}
+	start := time.Now()
+	cl, err := f.inner.Claim(ctx, run, lease)
+	f.rec.claimed(f.rep.id, run, start, time.Now(), cl, err)
+	return cl, err
+}
+
+func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
+	f.rep.gate()
+	if f.rep.crashed.Load() {
+		return errCrashed
+	}
+	err := f.inner.Renew(ctx, c, lease)
+	f.rec.renewed(c, err)
+	return err
+}
+
+func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
+	f.rep.gate()
+	if f.rep.crashed.Load() {
+		return errCrashed
+	}
+	sent := time.Now()
+	err := f.inner.Release(ctx, c, o)
+	f.rec.released(c, o, sent, err)
+	return err
+}
+
+func (f *faulty) Ping(ctx context.Context) error {
+	f.rec.call()
+	return f.inner.Ping(ctx)
+}
+
+func (f *faulty) Close() error { return f.inner.Close() }
