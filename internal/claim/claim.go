@@ -201,6 +201,18 @@ type Record struct {
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 }
 
+// BatchClaimer is implemented by claimers that can bid for many runs in a
+// few round trips. The runner uses it when many runs fall due at one
+// instant; a claimer without it is asked run by run.
+type BatchClaimer interface {
+	// ClaimBatch tries once to win each of runs, exactly as Claim would,
+	// and returns one result per run, in order: claims[i] is the grant of
+	// runs[i], or nil with errs[i] saying why (ErrHeld, ErrDone, ErrInvalid
+	// for that run alone; a backend or ctx failure for every run it
+	// affected). Runs must be distinct.
+	ClaimBatch(ctx context.Context, runs []Run, lease time.Duration) (claims []*Claim, errs []error)
+}
+
 // Historian is implemented by claimers that can list recorded runs, newest
 // scheduled instant first. job "" means every job.
 type Historian interface {

@@ -106,6 +106,7 @@ func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration)
 // Run exercises a Claimer implementation against the contract.
 func Run(t *testing.T, newClaimers Factory, opts Options) {
 	opts.defaults()
+	batchCases(t, newClaimers, opts)
 	lease := opts.Lease
 
 	t.Run("ClaimCarriesRunHolderTokenFenceAttempt", func(t *testing.T) {

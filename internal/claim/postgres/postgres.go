@@ -5,9 +5,12 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +50,19 @@ SELECT true, fence, attempt, lease_until, '' FROM taken
 UNION ALL
 SELECT false, 0, 0, lease_until, status FROM scheduler_runs
  WHERE run_id = $1 AND NOT EXISTS (SELECT FROM taken)`
+
+	// insertRuns is insertRun for many runs at once, in run id order: every
+	// batch takes the rows' locks in the same order, so two batches that
+	// race for the same runs cannot deadlock.
+	insertRuns = `
+INSERT INTO scheduler_runs
+       (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
+SELECT r.run_id, r.job, r.scheduled_at, 'running', r.token, $5, nextval('scheduler_fence_seq'), 1,
+       now(), now() + $6 * interval '1 microsecond'
+  FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(run_id, job, scheduled_at, token)
+ ORDER BY r.run_id
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id, fence, attempt, lease_until`
 
 	renewRun = `
 UPDATE scheduler_runs
@@ -93,8 +109,9 @@ type Claimer struct {
 }
 
 var (
-	_ claim.Claimer   = (*Claimer)(nil)
-	_ claim.Historian = (*Claimer)(nil)
+	_ claim.Claimer      = (*Claimer)(nil)
+	_ claim.Historian    = (*Claimer)(nil)
+	_ claim.BatchClaimer = (*Claimer)(nil)
 )
 
 // New returns a Claimer on pool, whose connections must see the migrated
@@ -145,13 +162,18 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
 	}
 
+	cl.Requested = time.Now()
+	return takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds()))
+}
+
+// takenOver reads takeOverRun's answer for cl.
+func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
 	var (
 		granted bool
 		status  claim.Status
 	)
-	cl.Requested = time.Now()
-	err = c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds()).
-		Scan(&granted, &cl.Fence, &cl.Attempt, &cl.Deadline, &status)
+	id := cl.ID()
+	err := row.Scan(&granted, &cl.Fence, &cl.Attempt, &cl.Deadline, &status)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// The row existed a moment ago and only Prune deletes rows, and
@@ -167,6 +189,108 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 	default:
 		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
 	}
+}
+
+// ClaimBatch implements claim.BatchClaimer in two round trips: one
+// multi-row insert for every run, then, pipelined, the takeover statement of
+// Claim for each run that already had a row. The second round runs in one
+// implicit transaction whose row locks are taken in run id order, like the
+// first's.
+func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	failAll := func(pending []int, err error) ([]*claim.Claim, []error) {
+		for _, i := range pending {
+			errs[i] = fmt.Errorf("claim %s: %w", runs[i].ID(), err)
+		}
+		return claims, errs
+	}
+	byID := make(map[string]int, len(runs))
+	var pending []int
+	for i, run := range runs {
+		if errs[i] = claim.CheckClaim(run, lease); errs[i] != nil {
+			continue
+		}
+		run.At = run.At.UTC()
+		claims[i] = &claim.Claim{Run: run, Token: claim.NewToken(), Holder: c.instance, Lease: lease}
+		byID[run.ID()] = i
+		pending = append(pending, i)
+	}
+	slices.SortFunc(pending, func(a, b int) int { return strings.Compare(claims[a].ID(), claims[b].ID()) })
+	ids, jobs, ats, tokens := make([]string, len(pending)), make([]string, len(pending)),
+		make([]time.Time, len(pending)), make([]string, len(pending))
+	for k, i := range pending {
+		ids[k], jobs[k], ats[k], tokens[k] = claims[i].ID(), claims[i].Run.Job, claims[i].Run.At, claims[i].Token
+	}
+	if len(pending) == 0 {
+		return claims, errs
+	}
+
+	requested := time.Now()
+	rows, err := c.pool.Query(ctx, insertRuns, ids, jobs, ats, tokens, c.instance, lease.Microseconds())
+	if err != nil {
+		clear(claims)
+		return failAll(pending, translate(err))
+	}
+	won := make([]bool, len(runs))
+	var scanErr error
+	for scanErr == nil && rows.Next() {
+		var (
+			id    string
+			fence int64
+			att   int
+			until time.Time
+		)
+		if scanErr = rows.Scan(&id, &fence, &att, &until); scanErr != nil {
+			break
+		}
+		if i, ok := byID[id]; ok {
+			won[i] = true
+			claims[i].Fence, claims[i].Attempt, claims[i].Deadline, claims[i].Requested = fence, att, until.UTC(), requested
+		}
+	}
+	rows.Close()
+	if err := cmp.Or(rows.Err(), scanErr); err != nil {
+		// The insert failed as a whole: nothing was granted.
+		clear(claims)
+		return failAll(pending, translate(err))
+	}
+
+	var rest []int
+	for _, i := range pending {
+		if !won[i] {
+			rest = append(rest, i)
+		}
+	}
+	if len(rest) == 0 {
+		return claims, errs
+	}
+	b := &pgx.Batch{}
+	for _, i := range rest {
+		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds())
+	}
+	requested = time.Now()
+	res := c.pool.SendBatch(ctx, b)
+	for _, i := range rest {
+		cl := claims[i]
+		cl.Requested = requested
+		claims[i], errs[i] = takenOver(cl, res.QueryRow())
+	}
+	err = res.Close()
+	for _, i := range rest {
+		if e := errs[i]; err == nil && e != nil && !errors.Is(e, claim.ErrHeld) && !errors.Is(e, claim.ErrDone) {
+			err = e
+		}
+	}
+	if err != nil {
+		// The round's transaction did not commit: none of its takeovers
+		// stand, whatever each statement said.
+		for _, i := range rest {
+			if errs[i] == nil {
+				claims[i], errs[i] = nil, fmt.Errorf("claim %s: %w", runs[i].ID(), translate(err))
+			}
+		}
+	}
+	return claims, errs
 }
 
 // Renew implements claim.Claimer.

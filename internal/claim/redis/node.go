@@ -87,15 +87,22 @@ func TokenKey(token string) string {
 
 // Claim asks the node to grant run to token for lease.
 func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, lease time.Duration) (Reply, error) {
-	id := run.ID()
-	vals, err := claimScript.Run(ctx, n.client,
-		[]string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs()},
-		token, holder, lease.Milliseconds(), n.doneTTL.Milliseconds(), run.At.UnixMilli(), id, run.Job,
-		n.historyLimit, n.slot, n.slots,
-	).Slice()
+	keys, args := n.claimArgs(run, token, holder, lease)
+	vals, err := claimScript.Run(ctx, n.client, keys, args...).Slice()
 	if err != nil {
 		return Reply{}, translate(ctx, err)
 	}
+	return claimReply(vals)
+}
+
+func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duration) ([]string, []any) {
+	id := run.ID()
+	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs()},
+		[]any{token, holder, lease.Milliseconds(), n.doneTTL.Milliseconds(), run.At.UnixMilli(), id, run.Job,
+			n.historyLimit, n.slot, n.slots}
+}
+
+func claimReply(vals []any) (Reply, error) {
 	r := reply(vals)
 	var out Reply
 	switch r.str(0) {
@@ -112,6 +119,57 @@ func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, l
 		return Reply{}, r.err
 	}
 	return out, nil
+}
+
+// ClaimBatch is Claim for many runs in one pipeline (a second one loads
+// the script if the server lost it). Each run is still one atomic script.
+func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
+	replies, errs := make([]Reply, len(runs)), make([]error, len(runs))
+	todo := make([]int, len(runs))
+	for i := range todo {
+		todo[i] = i
+	}
+	for try := 0; len(todo) > 0; try++ {
+		pipe := n.client.Pipeline()
+		cmds := make([]*goredis.Cmd, len(todo))
+		for k, i := range todo {
+			keys, args := n.claimArgs(runs[i], tokens[i], holder, lease)
+			cmds[k] = claimScript.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx) // errors are per command
+		var again []int
+		for k, i := range todo {
+			vals, err := cmds[k].Slice()
+			switch {
+			case err != nil && try == 0 && goredis.HasErrorPrefix(err, "NOSCRIPT"):
+				again = append(again, i)
+			case err != nil:
+				errs[i] = translate(ctx, err)
+			default:
+				replies[i], errs[i] = claimReply(vals)
+			}
+		}
+		if len(again) > 0 {
+			if err := claimScript.Load(ctx, n.client).Err(); err != nil {
+				for _, i := range again {
+					errs[i] = translate(ctx, err)
+				}
+				again = nil
+			}
+		}
+		todo = again
+	}
+	return replies, errs
+}
+
+// AbortBatch is Abort for many runs in one pipeline, best effort.
+func (n *Node) AbortBatch(ctx context.Context, runs []claim.Run, tokens []string) {
+	pipe := n.client.Pipeline()
+	for i, run := range runs {
+		id := run.ID()
+		abortScript.Eval(ctx, pipe, []string{n.keys.run(id), n.keys.runs(run.Job)}, tokens[i], id)
+	}
+	_, _ = pipe.Exec(ctx)
 }
 
 // Renew extends the lease token holds on runID to lease from now on the

@@ -98,8 +98,9 @@ type Claimer struct {
 }
 
 var (
-	_ claim.Claimer   = (*Claimer)(nil)
-	_ claim.Historian = (*Claimer)(nil)
+	_ claim.Claimer      = (*Claimer)(nil)
+	_ claim.Historian    = (*Claimer)(nil)
+	_ claim.BatchClaimer = (*Claimer)(nil)
 )
 
 // New returns a Claimer over client, which it owns from now on: Close
@@ -143,6 +144,11 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 		}
 		return nil, fmt.Errorf("claim %s: %w", run.ID(), err)
 	}
+	return c.granted(run, token, requested, lease, r)
+}
+
+// granted turns a node's reply to a claim into the contract's answer.
+func (c *Claimer) granted(run claim.Run, token string, requested time.Time, lease time.Duration, r Reply) (*claim.Claim, error) {
 	switch r.Vote {
 	case Held:
 		return nil, fmt.Errorf("claim %s: holder %s until %s: %w", run.ID(), r.Holder,
@@ -154,6 +160,51 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 		Run: run, Token: token, Holder: c.instance, Fence: r.Fence, Attempt: r.Attempt,
 		Deadline: r.LeaseUntil, Requested: requested, Lease: lease,
 	}, nil
+}
+
+// ClaimBatch implements claim.BatchClaimer: the claim script of every run,
+// pipelined in one round trip.
+func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	var (
+		idx    []int
+		valid  []claim.Run
+		tokens []string
+	)
+	for i, run := range runs {
+		if errs[i] = claim.CheckClaim(run, lease); errs[i] != nil {
+			continue
+		}
+		if errs[i] = ctx.Err(); errs[i] != nil {
+			continue
+		}
+		run.At = run.At.UTC()
+		idx, valid, tokens = append(idx, i), append(valid, run), append(tokens, claim.NewToken())
+	}
+	if len(valid) == 0 {
+		return claims, errs
+	}
+	requested := time.Now()
+	replies, rerrs := c.node.ClaimBatch(ctx, valid, tokens, c.instance, lease)
+	if err := ctx.Err(); err != nil {
+		// Scripts may have granted before the caller gave up: undo them
+		// rather than leave ghosts holding the runs for a whole lease.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		c.node.AbortBatch(actx, valid, tokens)
+		cancel()
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("claim %s: %w", runs[i].ID(), err)
+		}
+		return claims, errs
+	}
+	for k, i := range idx {
+		if rerrs[k] != nil {
+			errs[i] = fmt.Errorf("claim %s: %w", valid[k].ID(), rerrs[k])
+			continue
+		}
+		claims[i], errs[i] = c.granted(valid[k], tokens[k], requested, lease, replies[k])
+	}
+	return claims, errs
 }
 
 // Renew implements claim.Claimer.
