@@ -196,7 +196,7 @@ func (c *cell) notes(res *Cell) []string {
 		}
 	}
 	if resets > 0 {
-		notes = append(notes, fmt.Sprintf("reset: %d connection resets, one replica at a time, every %v–%v", resets, c.lease/4, c.lease/2))
+		notes = append(notes, fmt.Sprintf("reset: %s, one replica at a time, every %v–%v", plural(resets, "connection reset"), c.lease/4, c.lease/2))
 	}
 	if len(res.ClockOffsetsMS) > 0 {
 		var parts []string
@@ -206,23 +206,23 @@ func (c *cell) notes(res *Cell) []string {
 		notes = append(notes, fmt.Sprintf("clock offsets (max_clock_skew %v): %s", c.o.MaxClockSkew, strings.Join(parts, ", ")))
 	}
 	if res.EarlyStarts > 0 {
-		notes = append(notes, fmt.Sprintf("%d executions started more than max_clock_skew before their instant (a replica clock ahead runs the schedule early)", res.EarlyStarts))
+		notes = append(notes, plural(res.EarlyStarts, "execution")+" started more than max_clock_skew before the instant (a replica clock ahead runs the schedule early)")
 	}
 	if res.StaleWritesRejected > 0 {
-		notes = append(notes, fmt.Sprintf("fencing: %d stale writes rejected; %d of the rejected holders then saw their context cancelled with ErrLeaseLost",
-			res.StaleWritesRejected, res.LeaseLostSeen))
+		notes = append(notes, fmt.Sprintf("fencing: %s rejected; %d of the rejected holders then saw their context cancelled with ErrLeaseLost",
+			plural(res.StaleWritesRejected, "stale write"), res.LeaseLostSeen))
 	}
 	if res.StaleWritesAccepted > 0 {
-		notes = append(notes, fmt.Sprintf("!!! FENCING FAILED: %d stale writes accepted after a newer holder had written (e.g. %s)",
-			res.StaleWritesAccepted, strings.Join(res.StaleAcceptedResources[:min(3, len(res.StaleAcceptedResources))], ", ")))
+		notes = append(notes, fmt.Sprintf("!!! FENCING FAILED: %s accepted after a newer holder had written (e.g. %s)",
+			plural(res.StaleWritesAccepted, "stale write"), strings.Join(res.StaleAcceptedResources[:min(3, len(res.StaleAcceptedResources))], ", ")))
 	}
 	if res.DuplicateExecutions > 0 {
-		notes = append(notes, fmt.Sprintf("%d duplicate executions: a run was granted while another holder's lease was valid (e.g. %s)",
-			res.DuplicateExecutions, strings.Join(res.DuplicateRuns[:min(3, len(res.DuplicateRuns))], ", ")))
+		notes = append(notes, fmt.Sprintf("%s: a run was granted while another holder's lease was valid (e.g. %s)",
+			plural(res.DuplicateExecutions, "duplicate execution"), strings.Join(res.DuplicateRuns[:min(3, len(res.DuplicateRuns))], ", ")))
 	}
 	if res.MissedRuns > 0 {
-		notes = append(notes, fmt.Sprintf("%d runs in the steady window never completed (e.g. %s)",
-			res.MissedRuns, strings.Join(res.MissedRunIDs[:min(3, len(res.MissedRunIDs))], ", ")))
+		notes = append(notes, fmt.Sprintf("%s in the steady window never completed (e.g. %s)",
+			plural(res.MissedRuns, "run"), strings.Join(res.MissedRunIDs[:min(3, len(res.MissedRunIDs))], ", ")))
 	}
 	if res.HarnessLag.P99MS > float64(c.lease/10)/float64(time.Millisecond) {
 		notes = append(notes, fmt.Sprintf("the harness was starved of CPU: its own timers fired up to %v late (p99 %v); these numbers say as much about this machine as about %s (try a lower --parallel)",
@@ -232,6 +232,14 @@ func (c *cell) notes(res *Cell) []string {
 		notes = append(notes, "the steady window held no instant: lengthen --duration")
 	}
 	return notes
+}
+
+// plural writes "1 run", "2 runs".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // dist summarises durations: nearest-rank percentiles.

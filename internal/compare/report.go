@@ -128,13 +128,13 @@ func (r *Report) summarize() {
 			what = append(what, "could not run: "+c.Reason)
 		case StatusFailed:
 			if n := c.StaleWritesAccepted; n > 0 {
-				what = append(what, fmt.Sprintf("%d STALE WRITES ACCEPTED (fencing failed)", n))
+				what = append(what, strings.ToUpper(plural(n, "stale write"))+" ACCEPTED (fencing failed)")
 			}
 			if n := c.DuplicateExecutions; n > 0 {
-				what = append(what, fmt.Sprintf("%d duplicate executions", n))
+				what = append(what, plural(n, "duplicate execution"))
 			}
 			if n := c.MissedRuns; n > 0 {
-				what = append(what, fmt.Sprintf("%d missed runs", n))
+				what = append(what, plural(n, "missed run"))
 			}
 		}
 		if len(what) > 0 {

@@ -1,0 +1,235 @@
+package compare_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/scheduler-dev/scheduler/cli"
+	"github.com/scheduler-dev/scheduler/internal/compare"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// result is one `scheduler compare` invocation through cli.Main.
+type result struct {
+	code        int
+	stdout      string
+	stderr      string
+	report      compare.Report
+	json, html  string
+	reportError error
+}
+
+func compareCLI(t *testing.T, dir, name string, args ...string) result {
+	r := result{json: filepath.Join(dir, name+".json"), html: filepath.Join(dir, name+".html")}
+	var out, errOut bytes.Buffer
+	r.code = cli.Main(append(append([]string{"compare"}, args...), "--json", r.json, "--html", r.html), nil, &out, &errOut)
+	r.stdout, r.stderr = out.String(), errOut.String()
+	data, err := os.ReadFile(r.json)
+	if err == nil {
+		err = json.Unmarshal(data, &r.report)
+	}
+	r.reportError = err
+	return r
+}
+
+// TestGameDay runs the harness the way CI would gate on it: every real
+// claimer under a paused holder and a crashed holder (10 cells), and, at the
+// same time, the deliberately broken claimer, which must be caught. The
+// cells sleep on wall time, so they all run at once: about 20s.
+func TestGameDay(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: about 20s")
+	}
+	dsn, redisAddr := testenv.PostgresDSN(t), testenv.RedisAddr(t)
+	common := []string{"--replicas", "3", "--jobs", "5", "--duration", "16s", "--lease", "1500ms",
+		"--max-clock-skew", "500ms", "--seed", "42", "--parallel", "0"}
+	real := append([]string{"--claimers", "memory,sqlite,postgres,redis,redlock", "--faults", "pause,crash",
+		"--postgres-dsn", dsn, "--redis-addr", redisAddr}, common...)
+	if addrs := os.Getenv(testenv.EnvRedlockAddrs); addrs != "" {
+		real = append(real, "--redlock-addrs", addrs)
+	} else if _, err := exec.LookPath("redis-server"); err != nil {
+		testenv.Missing(t, "redis-server", "not on PATH: redlock cells start private nodes")
+	}
+	dir := t.TempDir()
+	var good, bad result
+	var wg sync.WaitGroup
+	wg.Go(func() { good = compareCLI(t, dir, "real", real...) })
+	wg.Go(func() {
+		bad = compareCLI(t, dir, "broken", append([]string{"--claimers", "broken", "--faults", "none,pause"}, common...)...)
+	})
+	wg.Wait()
+
+	t.Run("RealClaimersKeepEveryGuarantee", func(t *testing.T) {
+		if good.reportError != nil {
+			t.Fatalf("exit %d, no report (%v):\n%s\n%s", good.code, good.reportError, good.stdout, good.stderr)
+		}
+		t.Logf("report:\n%s", good.stdout)
+		if good.code != cli.ExitOK || !good.report.OK {
+			t.Errorf("exit %d, ok=%v, failures %v; want 0 and ok", good.code, good.report.OK, good.report.Failures)
+		}
+		if got := len(good.report.Cells); got != 10 {
+			t.Fatalf("%d cells, want 10 (5 claimers × pause, crash)", got)
+		}
+		for _, c := range good.report.Cells {
+			name := c.Claimer + " × " + c.Fault
+			switch {
+			case c.Status != compare.StatusOK:
+				t.Errorf("%s: status %s (%s), want ok; notes %v; duplicates %v", name, c.Status, c.Reason, c.Notes, c.DuplicateDetails)
+				continue
+			case c.RunsExpected == 0:
+				t.Errorf("%s: no run in the steady window", name)
+			case c.DuplicateExecutions != 0 || c.MissedRuns != 0 || c.StaleWritesAccepted != 0:
+				t.Errorf("%s: %d duplicates %v, %d missed %v, %d stale writes accepted; want none",
+					name, c.DuplicateExecutions, c.DuplicateDetails, c.MissedRuns, c.MissedRunIDs, c.StaleWritesAccepted)
+			}
+			switch c.Fault {
+			case compare.FaultPause:
+				// The paused holder woke after its successor had written:
+				// its late writes must have met a higher fence, and its
+				// context must have said why.
+				if c.StaleWritesRejected == 0 || c.LeaseLostSeen == 0 {
+					t.Errorf("%s: %d stale writes rejected, %d handlers saw ErrLeaseLost; want both > 0 (events %+v)",
+						name, c.StaleWritesRejected, c.LeaseLostSeen, c.FaultEvents)
+				}
+			case compare.FaultCrash:
+				if c.Takeovers == 0 || c.TakeoverTime.Count == 0 {
+					t.Errorf("%s: no takeover after the crash (events %+v)", name, c.FaultEvents)
+				}
+			}
+		}
+	})
+
+	t.Run("BrokenClaimerIsCaught", func(t *testing.T) {
+		if bad.reportError != nil {
+			t.Fatalf("exit %d, no report (%v):\n%s\n%s", bad.code, bad.reportError, bad.stdout, bad.stderr)
+		}
+		if bad.code != cli.ExitRuntime || bad.report.OK {
+			t.Errorf("exit %d, ok=%v; want 1 and not ok", bad.code, bad.report.OK)
+		}
+		for _, c := range bad.report.Cells {
+			if c.DuplicateExecutions == 0 || c.Status != compare.StatusFailed {
+				t.Errorf("broken × %s: status %s with %d duplicates; want failed with duplicates", c.Fault, c.Status, c.DuplicateExecutions)
+			}
+		}
+		if !strings.Contains(bad.stdout, "FAILED") || !strings.Contains(bad.stdout, "duplicate executions") {
+			t.Errorf("terminal report does not say what failed:\n%s", bad.stdout)
+		}
+	})
+
+	t.Run("HTMLReportRendersInChromium", func(t *testing.T) {
+		browser := chromium(t)
+		page, err := os.ReadFile(good.html)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, banned := range []string{"<script", "http://", "https://"} {
+			if bytes.Contains(bytes.ReplaceAll(page, []byte(`xmlns="http://www.w3.org/2000/svg"`), nil), []byte(banned)) {
+				t.Errorf("report is not self-contained: it contains %q", banned)
+			}
+		}
+		url := "file://" + good.html
+		dom := headless(t, browser, "--dump-dom", url)
+		for _, want := range []string{"<h1>scheduler compare</h1>", `aria-label="claim latency CDF"`, `aria-label="timeline"`, "redlock × crash"} {
+			if !strings.Contains(dom, want) {
+				t.Errorf("rendered report lacks %q", want)
+			}
+		}
+		shot := filepath.Join(artifactDir(t), "compare-report.png")
+		headless(t, browser, "--window-size=1200,1800", "--screenshot="+shot, url)
+		if st, err := os.Stat(shot); err != nil || st.Size() < 10000 {
+			t.Fatalf("screenshot %s: %v", shot, err)
+		}
+		t.Logf("screenshot: %s", shot)
+	})
+}
+
+func TestBadUsageExits2(t *testing.T) {
+	for _, args := range [][]string{
+		{"--faults", "pause,meteor"},
+		{"--faults", "skew+skew-beyond"},
+		{"--claimers", "memory,etcd"},
+		{"--claimers", "memory", "--replicas", "1"},
+		{"--claimers", "memory", "--jobs", "2"},
+		{"--claimers", "memory", "--duration", "5s"},
+		{"--claimers", "memory", "--lease", "10ms"},
+		{"--claimers", "memory", "extra"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := cli.Main(append([]string{"compare"}, args...), nil, &out, &errOut); code != cli.ExitUsage {
+			t.Errorf("compare %v: exit %d, want %d\n%s", args, code, cli.ExitUsage, errOut.String())
+		}
+	}
+}
+
+func TestParseScenarios(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+		bad  bool
+	}{
+		{in: "pause,crash", want: []string{"pause", "crash"}},
+		{in: " pause + skew , none ", want: []string{"pause+skew", "none"}},
+		{in: "none+pause", bad: true},
+		{in: "pause,pause", bad: true},
+		{in: "crash+crash", bad: true},
+		{in: "", bad: true},
+		{in: "gc", bad: true},
+	} {
+		got, err := compare.ParseScenarios(tc.in)
+		if (err != nil) != tc.bad || strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("ParseScenarios(%q) = %v, %v; want %v (error: %v)", tc.in, got, err, tc.want, tc.bad)
+		}
+	}
+}
+
+// artifactDir is where screenshots are kept: $SCHEDULER_ARTIFACTS, else
+// ./artifacts at the repository root.
+func artifactDir(t *testing.T) string {
+	dir := os.Getenv("SCHEDULER_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "artifacts")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	testenv.Missing(t, "chromium", "not on PATH; .ci/run installs Debian's chromium")
+	return ""
+}
+
+// headless runs the browser on a page with the flags that keep it off the
+// network, and returns what it printed.
+func headless(t *testing.T, browser string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--disable-dev-shm-usage", "--user-data-dir=" + t.TempDir()}
+	out, err := exec.CommandContext(ctx, browser, append(base, args...)...).Output()
+	if err != nil {
+		t.Fatalf("chromium %v: %v", args, err)
+	}
+	return string(out)
+}
