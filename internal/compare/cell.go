@@ -90,6 +90,10 @@ func runCell(ctx context.Context, o *Options, kind, scenario string) *Cell {
 		return res
 	}
 	c.analyze(res)
+	if ctx.Err() != nil {
+		// Cut short: runs in the window never had their chance.
+		res.Status, res.Reason = StatusError, "interrupted before the cell ended"
+	}
 	return res
 }
 

@@ -157,7 +157,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
-				r.Cells[i] = &Cell{Claimer: j.kind, Fault: j.scenario, Status: StatusSkipped, Reason: "interrupted"}
+				r.Cells[i] = &Cell{Claimer: j.kind, Fault: j.scenario, Status: StatusError, Reason: "interrupted before the cell started"}
 				return
 			}
 			defer func() { <-sem }()
