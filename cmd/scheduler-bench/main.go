@@ -44,6 +44,7 @@ func run() int {
 	flag.StringVar(&s.RedisAddr, "redis", env("SCHEDULER_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
 	flag.IntVar(&scaleOpts.Jobs, "jobs", 10_000, "jobs due at one instant in the scale scenario")
 	flag.IntVar(&scaleOpts.Replicas, "replicas", 3, "replicas in the scale scenario")
+	flag.BoolVar(&scaleOpts.NoBatch, "no-batch", false, "scale scenario: hide batch claiming from the runner (claims run by run)")
 	flag.IntVar(&scaleOpts.MaxClaims, "max-claims", 0, "runner claim limit in the scale scenario (0: the runner's default; negative: none)")
 	flag.DurationVar(&scaleOpts.Spread, "spread", 0, "runner spread in the scale scenario (0: the runner's default; negative: none)")
 	flag.Parse()

@@ -34,6 +34,8 @@ type ScaleOptions struct {
 	Spread time.Duration
 	// MaxClaims is runner.Options.MaxClaims (0: default, negative: none).
 	MaxClaims int
+	// NoBatch hides claim.BatchClaimer from the runner: run by run.
+	NoBatch bool
 	// Timeout bounds the wait for every run to start and every loser to
 	// see it done (default 2 minutes).
 	Timeout time.Duration
@@ -66,6 +68,8 @@ type Scale struct {
 	Spread   string `json:"spread"`
 	// MaxClaims is the runner's in-flight claim limit, 0 for none.
 	MaxClaims int `json:"max_claims"`
+	// Batched says whether the runner claimed in batches.
+	Batched bool `json:"batched"`
 	// Schedule lag: instant → handler start, on the starting replica.
 	LagP50ms float64 `json:"lag_p50_ms"`
 	LagP99ms float64 `json:"lag_p99_ms"`
@@ -109,6 +113,18 @@ func (c counting) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 	return c.Claimer.Release(ctx, cl, o)
 }
 
+// countingBatch is counting for a claimer that claims in batches; one
+// ClaimBatch counts as one call.
+type countingBatch struct {
+	counting
+	b claim.BatchClaimer
+}
+
+func (c countingBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	c.calls.Add(1)
+	return c.b.ClaimBatch(ctx, runs, lease)
+}
+
 // RunScale runs one scale scenario on the real runner.
 func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	o.defaults()
@@ -125,12 +141,17 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	defer b.close()
 	var calls atomic.Int64
 	claimers := make([]claim.Claimer, o.Replicas)
+
 	for i := range claimers {
 		c, err := b.open(fmt.Sprintf("r%d", i))
 		if err != nil {
 			return fail(err)
 		}
 		claimers[i] = counting{Claimer: c, calls: &calls}
+		if b, ok := c.(claim.BatchClaimer); ok && !o.NoBatch {
+			claimers[i] = countingBatch{counting{Claimer: c, calls: &calls}, b}
+			res.Batched, res.MaxClaims = true, 0
+		}
 	}
 
 	// The clock is shifted so that a minute boundary, when every @every 1m
@@ -259,20 +280,31 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// claims says how the runner sent its claims.
+func (s Scale) claims() string {
+	switch {
+	case s.Batched:
+		return "batched"
+	case s.MaxClaims > 0:
+		return fmt.Sprintf("≤%d at once", s.MaxClaims)
+	}
+	return "all at once"
+}
+
 // WriteScale prints scale results as a table.
 func WriteScale(w io.Writer, rows []Scale) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "scale\tjobs×replicas\tspread\tmax claims\tlag p50\tlag p99\tall started\tcalls/run\tCPU/run\theap/job\tshares\tmax/min\tdup\tmissing\t")
+	fmt.Fprintln(tw, "scale\tjobs×replicas\tspread\tclaims\tlag p50\tlag p99\tall started\tcalls/run\tCPU/run\theap/job\tshares\tmax/min\tdup\tmissing\t")
 	for _, s := range rows {
 		if s.Error != "" && s.Shares == nil {
-			fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%d\terror: %s\t\t\t\t\t\t\t\t\t\t\n", s.Claimer, s.Jobs, s.Replicas, s.Spread, s.MaxClaims, clip(s.Error, 80))
+			fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%s\terror: %s\t\t\t\t\t\t\t\t\t\t\n", s.Claimer, s.Jobs, s.Replicas, s.Spread, s.claims(), clip(s.Error, 80))
 			continue
 		}
 		fair := fmt.Sprintf("%.2f", s.Fairness)
 		if s.Fairness == 0 {
 			fair = "∞"
 		}
-		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%d\t%.0fms\t%.0fms\t%.0fms\t%.2f\t%.0fµs\t%.0f B\t%v\t%s\t%d\t%d\t\n", s.Claimer, s.Jobs, s.Replicas, s.Spread, s.MaxClaims,
+		fmt.Fprintf(tw, "%s\t%d×%d\t%s\t%s\t%.0fms\t%.0fms\t%.0fms\t%.2f\t%.0fµs\t%.0f B\t%v\t%s\t%d\t%d\t\n", s.Claimer, s.Jobs, s.Replicas, s.Spread, s.claims(),
 			s.LagP50ms, s.LagP99ms, s.LagMaxms, s.CallsPerRun, s.CPUPerRunus, s.HeapPerJob, s.Shares, fair, s.Duplicates, s.Missing)
 		if s.Error != "" {
 			fmt.Fprintf(tw, "\t\t\t\terror: %s\t\t\t\t\t\t\t\t\t\t\n", clip(s.Error, 80))

@@ -42,6 +42,9 @@ type dispatcher struct {
 	// order (blocked channel senders are served first in, first out); nil
 	// admits all.
 	slots chan struct{}
+	// batch, when the claimer claims in batches, sends every claim call
+	// instead (and slots are not used).
+	batch *batcher
 }
 
 // dispatch starts the life of one run: claim, stand by, execute.
@@ -180,6 +183,9 @@ func (d *dispatcher) claim(run claim.Run) (*claim.Claim, error) {
 	r := d.r
 	if r.isClosing() {
 		return nil, errClosing
+	}
+	if d.batch != nil {
+		return d.batch.claim(run)
 	}
 	if d.slots != nil {
 		select {

@@ -5,7 +5,8 @@
 //
 // Goroutines and who owns them: Run owns the scheduling loop and, through
 // two wait groups, every goroutine it starts: one per dispatched run (claim,
-// stand by, execute) and one keep-alive per executing run. Standbys stop when
+// stand by, execute), one keep-alive per executing run, and, with a
+// claim.BatchClaimer, one goroutine sending batches while bids wait. Standbys stop when
 // Run's ctx is done; executing handlers get ShutdownGrace, then their context
 // is cancelled with cause job.ErrShutdown and their claims are released as
 // interrupted. Run returns only after every one of them has exited.
@@ -80,7 +81,9 @@ type Options struct {
 	// instant, bids wait their turn in order instead of all reaching the
 	// backend's client at once, where they would queue for a connection
 	// inside their claim timeout, time out, and be sent again. Renewals and
-	// releases are never held back.
+	// releases are never held back. A claimer that implements
+	// claim.BatchClaimer is sent one batch at a time instead, and MaxClaims
+	// does not apply.
 	MaxClaims int
 	Logger    *slog.Logger
 	Metrics   *Metrics // nil: no metrics
@@ -213,7 +216,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancelExec(nil)
 	var standby, exec sync.WaitGroup
 	d := &dispatcher{r: r, ctx: ctx, execCtx: execCtx, standby: &standby, exec: &exec}
-	if r.opts.MaxClaims > 0 {
+	if bc, ok := r.opts.Claimer.(claim.BatchClaimer); ok {
+		d.batch = &batcher{c: bc, d: d}
+	} else if r.opts.MaxClaims > 0 {
 		d.slots = make(chan struct{}, r.opts.MaxClaims)
 	}
 

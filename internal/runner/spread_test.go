@@ -115,3 +115,64 @@ func TestMaxClaimsBoundsClaimsInFlight(t *testing.T) {
 		}
 	})
 }
+
+// batchMemory claims in batches, one Claim per run underneath, and counts
+// batches.
+type batchMemory struct {
+	claim.Claimer
+	batches, runs, biggest *atomic.Int32
+}
+
+func (b batchMemory) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	b.batches.Add(1)
+	b.runs.Add(int32(len(runs)))
+	for m := b.biggest.Load(); int32(len(runs)) > m && !b.biggest.CompareAndSwap(m, int32(len(runs))); m = b.biggest.Load() {
+	}
+	time.Sleep(time.Millisecond) // one round trip
+	cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	for i, r := range runs {
+		cls[i], errs[i] = b.Claimer.Claim(ctx, r, lease)
+	}
+	return cls, errs
+}
+
+func TestBatchClaimerGetsRunsDueAtOneInstantInFewBatches(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		var batches, bids, biggest atomic.Int32
+		var list []runner.Job
+		for i := range 200 {
+			list = append(list, runner.Job{Name: fmt.Sprintf("j%03d", i), Schedule: mustSchedule(t, "@every 10s"),
+				Handler: func(context.Context, job.Run) error { return nil }})
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for i := range 3 {
+			c := batchMemory{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), batches: &batches, runs: &bids, biggest: &biggest}
+			r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: fmt.Sprintf("r%d", i),
+				// No spread: holds would space the bids out over 100ms.
+				Lease: 3 * time.Second, Spread: -1, Observe: led.observe}, list)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() { _ = r.Run(ctx) })
+		}
+		time.Sleep(25 * time.Second)
+		cancel()
+		wg.Wait()
+		if len(led.started) < 400 {
+			t.Fatalf("%d runs started, want 200 jobs × 2 instants or more", len(led.started))
+		}
+		for id, s := range led.started {
+			if len(s) != 1 {
+				t.Fatalf("run %s started %d times", id, len(s))
+			}
+		}
+		// The bids of one instant go out together; a loser's later re-bids,
+		// jittered, mostly alone.
+		if m := biggest.Load(); m < 50 {
+			t.Fatalf("%d bids went out in %d batches of at most %d: not coalesced", bids.Load(), batches.Load(), m)
+		}
+	})
+}

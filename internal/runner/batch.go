@@ -1,0 +1,125 @@
+package runner
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// maxBatch bounds one ClaimBatch call.
+const maxBatch = 1000
+
+// batcher coalesces one Run's claim calls into ClaimBatch calls when the
+// claimer is a claim.BatchClaimer: a bid that finds no batch in flight goes
+// out at once, alone; bids that arrive while one is in flight wait for it
+// and go out together in the next (group commit). So a lone run costs what
+// Claim costs, and 10,000 runs due at one instant cost a few round trips.
+//
+// The goroutine sending batches is started by the first bid that finds none
+// running, under the dispatcher's standby group, and exits as soon as no bid
+// is waiting.
+type batcher struct {
+	c claim.BatchClaimer
+	d *dispatcher
+
+	mu      sync.Mutex
+	pending []*bid
+	busy    bool // a sending goroutine is running
+}
+
+// bid is one claim call waiting for its batch.
+type bid struct {
+	run   claim.Run
+	state atomic.Int32 // bidWaiting, then bidAnswered or bidAbandoned
+	done  chan struct{}
+	cl    *claim.Claim
+	err   error
+}
+
+const (
+	bidWaiting = iota
+	bidAnswered
+	bidAbandoned
+)
+
+// claim bids for run in the next batch and waits for its answer, or for
+// Run's ctx: a grant that comes after its bidder left is handed back.
+func (b *batcher) claim(run claim.Run) (*claim.Claim, error) {
+	x := &bid{run: run, done: make(chan struct{})}
+	b.mu.Lock()
+	b.pending = append(b.pending, x)
+	start := !b.busy
+	b.busy = true
+	b.mu.Unlock()
+	if start {
+		b.d.standby.Go(b.send)
+	}
+	select {
+	case <-x.done:
+	case <-b.d.ctx.Done():
+		if x.state.CompareAndSwap(bidWaiting, bidAbandoned) {
+			return nil, b.d.ctx.Err()
+		}
+		<-x.done // answered meanwhile
+	}
+	return x.cl, x.err
+}
+
+// send sends batches until no bid is waiting.
+func (b *batcher) send() {
+	r := b.d.r
+	for {
+		b.mu.Lock()
+		// A run bid for twice (a standby and an overlap probe) waits for
+		// the next batch: a batch names distinct runs.
+		var batch, later []*bid
+		seen := map[string]bool{}
+		for _, x := range b.pending {
+			if id := x.run.ID(); len(batch) < maxBatch && !seen[id] {
+				seen[id] = true
+				batch = append(batch, x)
+			} else {
+				later = append(later, x)
+			}
+		}
+		b.pending = later
+		if len(batch) == 0 {
+			b.busy = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+
+		runs := make([]claim.Run, len(batch))
+		for i, x := range batch {
+			runs[i] = x.run
+		}
+		// As for a single claim: past a third of the lease the answer is
+		// treated as lost, and a grant in flight simply expires.
+		ctx, cancel := context.WithTimeout(b.d.ctx, r.opts.Lease/3)
+		start := time.Now()
+		cls, errs := b.c.ClaimBatch(ctx, runs, r.opts.Lease)
+		cancel()
+		took := time.Since(start)
+		for i, x := range batch {
+			r.opts.Metrics.claimed(x.run.Job, r.opts.ClaimerName, errs[i], took)
+			x.cl, x.err = cls[i], errs[i]
+			if x.state.CompareAndSwap(bidWaiting, bidAnswered) {
+				close(x.done)
+			} else if cls[i] != nil {
+				b.handBack(cls[i])
+			}
+		}
+	}
+}
+
+// handBack releases a grant nobody waits for any more as interrupted, so
+// that another replica can take the run at once.
+func (b *batcher) handBack(cl *claim.Claim) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.d.ctx), b.d.r.opts.Lease/3)
+	defer cancel()
+	_ = b.d.r.opts.Claimer.Release(ctx, cl, claim.Interrupted) // best effort: the lease bounds the rest
+}
