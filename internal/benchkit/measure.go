@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
 // Row is one measured line of the table: ops/s and latency of one operation
@@ -37,6 +39,9 @@ type Row struct {
 	// by Finish.
 	Ratio float64 `json:"ratio,omitempty"`
 	Error string  `json:"error,omitempty"`
+	// Unavailable counts operations that failed with claim.ErrUnavailable
+	// (a node timeout under load): reported, not fatal, not in the rates.
+	Unavailable int64 `json:"unavailable,omitempty"`
 	Note  string  `json:"note,omitempty"`
 }
 
@@ -79,6 +84,7 @@ func Interleave(ctx context.Context, conc int, d time.Duration, rounds int, rows
 			row.OpsPerSec = float64(len(m.lat)) / m.took.Seconds()
 			row.P50us, row.P99us = Percentile(m.lat, 0.50), Percentile(m.lat, 0.99)
 		}
+		row.Unavailable = m.unavailable.Load()
 		out[i] = row
 	}
 	return out
@@ -92,6 +98,9 @@ type meter struct {
 	lat  []time.Duration
 	took time.Duration
 	err  error
+	// unavailable counts claim.ErrUnavailable failures, which do not stop
+	// the measurement.
+	unavailable atomic.Int64
 }
 
 // run runs m.op from m.conc goroutines for d; keep adds the span to the
@@ -110,7 +119,12 @@ func (m *meter) run(ctx context.Context, d time.Duration, keep bool) {
 			lat := make([]time.Duration, 0, 1024)
 			for time.Now().Before(end) && ctx.Err() == nil {
 				t := time.Now()
-				if err := m.op(ctx, m.seq.Add(1)-1); err != nil {
+				err := m.op(ctx, m.seq.Add(1)-1)
+				if errors.Is(err, claim.ErrUnavailable) && ctx.Err() == nil {
+					m.unavailable.Add(1)
+					continue
+				}
+				if err != nil {
 					mu.Lock()
 					if m.err == nil && !errors.Is(err, context.Canceled) {
 						m.err = err

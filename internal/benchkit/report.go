@@ -128,6 +128,9 @@ func (r *Report) WriteTable(w io.Writer) {
 		if x.Ratio > 0 {
 			ratio = fmt.Sprintf("%.2f", x.Ratio)
 		}
+		if x.Unavailable > 0 {
+			x.Ref += fmt.Sprintf(" (%d ops unavailable: node timeouts)", x.Unavailable)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t\n", x.Name, x.Op, x.Concurrency, count(x.OpsPerSec),
 			micros(x.P50us), micros(x.P99us), x.RoundTrips, ratio, x.Ref)
 	}
