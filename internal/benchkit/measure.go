@@ -41,8 +41,8 @@ type Row struct {
 	Error string  `json:"error,omitempty"`
 	// Unavailable counts operations that failed with claim.ErrUnavailable
 	// (a node timeout under load): reported, not fatal, not in the rates.
-	Unavailable int64 `json:"unavailable,omitempty"`
-	Note  string  `json:"note,omitempty"`
+	Unavailable int64  `json:"unavailable,omitempty"`
+	Note        string `json:"note,omitempty"`
 }
 
 // Op is one operation under measurement; i numbers operations from 0, so
