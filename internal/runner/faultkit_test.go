@@ -1,0 +1,398 @@
+package runner_test
+
+// The fault kit: one replica of a scenario (the faulty one) reaches its
+// backend through fault proxies (network claimers) or through a wrapper that
+// injects the same failures at the Claimer interface (sqlite, memory); the
+// other replicas reach it directly.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
+	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
+	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
+	"github.com/scheduler-dev/scheduler/internal/faultproxy"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/migrations"
+)
+
+// phase is the kind of Claimer call a fault targets. The faulty replica
+// makes each kind of call through its own client (and proxies), so that a
+// fault armed on one phase hits only those calls: a claim is plain data, and
+// any client of the backend can renew or release it.
+type phase int
+
+const (
+	phClaim phase = iota
+	phRenew
+	phRelease
+	phases
+)
+
+func (p phase) String() string { return [...]string{"claim", "renew", "release"}[p] }
+
+// injector injects faults into the faulty replica's view of the backend.
+type injector interface {
+	SetLatency(d time.Duration)
+	Partition(on bool)
+	// DropRequests loses the next n requests of phase ph (and their
+	// connections): the backend never sees them.
+	DropRequests(ph phase, n int)
+	// DropReplies loses the replies to the next n requests of phase ph
+	// (and their connections) after the backend executed them; grantsOnly
+	// counts only claims that granted a fresh run (postgres: the INSERT;
+	// redis and redlock: any grant).
+	DropReplies(ph phase, n int, grantsOnly bool)
+}
+
+// phased routes each kind of call to its own claimer.
+type phased [phases]claim.Claimer
+
+func (p phased) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
+	return p[phClaim].Claim(ctx, r, l)
+}
+func (p phased) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
+	return p[phRenew].Renew(ctx, c, l)
+}
+func (p phased) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
+	return p[phRelease].Release(ctx, c, o)
+}
+func (p phased) Ping(ctx context.Context) error { return p[phClaim].Ping(ctx) }
+func (p phased) Close() error {
+	for _, c := range p {
+		_ = c.Close()
+	}
+	return nil
+}
+
+// proxies injects faults through faultproxy: px[phase] holds the phase's
+// proxies, one per proxied server.
+type proxies struct {
+	px    [phases][]*faultproxy.Proxy
+	grant func(reply []byte) bool // recognises a successful claim's reply
+}
+
+func (p *proxies) each(f func(*faultproxy.Proxy)) {
+	for _, ps := range p.px {
+		for _, x := range ps {
+			f(x)
+		}
+	}
+}
+func (p *proxies) SetLatency(d time.Duration) { p.each(func(x *faultproxy.Proxy) { x.SetLatency(d) }) }
+func (p *proxies) Partition(on bool)          { p.each(func(x *faultproxy.Proxy) { x.Partition(on) }) }
+func (p *proxies) DropRequests(ph phase, n int) {
+	for _, x := range p.px[ph] {
+		x.DropRequests(n, nil)
+	}
+}
+func (p *proxies) DropReplies(ph phase, n int, grantsOnly bool) {
+	var match func([]byte) bool
+	if grantsOnly {
+		match = p.grant
+	}
+	for _, x := range p.px[ph] {
+		x.DropReplies(n, match)
+	}
+}
+
+// proxy starts a fault proxy to target for phase ph and returns its address.
+func (p *proxies) proxy(t *testing.T, ph phase, target string) string {
+	t.Helper()
+	x, err := faultproxy.New(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	p.px[ph] = append(p.px[ph], x)
+	return x.Addr()
+}
+
+// wrapped injects the same faults at the Claimer interface, for claimers
+// without a network. A partition holds calls until their ctx ends and never
+// delivers them (unlike the proxy, which delivers held bytes on heal).
+type wrapped struct {
+	claim.Claimer
+	mu          sync.Mutex
+	latency     time.Duration
+	partitioned bool
+	heal        chan struct{}
+	dropReq     [phases]int
+	dropRep     [phases]int
+	grantsOnly  bool
+}
+
+var errInjected = fmt.Errorf("%w: injected connection reset", claim.ErrUnavailable)
+
+func (w *wrapped) SetLatency(d time.Duration) { w.mu.Lock(); w.latency = d; w.mu.Unlock() }
+func (w *wrapped) Partition(on bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case on && !w.partitioned:
+		w.partitioned, w.heal = true, make(chan struct{})
+	case !on && w.partitioned:
+		w.partitioned = false
+		close(w.heal)
+	}
+}
+func (w *wrapped) DropRequests(ph phase, n int) { w.mu.Lock(); w.dropReq[ph] = n; w.mu.Unlock() }
+func (w *wrapped) DropReplies(ph phase, n int, grantsOnly bool) {
+	w.mu.Lock()
+	w.dropRep[ph], w.grantsOnly = n, grantsOnly
+	w.mu.Unlock()
+}
+
+func (w *wrapped) take(counts *[phases]int, ph phase) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if counts[ph] > 0 {
+		counts[ph]--
+		return true
+	}
+	return false
+}
+
+// send is the way there: latency, a partition, a lost request.
+func (w *wrapped) send(ctx context.Context, ph phase) error {
+	if err := w.delay(ctx); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	heal := w.heal
+	if !w.partitioned {
+		heal = nil
+	}
+	w.mu.Unlock()
+	if heal != nil {
+		select {
+		case <-heal:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if w.take(&w.dropReq, ph) {
+		return errInjected
+	}
+	return nil
+}
+
+// receive is the way back: a lost reply, latency.
+func (w *wrapped) receive(ctx context.Context, ph phase, ok bool) error {
+	w.mu.Lock()
+	grantsOnly := w.grantsOnly
+	w.mu.Unlock()
+	if (ok || !grantsOnly || ph != phClaim) && w.take(&w.dropRep, ph) {
+		return errInjected
+	}
+	return w.delay(ctx)
+}
+
+func (w *wrapped) delay(ctx context.Context) error {
+	w.mu.Lock()
+	d := w.latency
+	w.mu.Unlock()
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *wrapped) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
+	if err := w.send(ctx, phClaim); err != nil {
+		return nil, err
+	}
+	cl, err := w.Claimer.Claim(ctx, r, l)
+	if rerr := w.receive(ctx, phClaim, err == nil && cl.Attempt == 1); rerr != nil {
+		return nil, rerr
+	}
+	return cl, err
+}
+
+func (w *wrapped) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
+	if err := w.send(ctx, phRenew); err != nil {
+		return err
+	}
+	// Renew updates c in place: work on a copy so that a lost reply leaves
+	// the caller's claim as it was.
+	cp := *c
+	err := w.Claimer.Renew(ctx, &cp, l)
+	if rerr := w.receive(ctx, phRenew, err == nil); rerr != nil {
+		return rerr
+	}
+	*c = cp
+	return err
+}
+
+func (w *wrapped) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
+	if err := w.send(ctx, phRelease); err != nil {
+		return err
+	}
+	err := w.Claimer.Release(ctx, c, o)
+	if rerr := w.receive(ctx, phRelease, err == nil); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+// faultyBackend is one scenario's backend: healthy opens a direct claimer,
+// faulty is the faulty replica's claimer and inject its faults.
+type faultyBackend struct {
+	healthy func(instance string) claim.Claimer
+	faulty  claim.Claimer
+	inject  injector
+}
+
+// redisOptions are the options cli uses for the redis claimer.
+func redisOptions(addr string) *goredis.Options {
+	return &goredis.Options{Addr: addr, ContextTimeoutEnabled: true}
+}
+
+// openFaulty prepares kind's backend for one scenario. For redlock,
+// proxied is how many of the nodes the faulty replica reaches through
+// proxies (the others directly).
+func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxied int) faultyBackend {
+	t.Helper()
+	px := &proxies{}
+	switch kind {
+	case "memory":
+		s := memory.NewStore(nil)
+		w := &wrapped{Claimer: memory.New(s, faulty)}
+		return faultyBackend{healthy: func(i string) claim.Claimer { return memory.New(s, i) }, faulty: w, inject: w}
+
+	case "sqlite":
+		path := testenv.TempPath(t, "claims.db")
+		open := func(instance string) claim.Claimer {
+			c, err := sqlite.Open(context.Background(), path, sqlite.Options{Instance: instance})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}
+		open("migrate") // the first open migrates, before the replicas race to
+		w := &wrapped{Claimer: open(faulty)}
+		return faultyBackend{healthy: open, faulty: w, inject: w}
+
+	case "postgres":
+		cfg, err := pgxpool.ParseConfig(testenv.PostgresSchema(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := stdlib.OpenDB(*cfg.ConnConfig.Copy())
+		err = migrations.Up(t.Context(), db, migrations.Postgres)
+		_ = db.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Small pools: every scenario runs at once against one server.
+		open := func(instance, addr string, conns int32) claim.Claimer {
+			c := cfg.Copy()
+			c.MaxConns = conns
+			if addr != "" {
+				host, port, _ := net.SplitHostPort(addr)
+				p, _ := strconv.Atoi(port)
+				c.ConnConfig.Host, c.ConnConfig.Port = host, uint16(p)
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			return postgres.New(pool, postgres.Options{Instance: instance})
+		}
+		target := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+		var ph phased
+		for p := range phases {
+			conns := int32(1) // one renewal or release at a time is plenty
+			if p == phClaim {
+				conns = 2
+			}
+			ph[p] = open(faulty, px.proxy(t, p, target), conns)
+		}
+		// A fresh grant's reply carries the INSERT's command tag.
+		px.grant = func(b []byte) bool { return bytes.Contains(b, []byte("INSERT 0 1")) }
+		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, "", 2) }, faulty: ph, inject: px}
+
+	case "redis":
+		addr, prefix := testenv.RedisAddr(t), testenv.RandomPrefix(t.Name())
+		t.Cleanup(func() { dropKeys(addr, prefix) })
+		open := func(instance, addr string) claim.Claimer {
+			client := goredis.NewClient(redisOptions(addr))
+			t.Cleanup(func() { _ = client.Close() })
+			return redis.New(client, redis.Options{Instance: instance, Prefix: prefix})
+		}
+		var ph phased
+		for p := range phases {
+			ph[p] = open(faulty, px.proxy(t, p, addr))
+		}
+		px.grant = func(b []byte) bool { return bytes.Contains(b, []byte("granted")) }
+		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, addr) }, faulty: ph, inject: px}
+
+	case "redlock":
+		prefix := testenv.RandomPrefix(t.Name())
+		t.Cleanup(func() {
+			for _, a := range redlockNodes {
+				dropKeys(a, prefix)
+			}
+		})
+		open := func(instance string, addrs []string) claim.Claimer {
+			var clients []goredis.UniversalClient
+			for _, a := range addrs {
+				c := goredis.NewClient(redlock.ClientOptions(a))
+				t.Cleanup(func() { _ = c.Close() })
+				clients = append(clients, c)
+			}
+			c, err := redlock.New(clients, redlock.Options{Instance: instance, Prefix: prefix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		var ph phased
+		for p := range phases {
+			addrs := append([]string(nil), redlockNodes...)
+			for i := range proxied {
+				addrs[i] = px.proxy(t, p, redlockNodes[i])
+			}
+			ph[p] = open(faulty, addrs)
+		}
+		px.grant = func(b []byte) bool { return bytes.Contains(b, []byte("granted")) }
+		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, redlockNodes) }, faulty: ph, inject: px}
+	}
+	t.Fatalf("unknown claimer kind %q", kind)
+	return faultyBackend{}
+}
+
+// dropKeys deletes a scenario's keys.
+func dropKeys(addr, prefix string) {
+	ctx, cancel := testenv.CleanupContext()
+	defer cancel()
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		c.Del(ctx, iter.Val())
+	}
+}

@@ -1,0 +1,472 @@
+package runner_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// Fault scenarios run three replicas of a per-second job whose handler works
+// for 1.5s (so every run is renewed twice) on a 2s lease. Replica "faulty"
+// reaches the backend through the fault injector; its clock is 300ms ahead,
+// so it usually bids first and holds the runs when a fault hits. The others
+// reach the backend directly.
+const (
+	faultLease = 2 * time.Second
+	faultWork  = 1500 * time.Millisecond
+	warmUp     = 3 * time.Second // from start to the earliest fault
+	recovery   = 7 * time.Second // from the fault's end to shutdown
+	// Instants checked: from start+checkFrom to shutdown−checkTail. The
+	// tail leaves a late instant time for one lease (a lost grant's ghost)
+	// plus a takeover bid before shutdown stops bidding.
+	checkFrom = 2 * time.Second
+	checkTail = 4 * time.Second
+)
+
+// faultCase is one fault, armed on the faulty replica between its start and
+// its end.
+type faultCase struct {
+	name string
+	// hold makes the faulty replica's handlers, once their work is done,
+	// wait until the fault ends (long jobs), and the fault start only once
+	// one does: the fault then hits a replica that holds runs.
+	hold bool
+	// leaseLost: every run held on the faulty replica when the fault starts
+	// must be cancelled with cause job.ErrLeaseLost.
+	leaseLost bool
+	// atLeastOnce: the fault is beyond what a lease can cover, so an instant
+	// may succeed twice (one after the other, never concurrently).
+	atLeastOnce bool
+	window      time.Duration
+	// repeat re-arms start every repeat within the window.
+	repeat      time.Duration
+	start, stop func(injector)
+}
+
+var faultCases = []faultCase{
+	// A round trip of 600ms is just under the claim timeout (lease/3).
+	{name: "latency 300ms each way", window: 6 * time.Second,
+		start: func(in injector) { in.SetLatency(300 * time.Millisecond) },
+		stop:  func(in injector) { in.SetLatency(0) }},
+	// A round trip of 1.2s is beyond it, and a renewal no longer returns
+	// within the trust window: the replica cannot claim, and a run it held
+	// when the latency began may finish without its release landing
+	// before the lease ends (more so on a new connection, whose set-up
+	// costs round trips too). Another replica then runs it again: never
+	// at the same time, which is what fencing relies on.
+	{name: "latency 600ms each way", window: 6 * time.Second, atLeastOnce: true,
+		start: func(in injector) { in.SetLatency(600 * time.Millisecond) },
+		stop:  func(in injector) { in.SetLatency(0) }},
+	{name: "reset during claim (request lost)", window: 6 * time.Second, repeat: 400 * time.Millisecond,
+		start: func(in injector) { in.DropRequests(phClaim, 1) },
+		stop:  func(in injector) { in.DropRequests(phClaim, 0) }},
+	{name: "reply to a granted claim swallowed", window: 6 * time.Second, repeat: 2500 * time.Millisecond,
+		start: func(in injector) { in.DropReplies(phClaim, 1, true) },
+		stop:  func(in injector) { in.DropReplies(phClaim, 0, true) }},
+	{name: "reset during renew (request lost)", window: 6 * time.Second, repeat: 400 * time.Millisecond,
+		start: func(in injector) { in.DropRequests(phRenew, 1) },
+		stop:  func(in injector) { in.DropRequests(phRenew, 0) }},
+	{name: "renewal replies swallowed > lease", hold: true, leaseLost: true, window: 4 * time.Second,
+		start: func(in injector) { in.DropReplies(phRenew, 1<<30, false) },
+		stop:  func(in injector) { in.DropReplies(phRenew, 0, false) }},
+	{name: "reset during release (after it took effect)", window: 6 * time.Second, repeat: 400 * time.Millisecond,
+		start: func(in injector) { in.DropReplies(phRelease, 1, false) },
+		stop:  func(in injector) { in.DropReplies(phRelease, 0, false) }},
+	{name: "partition of the holder > lease", hold: true, leaseLost: true, window: 4500 * time.Millisecond,
+		start: func(in injector) { in.Partition(true) },
+		stop:  func(in injector) { in.Partition(false) }},
+}
+
+// execution is one handler call.
+type execution struct {
+	id, instance string
+	attempt      int
+	start, end   time.Time
+	err, cause   error
+}
+
+// faultRun is one scenario's record.
+type faultRun struct {
+	faulty string
+	mu     sync.Mutex
+	execs  []execution
+	events map[string][]runner.Event // per instance
+	hold   chan struct{}             // non-nil while handlers hold; closed to let go
+	inHold map[string]bool           // id#attempt of faulty handlers holding now
+}
+
+func execKey(id string, attempt int) string { return fmt.Sprintf("%s#%d", id, attempt) }
+
+func (s *faultRun) observe(instance string) func(runner.Event) {
+	return func(e runner.Event) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.events[instance] = append(s.events[instance], e)
+	}
+}
+
+func (s *faultRun) handler(ctx context.Context, run job.Run) error {
+	start := time.Now()
+	err := sleepCtx(ctx, faultWork)
+	s.mu.Lock()
+	hold := s.hold
+	s.mu.Unlock()
+	if err == nil && hold != nil && run.Instance == s.faulty {
+		key := execKey(run.ID, run.Attempt)
+		s.setHolding(key, true)
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		s.setHolding(key, false)
+	}
+	end := time.Now()
+	s.mu.Lock()
+	s.execs = append(s.execs, execution{id: run.ID, instance: run.Instance, attempt: run.Attempt,
+		start: start, end: end, err: err, cause: context.Cause(ctx)})
+	s.mu.Unlock()
+	return err
+}
+
+func (s *faultRun) setHolding(key string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.inHold[key] = true
+	} else {
+		delete(s.inHold, key)
+	}
+}
+
+func (s *faultRun) holding() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var keys []string
+	for k := range s.inHold {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// faultRow is one line of the fault table.
+type faultRow struct {
+	claimer, fault                    string
+	instants, executions              int
+	concurrent, twice, lost           int
+	leaseLost, takeovers, misreported int
+	recovered                         bool
+	heldAtFault                       int
+	stall                             time.Duration
+}
+
+// TestFaults drives every fault against every claimer and checks, for each
+// pair: no run executes on two replicas at once, no instant succeeds twice,
+// every instant in the checked window succeeds once by shutdown, runs held
+// through a fault that outlasts the lease are cancelled with ErrLeaseLost,
+// and the faulty replica talks to its backend again after the fault.
+func TestFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: ~30s")
+	}
+	nodes := testenv.RedlockAddrs(t, 5)
+	stalls := watchStalls(t)
+	type target struct {
+		kind    string
+		proxied int // redlock: nodes behind the faulty replica's proxies
+		label   string
+	}
+	var targets []target
+	for _, k := range []string{"postgres", "redis", "sqlite", "memory"} {
+		targets = append(targets, target{k, 0, k})
+	}
+	targets = append(targets, target{"redlock", 3, "redlock (3 of 5 nodes faulty)"})
+
+	var mu sync.Mutex
+	var rows []faultRow
+	var all sync.WaitGroup
+	run := func(tg target, fc faultCase) {
+		all.Go(func() {
+			t.Run(tg.kind+"/"+fc.name, func(t *testing.T) {
+				row := runFault(t, tg.kind, nodes, tg.proxied, fc, stalls)
+				row.claimer = tg.label
+				mu.Lock()
+				rows = append(rows, row)
+				mu.Unlock()
+			})
+		})
+	}
+	for _, tg := range targets {
+		for _, fc := range faultCases {
+			run(tg, fc)
+		}
+	}
+	// Quorum: one node of five partitioned away costs nothing.
+	one := faultCases[len(faultCases)-1]
+	one.leaseLost = false
+	one.name = "partition of one node > lease"
+	run(target{"redlock", 1, "redlock (1 of 5 nodes faulty)"}, one)
+	all.Wait()
+
+	order := map[string]int{}
+	for i, fc := range faultCases {
+		order[fc.name] = i
+	}
+	slices.SortStableFunc(rows, func(a, b faultRow) int {
+		if c := strings.Compare(a.claimer, b.claimer); c != 0 {
+			return c
+		}
+		return order[a.fault] - order[b.fault]
+	})
+	table := faultTable(rows)
+	t.Log("\n" + table)
+	if dir := os.Getenv("SCHEDULER_ARTIFACTS"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "fault-table.md"), []byte(table), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func runFault(t *testing.T, kind string, nodes []string, proxied int, fc faultCase, stalls *stallWatch) faultRow {
+	const faulty = "faulty"
+	be := openFaulty(t, kind, faulty, nodes, proxied)
+	s := &faultRun{faulty: faulty, events: map[string][]runner.Event{}, inHold: map[string]bool{}}
+	jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "* * * * * *"), Handler: s.handler,
+		// Runs of a per-second job with 1.5s of work overlap by design; a
+		// run delayed by a fault then never costs the next one.
+		Overlap: runner.OverlapAllow}}
+	replicas := []struct {
+		name string
+		skew time.Duration
+		c    claim.Claimer
+	}{{faulty, 300 * time.Millisecond, be.faulty}, {"b", 0, be.healthy("b")}, {"c", -150 * time.Millisecond, be.healthy("c")}}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for _, rp := range replicas {
+		r, err := runner.New(runner.Options{
+			Claimer: rp.c, ClaimerName: kind, Instance: rp.name,
+			Lease: faultLease, MaxClockSkew: 500 * time.Millisecond, ShutdownGrace: 5 * time.Second,
+			Now: func() time.Time { return time.Now().Add(rp.skew) }, Observe: s.observe(rp.name),
+		}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			wg.Wait()
+		}
+	}
+	defer stop()
+
+	time.Sleep(warmUp) // the replicas work on wall-clock instants
+	var heldAtFault []string
+	if fc.hold {
+		s.mu.Lock()
+		s.hold = make(chan struct{})
+		s.mu.Unlock()
+		deadline := time.Now().Add(15 * time.Second)
+		// Let releases sent before the hold land, and wait for a run the
+		// fault can hit.
+		time.Sleep(time.Second)
+		for heldAtFault = s.holding(); len(heldAtFault) == 0 && time.Now().Before(deadline); heldAtFault = s.holding() {
+			time.Sleep(20 * time.Millisecond) // polling the handlers' state
+		}
+	}
+	faultStart := time.Now()
+	fc.start(be.inject)
+	for end := faultStart.Add(fc.window); time.Now().Before(end); {
+		wait := time.Until(end)
+		if fc.repeat > 0 {
+			wait = min(wait, fc.repeat)
+		}
+		time.Sleep(wait) // the fault lasts for wall time
+		if fc.repeat > 0 && time.Now().Before(end) {
+			fc.start(be.inject)
+		}
+	}
+	fc.stop(be.inject)
+	faultEnd := time.Now()
+	if fc.hold {
+		s.mu.Lock()
+		close(s.hold)
+		s.hold = nil
+		s.mu.Unlock()
+	}
+	time.Sleep(recovery)
+	end := time.Now()
+	stop()
+
+	return s.check(t, fc, kind, begin, end, faultStart, faultEnd, heldAtFault, stalls.worst(begin, time.Now()))
+}
+
+// stallBudget is the longest stall of the test process (see stallWatch)
+// under which a scenario's timing-dependent guarantees are asserted. A
+// lease covers a replica that is slow, not one that is not running: when
+// the process stalls for longer, a holder may finish its work and be unable
+// to record it before its lease ends (the run then executes again, one
+// after the other), or notice the end of its lease late (overlapping its
+// successor, by about the stall). Such a row is reported with its stall,
+// and its timing-dependent checks are logged instead of failing the test.
+const stallBudget = 500 * time.Millisecond
+
+// check asserts the scenario's guarantees and returns its table row.
+func (s *faultRun) check(t *testing.T, fc faultCase, kind string, begin, end, faultStart, faultEnd time.Time,
+	heldAtFault []string, stall time.Duration) faultRow {
+	t.Helper()
+	row := faultRow{fault: fc.name, heldAtFault: len(heldAtFault), stall: stall}
+	quiet := stall <= stallBudget
+	// fail reports a timing-dependent violation: an error when the process
+	// ran smoothly, a note when a stall beyond the budget explains it.
+	fail := func(format string, args ...any) {
+		t.Helper()
+		if quiet {
+			t.Errorf(format, args...)
+		} else {
+			t.Logf("after a %v stall of the test process: "+format, append([]any{stall.Round(time.Millisecond)}, args...)...)
+		}
+	}
+	byID := map[string][]execution{}
+	byKey := map[string]execution{}
+	for _, e := range s.execs {
+		byID[e.id] = append(byID[e.id], e)
+		byKey[execKey(e.id, e.attempt)] = e
+		if e.instance == s.faulty && errors.Is(e.cause, job.ErrLeaseLost) {
+			row.leaseLost++
+		}
+	}
+	sched := mustSchedule(t, "* * * * * *")
+	for at := sched.Next(begin.Add(checkFrom)); !at.After(end.Add(-checkTail)); at = sched.Next(at) {
+		id := claim.Run{Job: "tick", At: at}.ID()
+		row.instants++
+		ex := byID[id]
+		row.executions += len(ex)
+		slices.SortFunc(ex, func(a, b execution) int { return a.start.Compare(b.start) })
+		succeeded := 0
+		for i, e := range ex {
+			if e.err == nil {
+				succeeded++
+			}
+			if e.attempt > 1 {
+				row.takeovers++
+			}
+			if i == 0 || !e.start.Before(ex[i-1].end) {
+				continue
+			}
+			row.concurrent++
+			fail("%s: attempt %d on %s started %v before attempt %d on %s ended: %s", id, e.attempt, e.instance,
+				ex[i-1].end.Sub(e.start).Round(time.Millisecond), ex[i-1].attempt, ex[i-1].instance, describe(ex))
+		}
+		switch {
+		case succeeded > 1 && fc.atLeastOnce:
+			row.twice++
+			t.Logf("%s succeeded %d times, one after the other (beyond the lease's reach): %s", id, succeeded, describe(ex))
+		case succeeded > 1:
+			row.twice++
+			fail("%s succeeded %d times: %s", id, succeeded, describe(ex))
+		case succeeded == 0:
+			row.lost++
+			fail("%s never succeeded (fault %s–%s): %s", id, faultStart.Format("15:04:05.000"),
+				faultEnd.Format("15:04:05.000"), describe(ex))
+		}
+	}
+	for inst, evs := range s.events {
+		for _, e := range evs {
+			if e.Kind != runner.EventFinished || e.Status != runner.StatusLeaseLost {
+				continue
+			}
+			// The handler succeeded and nobody took the run over, so its
+			// release took effect: lease_lost would be a false alarm.
+			x, ok := byKey[execKey(e.Run.ID(), e.Claim.Attempt)]
+			if ok && x.err == nil && x.instance == inst && len(byID[x.id]) == 1 {
+				row.misreported++
+				fail("%s on %s: the handler succeeded and nobody took over, yet the run finished lease_lost: %v",
+					e.Run.ID(), inst, e.Err)
+			}
+		}
+	}
+	// Runs held when the fault began lose their lease to it.
+	if fc.hold && len(heldAtFault) == 0 {
+		fail("%s/%s: the faulty replica held no run when the fault began", kind, fc.name)
+	}
+	if fc.leaseLost {
+		for _, k := range heldAtFault {
+			if e, ok := byKey[k]; !ok || !errors.Is(e.cause, job.ErrLeaseLost) {
+				fail("%s held on the faulty replica when the fault began: cause %v, want ErrLeaseLost", k, e.cause)
+			}
+		}
+	}
+	// The faulty replica talks to its backend again: it bids for (starts,
+	// or finds held or done) an instant due a second after the fault.
+	for _, e := range s.events[s.faulty] {
+		if !e.Run.At.Before(faultEnd.Add(time.Second)) && (e.Kind == runner.EventStarted ||
+			e.Kind == runner.EventSkipped && (e.Reason == runner.ReasonHeld || e.Reason == runner.ReasonDone)) {
+			row.recovered = true
+		}
+	}
+	if !row.recovered {
+		fail("%s/%s: the faulty replica did not bid again after the fault ended", kind, fc.name)
+	}
+	if row.instants < 8 {
+		t.Errorf("only %d instants checked", row.instants)
+	}
+	return row
+}
+
+func describe(ex []execution) string {
+	var parts []string
+	for _, e := range ex {
+		parts = append(parts, fmt.Sprintf("{%s attempt %d %s–%s err=%v cause=%v}", e.instance, e.attempt,
+			e.start.Format("15:04:05.000"), e.end.Format("15:04:05.000"), e.err, e.cause))
+	}
+	return strings.Join(parts, " ")
+}
+
+func faultTable(rows []faultRow) string {
+	var b strings.Builder
+	b.WriteString("| claimer | fault | instants | executions | ran concurrently | succeeded twice | lost | faulty runs cancelled lease-lost | takeovers | false lease_lost | faulty replica recovered | worst stall |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+	for _, r := range rows {
+		lost := fmt.Sprint(r.leaseLost)
+		if r.heldAtFault > 0 {
+			lost = fmt.Sprintf("%d (%d held at fault)", r.leaseLost, r.heldAtFault)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %s | %d | %d | %v | %v |\n", r.claimer, r.fault,
+			r.instants, r.executions, r.concurrent, r.twice, r.lost, lost, r.takeovers, r.misreported, r.recovered,
+			r.stall.Round(time.Millisecond))
+	}
+	return b.String()
+}
