@@ -117,7 +117,7 @@ func (c *cell) openReplicas(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("open %s claimer for %s: %w", c.kind, rep.id, err)
 		}
-		rep.claimer = &faulty{inner: inner, rep: rep, rec: c.rec}
+		rep.claimer = wrap(inner, rep, c.rec)
 	}
 	return nil
 }

@@ -173,7 +173,7 @@ func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) 
 	}
 	start := time.Now()
 	cl, err := f.inner.Claim(ctx, run, lease)
-	f.rec.claimed(f.rep.id, run, start, time.Now(), cl, err)
+	f.rec.claimed(f.rep.id, []claim.Run{run}, start, time.Now(), []*claim.Claim{cl}, []error{err})
 	return cl, err
 }
 
@@ -204,3 +204,35 @@ func (f *faulty) Ping(ctx context.Context) error {
 }
 
 func (f *faulty) Close() error { return f.inner.Close() }
+
+// faultyBatch is faulty for a claimer that also claims in batches: the
+// runner then sends batches, as it would to the real claimer.
+type faultyBatch struct {
+	*faulty
+	batch claim.BatchClaimer
+}
+
+func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	f.rep.gate()
+	if f.rep.crashed.Load() {
+		errs := make([]error, len(runs))
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: replica crashed (simulated)", claim.ErrUnavailable)
+		}
+		return make([]*claim.Claim, len(runs)), errs
+	}
+	start := time.Now()
+	cls, errs := f.batch.ClaimBatch(ctx, runs, lease)
+	f.rec.claimed(f.rep.id, runs, start, time.Now(), cls, errs)
+	return cls, errs
+}
+
+// wrap puts a replica's faults around its claimer, keeping the batch
+// interface when the claimer has it.
+func wrap(inner claim.Claimer, rep *replica, rec *recorder) claim.Claimer {
+	f := &faulty{inner: inner, rep: rep, rec: rec}
+	if b, ok := inner.(claim.BatchClaimer); ok {
+		return faultyBatch{faulty: f, batch: b}
+	}
+	return f
+}

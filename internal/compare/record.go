@@ -84,23 +84,28 @@ func (r *recorder) call() {
 	r.mu.Unlock()
 }
 
-func (r *recorder) claimed(replica string, run claim.Run, start, end time.Time, cl *claim.Claim, err error) {
+// claimed records one Claim call, or one ClaimBatch call for several runs
+// (one call, one latency sample, a grant per run won).
+func (r *recorder) claimed(replica string, runs []claim.Run, start, end time.Time, cls []*claim.Claim, errs []error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
 	r.claimLat = append(r.claimLat, end.Sub(start))
-	r.runs[run.ID()] = true
-	if err != nil || cl == nil {
-		return
+	for i, run := range runs {
+		r.runs[run.ID()] = true
+		if i >= len(cls) || cls[i] == nil || (i < len(errs) && errs[i] != nil) {
+			continue
+		}
+		cl := cls[i]
+		r.seq++
+		g := &grant{seq: r.seq, run: cl.Run, id: cl.ID(), replica: replica, token: cl.Token, fence: cl.Fence,
+			attempt: cl.Attempt, granted: end, confirmed: cl.Requested, lease: cl.Lease}
+		if g.confirmed.IsZero() {
+			g.confirmed = start
+		}
+		r.grants[g.token] = g
+		r.latest[g.id+"|"+replica] = g
 	}
-	r.seq++
-	g := &grant{seq: r.seq, run: cl.Run, id: cl.ID(), replica: replica, token: cl.Token, fence: cl.Fence,
-		attempt: cl.Attempt, granted: end, confirmed: cl.Requested, lease: cl.Lease}
-	if g.confirmed.IsZero() {
-		g.confirmed = start
-	}
-	r.grants[g.token] = g
-	r.latest[g.id+"|"+replica] = g
 }
 
 func (r *recorder) renewed(c *claim.Claim, err error) {
