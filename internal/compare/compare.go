@@ -149,11 +149,26 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	r.Cells = make([]*Cell, len(jobs))
-	sem := make(chan struct{}, cmp.Or(o.Parallel, len(jobs)))
+	parallel := cmp.Or(o.Parallel, len(jobs))
+	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
 	prog := newProgress(o, len(jobs))
+	runnable := 0
+	for _, j := range jobs {
+		if !skipped(&o, j.kind, j.scenario) {
+			runnable++
+		}
+	}
+	prog.printf("compare: %d cells (%d claimers × %d scenarios), %d to run, %d at a time: about %v\n",
+		len(jobs), len(o.Claimers), len(o.Faults), runnable, parallel,
+		time.Duration((runnable+parallel-1)/parallel)*o.Duration)
 	for i, j := range jobs {
 		wg.Go(func() {
+			if skipped(&o, j.kind, j.scenario) {
+				r.Cells[i] = runCell(ctx, &o, j.kind, j.scenario) // returns at once
+				prog.skip()
+				return
+			}
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -190,6 +205,7 @@ func newProgress(o Options, total int) *progress {
 
 func (p *progress) started() { p.mu.Lock(); p.running++; p.mu.Unlock() }
 func (p *progress) done()    { p.mu.Lock(); p.running--; p.doneN++; p.mu.Unlock() }
+func (p *progress) skip()    { p.mu.Lock(); p.doneN++; p.mu.Unlock() }
 
 // wait waits for wg, printing progress meanwhile.
 func (p *progress) wait(wg *sync.WaitGroup) {
@@ -211,6 +227,12 @@ func (p *progress) wait(wg *sync.WaitGroup) {
 		case <-t.C:
 			p.print()
 		}
+	}
+}
+
+func (p *progress) printf(format string, a ...any) {
+	if p.w != nil {
+		fmt.Fprintf(p.w, format, a...)
 	}
 }
 

@@ -3,6 +3,7 @@ package compare
 import (
 	"hash/fnv"
 	"math/rand/v2"
+	"strings"
 	"time"
 )
 
@@ -88,6 +89,11 @@ func newPlan(o *Options, scenario string, f faultSet, w *workload) plan {
 	}
 	p.victim, p.node = rng.IntN(n), rng.IntN(redlockNodes)
 	return p
+}
+
+// skipped tells, before anything starts, whether a cell will be skipped.
+func skipped(o *Options, kind, scenario string) bool {
+	return unsupported(o, kind, faultSet(strings.Split(scenario, "+"))) != "" || kind == KindPostgres && o.PostgresDSN == ""
 }
 
 // unsupported says why a scenario cannot run on kind, or "".
