@@ -1,0 +1,87 @@
+package web_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/web"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func get(t *testing.T, srv *httptest.Server, path string) (int, string) {
+	t.Helper()
+	resp, err := srv.Client().Get(srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func TestProbesMetricsAndStatusPage(t *testing.T) {
+	store := memory.NewStore(nil)
+	c := memory.New(store, "replica-1")
+	run := claim.Run{Job: "billing.nightly", At: time.Now().Truncate(time.Second)}
+	if _, err := c.Claim(t.Context(), run, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var down atomic.Bool
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "scheduler_test_total", Help: "t"}))
+	srv := httptest.NewServer(web.Handler(web.Options{
+		Instance: "replica-1", Claimer: "memory", History: c, Gatherer: reg,
+		Ready: func(context.Context) error {
+			if down.Load() {
+				return errors.New("backend unreachable")
+			}
+			return nil
+		},
+		Jobs: []web.JobInfo{{Name: "billing.nightly", Schedule: "@daily", Timezone: "UTC",
+			Next: func(t time.Time) time.Time { return t.Truncate(24 * time.Hour).Add(24 * time.Hour) }}},
+	}))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+
+	if code, body := get(t, srv, "/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("/healthz = %d %q", code, body)
+	}
+	if code, _ := get(t, srv, "/readyz"); code != 200 {
+		t.Fatalf("/readyz = %d, want 200", code)
+	}
+	down.Store(true)
+	if code, body := get(t, srv, "/readyz"); code != 503 || !strings.Contains(body, "backend unreachable") {
+		t.Fatalf("/readyz with the backend down = %d %q, want 503 naming why", code, body)
+	}
+	if code, body := get(t, srv, "/metrics"); code != 200 || !strings.Contains(body, "scheduler_test_total") {
+		t.Fatalf("/metrics = %d %q", code, body)
+	}
+	code, body := get(t, srv, "/")
+	if code != 200 {
+		t.Fatalf("/ = %d", code)
+	}
+	for _, want := range []string{"replica-1", "billing.nightly", "@daily", "running"} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("status page lacks %q:\n%s", want, body)
+		}
+	}
+	if code, _ := get(t, srv, "/nope"); code != http.StatusNotFound {
+		t.Fatalf("/nope = %d, want 404", code)
+	}
+}
