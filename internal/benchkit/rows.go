@@ -189,8 +189,7 @@ ON CONFLICT (run_id) DO NOTHING RETURNING fence`)
 		return nil, nil, err
 	}
 	// The table is per concurrency level: a fresh id space each time.
-	var gen int64
-	gen = time.Now().UnixNano()
+	gen := time.Now().UnixNano()
 	return func(ctx context.Context, i int64) error {
 			at := base.Add(time.Duration(i) * time.Second)
 			var fence int64
