@@ -177,6 +177,7 @@ func (c *cell) span(g *grant, dup bool, end time.Time) span {
 func (c *cell) notes(res *Cell) []string {
 	notes := []string{}
 	resets := 0
+	var latency []string
 	for _, f := range res.FaultEvents {
 		at := time.Duration(f.AtMS * float64(time.Millisecond)).Round(100 * time.Millisecond)
 		d := time.Duration(f.DurationMS * float64(time.Millisecond)).Round(10 * time.Millisecond)
@@ -192,8 +193,11 @@ func (c *cell) notes(res *Cell) []string {
 		case FaultRedisRestart:
 			notes = append(notes, fmt.Sprintf("redis-restart at +%v (%v down): %s", at, d, f.Note))
 		case FaultLatency:
-			notes = append(notes, fmt.Sprintf("latency: %s %s", f.Replica, f.Note))
+			latency = append(latency, f.Replica+" "+f.Note)
 		}
+	}
+	if len(latency) > 0 {
+		notes = append(notes, "latency each way, whole run: "+strings.Join(latency, ", "))
 	}
 	if resets > 0 {
 		notes = append(notes, fmt.Sprintf("reset: %s, one replica at a time, every %v–%v", plural(resets, "connection reset"), c.lease/4, c.lease/2))

@@ -211,7 +211,7 @@ func (c *cell) startFaults() {
 			for _, l := range rep.links {
 				l.SetLatency(p.latency[i])
 			}
-			c.rec.fault(FaultLatency, rep.id, c.t0, 0, fmt.Sprintf("+%v each way, whole run", p.latency[i].Round(time.Millisecond)))
+			c.rec.fault(FaultLatency, rep.id, c.t0, 0, fmt.Sprintf("+%v", p.latency[i].Round(time.Millisecond)))
 		}
 	}
 	c.wg.Go(func() {

@@ -181,7 +181,16 @@ func (r *Report) WriteText(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w)
+	var skips []string
+	skipped := map[string][]string{} // reason → cells
 	for _, c := range r.Cells {
+		if c.Status == StatusSkipped {
+			if skipped[c.Reason] == nil {
+				skips = append(skips, c.Reason)
+			}
+			skipped[c.Reason] = append(skipped[c.Reason], c.Claimer+" × "+c.Fault)
+			continue
+		}
 		lines := c.Notes
 		if c.Reason != "" {
 			lines = append([]string{c.Status + ": " + c.Reason}, lines...)
@@ -193,6 +202,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			}
 			fmt.Fprintf(w, "%-26s %s\n", head, n)
 		}
+	}
+	for _, why := range skips {
+		fmt.Fprintf(w, "skipped (%s): %s\n", why, strings.Join(skipped[why], ", "))
 	}
 	stale := 0
 	for _, c := range r.Cells {
