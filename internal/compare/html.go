@@ -21,7 +21,7 @@ const htmlHead = `<!doctype html>
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px}
 table{border-collapse:collapse;font-size:13px}
-th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;white-space:nowrap}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 tr.failed td{background:#fde2e2}tr.skipped td,tr.error td{color:#888}
 .verdict{font-size:18px;font-weight:bold;padding:8px 12px;display:inline-block}
