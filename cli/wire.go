@@ -148,13 +148,28 @@ func redisClient(base *goredis.Options, user, password string, db int, t config.
 	return goredis.NewClient(base), nil
 }
 
-// newLogger builds the process logger from log.level and log.format.
+// newLogger builds the process logger from log.level and log.format. It
+// also becomes go-redis's logger, which is process-wide.
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.Log.Level)) // validated already
 	opts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
 	if cfg.Log.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		log = slog.New(slog.NewJSONHandler(w, opts))
+	} else {
+		log = slog.New(slog.NewTextHandler(w, opts))
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	goredis.SetLogger(redisLogger{log.With("component", "go-redis")})
+	return log
+}
+
+// redisLogger takes go-redis's own messages (a pool that cannot dial, …),
+// which it would print as plain text on stderr, into the process log, where
+// JSON stays JSON. They repeat failures the caller logs once at error, so
+// they go to debug.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...))
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -85,6 +86,13 @@ func failsAtStartup(t *testing.T, dir, config string, secrets []string, want ...
 	t.Logf("scheduler run: exit %d: %s", r.code, strings.TrimSpace(out))
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1: %s", r.code, out)
+	}
+	// The config asks for JSON logs: every line is one, go-redis's own
+	// messages included.
+	for line := range strings.Lines(strings.TrimSpace(r.stderr)) {
+		if !json.Valid([]byte(line)) {
+			t.Fatalf("stderr line is not JSON: %q", line)
+		}
 	}
 	for _, s := range secrets {
 		if s != "" && strings.Contains(out, s) {
