@@ -95,10 +95,13 @@ func (d *dispatcher) overlaps(j *jobState, at time.Time) bool {
 	return false
 }
 
-// hold waits this replica's share of Spread before its first bid for run
-// (see Options.Spread). It returns false if Run's ctx ended the wait.
+// hold waits until this replica's share of Spread past run's instant
+// before its first bid for run (see Options.Spread). The hold counts from
+// the instant, not from now: a replica that took longer to get to the run
+// (thousands due at once) does not bid later for it. It returns false if
+// Run's ctx ended the wait.
 func (d *dispatcher) hold(run claim.Run) bool {
-	wait := holdFor(run.ID(), d.r.opts.Instance, d.r.opts.Spread)
+	wait := holdFor(run.ID(), d.r.opts.Instance, d.r.opts.Spread) - d.r.opts.Now().Sub(run.At)
 	if wait <= 0 {
 		return true
 	}
