@@ -47,6 +47,9 @@ func (e *env) runnerJobs(cfg *config.Config) ([]runner.Job, []web.JobInfo, error
 	return out, info, nil
 }
 
+// runnerOptions hands the runner the backend's claimer itself, not the
+// backend wrapper, so optional interfaces such as claim.BatchClaimer stay
+// visible to it.
 func runnerOptions(cfg *config.Config, b claim.Claimer, log *slog.Logger, m *runner.Metrics) runner.Options {
 	return runner.Options{Claimer: b, ClaimerName: cfg.Claimer.Kind, Instance: cfg.InstanceID,
 		Lease: cfg.Claimer.Lease.Duration(), RenewEvery: cfg.Claimer.RenewEvery.Duration(),
@@ -106,7 +109,7 @@ func (e *env) run(args []string) int {
 		return ExitRuntime
 	}
 	defer closeBilling()
-	r, err := runner.New(runnerOptions(cfg, b, log, metrics), jobsList)
+	r, err := runner.New(runnerOptions(cfg, b.Claimer, log, metrics), jobsList)
 	if err != nil {
 		log.Error("invalid runner settings", "error", err.Error())
 		return ExitUsage
@@ -202,7 +205,7 @@ func (e *env) trigger(args []string) int {
 		return ExitRuntime
 	}
 	defer closeBilling()
-	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
+	r, err := runner.New(runnerOptions(cfg, b.Claimer, log, nil), jobsList)
 	if err != nil {
 		return e.fail("%v", err)
 	}
