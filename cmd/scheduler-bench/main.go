@@ -38,6 +38,9 @@ func run() int {
 		svgOut    = flag.String("svg", "", "write a bar chart of ops/s as SVG to this file")
 		smoke     = flag.Bool("smoke", false, "seconds, not minutes: short measurements, 300 jobs")
 		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+		inProc    = flag.Bool("in-process", false, "scale scenario: run the replicas as goroutines of this process, not as processes")
+		replica   = flag.Bool("replica", false, "internal: run as one replica process of the scale scenario")
+		ra        benchkit.ReplicaArgs
 	)
 	flag.DurationVar(&o.Duration, "duration", 2*time.Second, "measurement time per row and concurrency")
 	flag.StringVar(&s.PostgresDSN, "postgres", env("SCHEDULER_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
@@ -47,7 +50,29 @@ func run() int {
 	flag.BoolVar(&scaleOpts.NoBatch, "no-batch", false, "scale scenario: hide batch claiming from the runner (claims run by run)")
 	flag.IntVar(&scaleOpts.MaxClaims, "max-claims", 0, "runner claim limit in the scale scenario (0: the runner's default; negative: none)")
 	flag.DurationVar(&scaleOpts.Spread, "spread", 0, "runner spread in the scale scenario (0: the runner's default; negative: none)")
+	flag.StringVar(&ra.Kind, "kind", "", "internal (-replica): claimer kind")
+	flag.StringVar(&ra.Namespace, "ns", "", "internal (-replica): schema, key prefix or file prepared by the parent")
+	flag.StringVar(&ra.Instance, "instance", "", "internal (-replica): instance id")
+	flag.DurationVar(&ra.Lease, "lease", 6*time.Second, "internal (-replica): lease")
+	flag.DurationVar(&ra.Offset, "offset", 0, "internal (-replica): clock offset shared by the replicas")
 	flag.Parse()
+	if *replica {
+		ra.PostgresDSN, ra.RedisAddr, ra.Jobs = s.PostgresDSN, s.RedisAddr, scaleOpts.Jobs
+		ra.Spread, ra.MaxClaims, ra.NoBatch = scaleOpts.Spread, scaleOpts.MaxClaims, scaleOpts.NoBatch
+		if err := benchkit.ReplicaMain(ra, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "scheduler-bench replica:", err)
+			return 1
+		}
+		return 0
+	}
+	if !*inProc {
+		self, err := os.Executable()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
+			return 1
+		}
+		scaleOpts.ReplicaCmd = []string{self, "-replica"}
+	}
 	if *smoke {
 		o.Duration, scaleOpts.Jobs, scaleOpts.Lead = 150*time.Millisecond, 300, time.Second
 	}

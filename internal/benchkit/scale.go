@@ -36,6 +36,10 @@ type ScaleOptions struct {
 	MaxClaims int
 	// NoBatch hides claim.BatchClaimer from the runner: run by run.
 	NoBatch bool
+	// ReplicaCmd, when set, runs each replica as a process: the command
+	// and leading arguments of a program that calls ReplicaMain (see
+	// cmd/scheduler-bench -replica). Not for memory.
+	ReplicaCmd []string
 	// Timeout bounds the wait for every run to start and every loser to
 	// see it done (default 2 minutes).
 	Timeout time.Duration
@@ -70,6 +74,8 @@ type Scale struct {
 	MaxClaims int `json:"max_claims"`
 	// Batched says whether the runner claimed in batches.
 	Batched bool `json:"batched"`
+	// Processes says whether the replicas ran as separate processes.
+	Processes bool `json:"processes"`
 	// Schedule lag: instant → handler start, on the starting replica.
 	LagP50ms float64 `json:"lag_p50_ms"`
 	LagP99ms float64 `json:"lag_p99_ms"`
@@ -133,6 +139,13 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 		res.Spread = max(o.Spread, 0).String()
 	}
 	res.MaxClaims = max(cmp.Or(o.MaxClaims, runner.DefaultMaxClaims), 0)
+	if len(o.ReplicaCmd) > 0 && o.Kind != "memory" {
+		res.Processes = true
+		if !o.NoBatch && (o.Kind == "postgres" || o.Kind == "redis") {
+			res.Batched, res.MaxClaims = true, 0
+		}
+		return runScaleProcs(ctx, s, o, res)
+	}
 	fail := func(err error) Scale { res.Error = err.Error(); return res }
 	b, err := s.openBackend(ctx, o.Kind)
 	if err != nil {
@@ -258,10 +271,15 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 
 	mu.Lock()
 	defer mu.Unlock()
+	return finishScale(res, o.Jobs, starts, shares, lags)
+}
+
+// finishScale fills in what starts, shares and lags say.
+func finishScale(res Scale, jobs int, starts map[string]int, shares []int, lags []time.Duration) Scale {
 	for _, n := range starts {
 		res.Duplicates += max(n-1, 0)
 	}
-	res.Missing = o.Jobs - len(starts)
+	res.Missing = jobs - len(starts)
 	res.LagP50ms = Percentile(lags, 0.5) / 1000
 	res.LagP99ms = Percentile(lags, 0.99) / 1000
 	if len(lags) > 0 {
@@ -282,13 +300,17 @@ func cpuTime() time.Duration {
 
 // claims says how the runner sent its claims.
 func (s Scale) claims() string {
+	how := "all at once"
 	switch {
 	case s.Batched:
-		return "batched"
+		how = "batched"
 	case s.MaxClaims > 0:
-		return fmt.Sprintf("≤%d at once", s.MaxClaims)
+		how = fmt.Sprintf("≤%d at once", s.MaxClaims)
 	}
-	return "all at once"
+	if s.Processes {
+		return how + ", processes"
+	}
+	return how + ", in-process"
 }
 
 // WriteScale prints scale results as a table.

@@ -45,6 +45,9 @@ type dispatcher struct {
 	// batch, when the claimer claims in batches, sends every claim call
 	// instead (and slots are not used).
 	batch *batcher
+	// spread is the hold window of the runs being dispatched; only Run's
+	// loop reads and writes it.
+	spread time.Duration
 }
 
 // dispatch starts the life of one run: claim, stand by, execute.
@@ -54,6 +57,7 @@ func (d *dispatcher) dispatch(j *jobState, at time.Time, misfired bool) {
 	}
 	misfired = misfired && d.r.opts.Now().Sub(at) > d.r.lateTolerance()
 	run := claim.Run{Job: j.Name, At: at.UTC()}
+	spread := d.spread
 	j.setLive(at, watching, +1)
 	d.standby.Go(func() {
 		defer j.setLive(at, watching, -1)
@@ -61,7 +65,7 @@ func (d *dispatcher) dispatch(j *jobState, at time.Time, misfired bool) {
 			d.skip(run, nil, ReasonOverlap, slog.LevelInfo)
 			return
 		}
-		if !misfired && !d.hold(run) {
+		if !misfired && !d.hold(run, spread) {
 			return
 		}
 		d.contend(j, run, misfired)
@@ -95,13 +99,13 @@ func (d *dispatcher) overlaps(j *jobState, at time.Time) bool {
 	return false
 }
 
-// hold waits until this replica's share of Spread past run's instant
+// hold waits until this replica's share of spread past run's instant
 // before its first bid for run (see Options.Spread). The hold counts from
 // the instant, not from now: a replica that took longer to get to the run
 // (thousands due at once) does not bid later for it. It returns false if
 // Run's ctx ended the wait.
-func (d *dispatcher) hold(run claim.Run) bool {
-	wait := holdFor(run.ID(), d.r.opts.Instance, d.r.opts.Spread) - d.r.opts.Now().Sub(run.At)
+func (d *dispatcher) hold(run claim.Run, spread time.Duration) bool {
+	wait := holdFor(run.ID(), d.r.opts.Instance, spread) - d.r.opts.Now().Sub(run.At)
 	if wait <= 0 {
 		return true
 	}

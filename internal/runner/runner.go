@@ -74,7 +74,11 @@ type Options struct {
 	// instead of going to whichever replica woke first. Replicas need not
 	// know each other. It adds at most Spread to the schedule lag, about
 	// Spread/(replicas+1) on average; it cannot hide clock skew larger
-	// than itself.
+	// than itself. When many runs fall due at one instant, the spread of
+	// that instant widens to 100µs per run (1s for 10,000), at most
+	// Lease/3: replicas reach the last of thousands of runs at different
+	// moments, and holds shorter than that difference would hand most runs
+	// to whichever replica got there first.
 	Spread time.Duration
 	// MaxClaims is how many claim calls this replica makes at once (default
 	// DefaultMaxClaims; negative: no limit). When many runs fall due at one
@@ -173,6 +177,18 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 // room for a loaded machine.
 func (r *Runner) lateTolerance() time.Duration { return 2*r.opts.MaxClockSkew + 5*time.Second }
 
+// spreadPerRun widens the spread of an instant at which many runs fall due
+// at once (see Options.Spread).
+const spreadPerRun = 100 * time.Microsecond
+
+// spreadFor is the spread for an instant at which due runs fall due here.
+func (r *Runner) spreadFor(due int) time.Duration {
+	if r.opts.Spread <= 0 {
+		return r.opts.Spread
+	}
+	return max(r.opts.Spread, min(time.Duration(due)*spreadPerRun, r.opts.Lease/3))
+}
+
 // Defaults for Options.
 const (
 	// DefaultSpread caps the default Spread.
@@ -216,6 +232,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancelExec(nil)
 	var standby, exec sync.WaitGroup
 	d := &dispatcher{r: r, ctx: ctx, execCtx: execCtx, standby: &standby, exec: &exec}
+	d.spread = r.opts.Spread
 	if bc, ok := r.opts.Claimer.(claim.BatchClaimer); ok {
 		d.batch = &batcher{c: bc, d: d}
 	} else if r.opts.MaxClaims > 0 {
@@ -238,6 +255,16 @@ func (r *Runner) Run(ctx context.Context) error {
 loop:
 	for {
 		now = r.opts.Now()
+		d.spread = r.opts.Spread
+		if h.Len() > 0 && !(*h)[0].at.After(now) {
+			due := 0
+			for _, e := range *h {
+				if !e.at.After(now) {
+					due++
+				}
+			}
+			d.spread = r.spreadFor(due)
+		}
 		for h.Len() > 0 && !(*h)[0].at.After(now) {
 			e := heap.Pop(h).(due)
 			if now.Sub(e.at) > r.lateTolerance() {
