@@ -261,8 +261,8 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 	defer timeout.Stop()
 	// Merge the replicas' lines until each has said end.
 	type tagged struct {
-		i int
-		l line
+		i  int
+		l  line
 		ok bool
 	}
 	merged := make(chan tagged)
