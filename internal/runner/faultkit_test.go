@@ -53,10 +53,11 @@ type injector interface {
 	// connections): the backend never sees them.
 	DropRequests(ph phase, n int)
 	// DropReplies loses the replies to the next n requests of phase ph
-	// (and their connections) after the backend executed them; grantsOnly
-	// counts only claims that granted a fresh run (postgres: the INSERT;
-	// redis and redlock: any grant).
-	DropReplies(ph phase, n int, grantsOnly bool)
+	// (and their connections) after the backend executed them. With only,
+	// just the replies that say the call did what it asked: a claim that
+	// granted a fresh run (postgres: the INSERT; redis and redlock: any
+	// grant), a release that released; not, say, a connection's handshake.
+	DropReplies(ph phase, n int, only bool)
 }
 
 // phased routes each kind of call to its own claimer.
@@ -82,8 +83,9 @@ func (p phased) Close() error {
 // proxies injects faults through faultproxy: px[phase] holds the phase's
 // proxies, one per proxied server.
 type proxies struct {
-	px    [phases][]*faultproxy.Proxy
-	grant func(reply []byte) bool // recognises a successful claim's reply
+	px [phases][]*faultproxy.Proxy
+	// success recognises, per phase, a reply saying the call took effect.
+	success [phases]func(reply []byte) bool
 }
 
 func (p *proxies) each(f func(*faultproxy.Proxy)) {
@@ -100,10 +102,10 @@ func (p *proxies) DropRequests(ph phase, n int) {
 		x.DropRequests(n, nil)
 	}
 }
-func (p *proxies) DropReplies(ph phase, n int, grantsOnly bool) {
+func (p *proxies) DropReplies(ph phase, n int, only bool) {
 	var match func([]byte) bool
-	if grantsOnly {
-		match = p.grant
+	if only {
+		match = p.success[ph]
 	}
 	for _, x := range p.px[ph] {
 		x.DropReplies(n, match)
@@ -133,7 +135,7 @@ type wrapped struct {
 	heal        chan struct{}
 	dropReq     [phases]int
 	dropRep     [phases]int
-	grantsOnly  bool
+	only        bool
 }
 
 var errInjected = fmt.Errorf("%w: injected connection reset", claim.ErrUnavailable)
@@ -151,9 +153,9 @@ func (w *wrapped) Partition(on bool) {
 	}
 }
 func (w *wrapped) DropRequests(ph phase, n int) { w.mu.Lock(); w.dropReq[ph] = n; w.mu.Unlock() }
-func (w *wrapped) DropReplies(ph phase, n int, grantsOnly bool) {
+func (w *wrapped) DropReplies(ph phase, n int, only bool) {
 	w.mu.Lock()
-	w.dropRep[ph], w.grantsOnly = n, grantsOnly
+	w.dropRep[ph], w.only = n, only
 	w.mu.Unlock()
 }
 
@@ -194,9 +196,9 @@ func (w *wrapped) send(ctx context.Context, ph phase) error {
 // receive is the way back: a lost reply, latency.
 func (w *wrapped) receive(ctx context.Context, ph phase, ok bool) error {
 	w.mu.Lock()
-	grantsOnly := w.grantsOnly
+	only := w.only
 	w.mu.Unlock()
-	if (ok || !grantsOnly || ph != phClaim) && w.take(&w.dropRep, ph) {
+	if (ok || !only) && w.take(&w.dropRep, ph) {
 		return errInjected
 	}
 	return w.delay(ctx)
@@ -234,14 +236,17 @@ func (w *wrapped) Renew(ctx context.Context, c *claim.Claim, l time.Duration) er
 	if err := w.send(ctx, phRenew); err != nil {
 		return err
 	}
-	// Renew updates c in place: work on a copy so that a lost reply leaves
-	// the caller's claim as it was.
+	// Renew updates c's lease fields in place: work on a copy so that a
+	// lost reply leaves them as they were, and copy back only those (the
+	// runner reads the others concurrently).
 	cp := *c
 	err := w.Claimer.Renew(ctx, &cp, l)
 	if rerr := w.receive(ctx, phRenew, err == nil); rerr != nil {
 		return rerr
 	}
-	*c = cp
+	if err == nil {
+		c.Deadline, c.Requested, c.Lease = cp.Deadline, cp.Requested, cp.Lease
+	}
 	return err
 }
 
@@ -331,8 +336,10 @@ func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxie
 			}
 			ph[p] = open(faulty, px.proxy(t, p, target), conns)
 		}
-		// A fresh grant's reply carries the INSERT's command tag.
-		px.grant = func(b []byte) bool { return bytes.Contains(b, []byte("INSERT 0 1")) }
+		// A fresh grant's reply carries the INSERT's command tag, a
+		// release's the UPDATE's.
+		px.success[phClaim] = contains("INSERT 0 1")
+		px.success[phRelease] = contains("UPDATE 1")
 		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, "", 2) }, faulty: ph, inject: px}
 
 	case "redis":
@@ -347,7 +354,7 @@ func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxie
 		for p := range phases {
 			ph[p] = open(faulty, px.proxy(t, p, addr))
 		}
-		px.grant = func(b []byte) bool { return bytes.Contains(b, []byte("granted")) }
+		px.success[phClaim], px.success[phRelease] = contains("granted"), contains("released")
 		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, addr) }, faulty: ph, inject: px}
 
 	case "redlock":
@@ -378,11 +385,15 @@ func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxie
 			}
 			ph[p] = open(faulty, addrs)
 		}
-		px.grant = func(b []byte) bool { return bytes.Contains(b, []byte("granted")) }
+		px.success[phClaim], px.success[phRelease] = contains("granted"), contains("released")
 		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, redlockNodes) }, faulty: ph, inject: px}
 	}
 	t.Fatalf("unknown claimer kind %q", kind)
 	return faultyBackend{}
+}
+
+func contains(s string) func([]byte) bool {
+	return func(b []byte) bool { return bytes.Contains(b, []byte(s)) }
 }
 
 // dropKeys deletes a scenario's keys.
