@@ -265,10 +265,15 @@ func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 		hctx, stop = context.WithTimeoutCause(ctx, j.Timeout, job.ErrTimeout)
 		defer stop()
 	}
+	// The keep-alive outlives the handler: it renews until the release has
+	// landed, so a slow release (a loaded backend, a lost reply retried)
+	// cannot let the lease lapse and the finished run be executed again.
+	keepCtx, stopKeep := context.WithCancel(d.execCtx)
+	defer stopKeep()
 	keepDone := make(chan struct{})
 	go func() {
 		defer close(keepDone)
-		d.keepAlive(ctx, cl, cancel)
+		d.keepAlive(keepCtx, ctx, cl, cancel)
 	}()
 
 	logger := r.opts.Logger.With(runAttrs(r, cl.Run, cl)...)
@@ -281,8 +286,7 @@ func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 		Instance: r.opts.Instance, Params: j.Params, Logger: logger,
 	})
 	cause := context.Cause(hctx)
-	cancel(nil) // stops the keep-alive; the cause recorded above stays
-	<-keepDone
+	cancel(nil) // the handler is done; the cause recorded above stays
 	elapsed := time.Since(start)
 
 	var status string
@@ -301,7 +305,10 @@ func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 	default:
 		status, outcome = StatusFailed, claim.Failed
 	}
-	if rerr := d.release(cl, outcome); errors.Is(rerr, claim.ErrLeaseLost) {
+	rerr := d.release(cl, outcome)
+	stopKeep()
+	<-keepDone
+	if errors.Is(rerr, claim.ErrLeaseLost) {
 		status = StatusLeaseLost
 		if err == nil {
 			err = rerr
@@ -323,15 +330,26 @@ func callHandler(ctx context.Context, h job.Handler, run job.Run) (err error) {
 	return h(ctx, run)
 }
 
-// keepAlive renews cl every RenewEvery until ctx is done. If a renewal is
-// refused, or the local trust window passes before one succeeds, it cancels
-// the run with cause ErrLeaseLost. The window is measured on the monotonic
-// clock from the moment the last successful request was sent.
-func (d *dispatcher) keepAlive(ctx context.Context, cl *claim.Claim, cancel context.CancelCauseFunc) {
+// keepAlive renews cl every RenewEvery until ctx is done. While the handler
+// runs (run is not done), a refused renewal, or a trust window that passes
+// before one succeeds, cancels the run with cause ErrLeaseLost. The window is
+// measured on the monotonic clock from the moment the last successful
+// request was sent. Once the handler has returned, keepAlive only keeps the
+// lease up for the release, and leaves the verdict to it.
+//
+// keepAlive is the only reader and writer of cl's lease fields (Deadline,
+// Requested, Lease) while it runs; Release reads only the immutable ones.
+func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel context.CancelCauseFunc) {
 	r := d.r
 	margin := r.trustMargin()
 	next := time.NewTimer(r.opts.RenewEvery)
 	defer next.Stop()
+	lost := func(msg string, attrs ...any) {
+		if run.Err() == nil {
+			r.opts.Logger.WarnContext(ctx, msg, append(runAttrs(r, cl.Run, cl), attrs...)...)
+			cancel(claim.ErrLeaseLost)
+		}
+	}
 	for {
 		trusted := cl.TrustedUntil(margin)
 		expire := time.NewTimer(time.Until(trusted))
@@ -340,8 +358,7 @@ func (d *dispatcher) keepAlive(ctx context.Context, cl *claim.Claim, cancel cont
 			expire.Stop()
 			return
 		case <-expire.C:
-			r.opts.Logger.WarnContext(ctx, "lease not confirmed in time; cancelling run", runAttrs(r, cl.Run, cl)...)
-			cancel(claim.ErrLeaseLost)
+			lost("lease not confirmed in time; cancelling run")
 			return
 		case <-next.C:
 			expire.Stop()
@@ -349,13 +366,15 @@ func (d *dispatcher) keepAlive(ctx context.Context, cl *claim.Claim, cancel cont
 		rctx, rcancel := context.WithDeadline(ctx, trusted)
 		err := r.opts.Claimer.Renew(rctx, cl, r.opts.Lease)
 		rcancel()
+		if run.Err() != nil && errors.Is(err, claim.ErrLeaseLost) {
+			return // the release landed first: nothing left to keep alive
+		}
 		r.opts.Metrics.renewed(r.opts.ClaimerName, err)
 		switch {
 		case err == nil:
 			next.Reset(r.opts.RenewEvery)
 		case errors.Is(err, claim.ErrLeaseLost):
-			r.opts.Logger.WarnContext(ctx, "lease lost; cancelling run", append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
-			cancel(claim.ErrLeaseLost)
+			lost("lease lost; cancelling run", "error", err.Error())
 			return
 		case ctx.Err() != nil:
 			return
@@ -371,11 +390,13 @@ func (d *dispatcher) keepAlive(ctx context.Context, cl *claim.Claim, cancel cont
 // its monotonic clock and the backend's.
 func (r *Runner) trustMargin() time.Duration { return r.opts.Lease / 10 }
 
-// release ends cl with o, retrying transient failures while the lease can
-// still be trusted: a lost release would let the run be executed again.
+// release ends cl with o, retrying transient failures for up to a lease
+// (the keep-alive, where one runs, holds the lease meanwhile): a lost
+// release would let the run be executed again. Release compares the token,
+// so a retry past a takeover is refused, never applied.
 func (d *dispatcher) release(cl *claim.Claim, o claim.Outcome) error {
 	r := d.r
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(d.execCtx), cl.TrustedUntil(0).Add(time.Second))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), r.opts.Lease)
 	defer cancel()
 	backoff := 50 * time.Millisecond
 	for {
