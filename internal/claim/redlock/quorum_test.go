@@ -1,0 +1,154 @@
+package redlock_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
+	"github.com/scheduler-dev/scheduler/internal/faultproxy"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+)
+
+// raceAll has every claimer bid for each of n runs at once, the winner
+// releasing the run as done the way a finished run is, and returns the
+// number of grants per run. A claimer that falls behind by more than the
+// lease must find the run done, not take it over.
+func raceAll(t *testing.T, claimers []*redlock.Claimer, job string, n int, lease time.Duration) []int32 {
+	t.Helper()
+	wins := make([]atomic.Int32, n)
+	var mu sync.Mutex
+	grants := map[int][]string{}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(claimers))
+	for _, c := range claimers {
+		wg.Go(func() {
+			for i := range n {
+				cl, err := c.Claim(ctxT(t), runAt(job, i), lease)
+				switch {
+				case err == nil:
+					wins[i].Add(1)
+					mu.Lock()
+					grants[i] = append(grants[i], fmt.Sprintf("%s fence %d attempt %d at %s", cl.Holder, cl.Fence, cl.Attempt, time.Now().Format("15:04:05.000")))
+					mu.Unlock()
+					if err := c.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+						errs <- err
+						return
+					}
+				case errors.Is(err, claim.ErrHeld), errors.Is(err, claim.ErrDone), errors.Is(err, claim.ErrUnavailable):
+				default:
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	out := make([]int32, n)
+	for i := range wins {
+		out[i] = wins[i].Load()
+		if out[i] > 1 {
+			t.Logf("run %d grants: %v", i, grants[i])
+		}
+	}
+	return out
+}
+
+// TestSlowNodeStillYieldsCorrectGrants puts one of five nodes behind 200ms
+// of latency each way. Grants stay exclusive, and a winning claim's trust
+// window starts when the request was sent, so the slow round trip is
+// already spent from it (the validity time accounts for the slow node).
+func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
+	addrs := testenv.RedlockAddrs(t, 5)
+	proxy, err := faultproxy.New(addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	proxy.SetLatency(200 * time.Millisecond)
+	p := prefix()
+	isolate(t, addrs, p)
+	for _, tc := range []struct {
+		name        string
+		nodeTimeout time.Duration
+	}{
+		{"SlowNodeVotes", time.Second},              // the slow node's vote arrives in time
+		{"SlowNodeTimesOut", 100 * time.Millisecond}, // the other four decide
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var claimers []*redlock.Claimer
+			for r := range 3 {
+				clients := []goredis.UniversalClient{newClient(proxy.Addr())}
+				for _, a := range addrs[1:] {
+					clients = append(clients, newClient(a))
+				}
+				c, err := redlock.New(clients, redlock.Options{Instance: fmt.Sprintf("r%d", r), Prefix: p + tc.name + ":", NodeTimeout: tc.nodeTimeout})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Close() })
+				claimers = append(claimers, c)
+			}
+			// Shorter than the slowest replica's lag behind the others, so
+			// a laggard reaches runs whose lease has long expired.
+			const lease = 2 * time.Second
+			for i, n := range raceAll(t, claimers, "job.slow", 4, lease) {
+				if n > 1 {
+					t.Fatalf("run %d granted %d times", i, n)
+				}
+			}
+			sent := time.Now()
+			cl, err := claimers[0].Claim(ctxT(t), runAt("job.slow.alone", 0), lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The window starts when the request left, not when the slow
+			// vote came back.
+			if cl.Requested.Sub(sent) > 50*time.Millisecond || tc.nodeTimeout == time.Second && time.Since(cl.Requested) < 400*time.Millisecond {
+				t.Fatalf("trust window starts %v after the request, %v before now: the slow round trip must count against the lease",
+					cl.Requested.Sub(sent), time.Since(cl.Requested))
+			}
+			if left := time.Until(cl.TrustedUntil(lease / 10)); left > lease-lease/10 {
+				t.Fatalf("trusted for %v after a slow round, more than the lease allows", left)
+			}
+		})
+	}
+}
+
+// TestRacingReplicasLoseNoRunToSplitVotes: three replicas race for every
+// run on five nodes. A split vote (no majority for anyone) is retried, led
+// by one contender, so every run ends with exactly one holder.
+func TestRacingReplicasLoseNoRunToSplitVotes(t *testing.T) {
+	addrs := testenv.RedlockAddrs(t, 5)
+	p := prefix()
+	isolate(t, addrs, p)
+	open := opener(t, addrs, p)
+	claimers := []*redlock.Claimer{open("r0"), open("r1"), open("r2")}
+	wins := raceAll(t, claimers, "job.split", 300, 10*time.Second)
+	lost := 0
+	for i, n := range wins {
+		switch {
+		case n > 1:
+			t.Fatalf("run %d granted %d times", i, n)
+		case n == 0:
+			lost++
+			// Whatever the vote left behind was undone: the run is free.
+			if _, err := claimers[0].Claim(ctxT(t), runAt("job.split", i), time.Second); err != nil {
+				t.Fatalf("run %d, won by nobody, is not claimable afterwards: %v", i, err)
+			}
+		}
+	}
+	if lost > 0 {
+		t.Fatalf("%d of %d runs were won by nobody", lost, len(wins))
+	}
+}
