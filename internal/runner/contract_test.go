@@ -167,4 +167,3 @@ scheduler_runs_total{job="job.timeout",status="timeout"} 1
 		}
 	})
 }
-

@@ -102,9 +102,9 @@ func TestParseErrors(t *testing.T) {
 
 func TestPrev(t *testing.T) {
 	cases := []struct {
-		spec, at  string
-		limit     time.Duration
-		want      string // "" for none
+		spec, at string
+		limit    time.Duration
+		want     string // "" for none
 	}{
 		{"@every 10s", "2026-03-01T00:00:25Z", time.Hour, "2026-03-01T00:00:20Z"},
 		{"@every 10s", "2026-03-01T00:00:20Z", time.Hour, "2026-03-01T00:00:20Z"},

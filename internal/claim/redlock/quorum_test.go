@@ -82,7 +82,7 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 		name        string
 		nodeTimeout time.Duration
 	}{
-		{"SlowNodeVotes", time.Second},              // the slow node's vote arrives in time
+		{"SlowNodeVotes", time.Second},               // the slow node's vote arrives in time
 		{"SlowNodeTimesOut", 100 * time.Millisecond}, // the other four decide
 	} {
 		t.Run(tc.name, func(t *testing.T) {
