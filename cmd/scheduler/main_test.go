@@ -263,17 +263,18 @@ func startReplica(t *testing.T, dir, config, name string) *proc {
 }
 
 type event struct {
-	Msg         string `json:"msg"`
-	Instance    string `json:"instance"`
-	RunID       string `json:"run_id"`
-	ScheduledAt string `json:"scheduled_at"`
-	Status      string `json:"status"`
-	Fence       int64  `json:"fence"`
-	Attempt     int    `json:"attempt"`
-	Reason      string `json:"reason"`
-	Job         string `json:"job"`
-	Claimer     string `json:"claimer"`
-	Duration    *int64 `json:"duration_ms"`
+	Time        time.Time `json:"time"`
+	Msg         string    `json:"msg"`
+	Instance    string    `json:"instance"`
+	RunID       string    `json:"run_id"`
+	ScheduledAt string    `json:"scheduled_at"`
+	Status      string    `json:"status"`
+	Fence       int64     `json:"fence"`
+	Attempt     int       `json:"attempt"`
+	Reason      string    `json:"reason"`
+	Job         string    `json:"job"`
+	Claimer     string    `json:"claimer"`
+	Duration    *int64    `json:"duration_ms"`
 }
 
 func readEvents(t *testing.T, dir string, names ...string) []event {
@@ -297,7 +298,8 @@ func readEvents(t *testing.T, dir string, names ...string) []event {
 	return out
 }
 
-// openRun returns a run the named replica started and has not finished.
+// openRun returns the run the named replica started last and has not
+// finished.
 func openRun(t *testing.T, dir, name string) (event, bool) {
 	open := map[string]event{}
 	for _, e := range readEvents(t, dir, name) {
@@ -308,10 +310,13 @@ func openRun(t *testing.T, dir, name string) (event, bool) {
 			delete(open, e.RunID)
 		}
 	}
+	var last event
 	for _, e := range open {
-		return e, true
+		if e.Time.After(last.Time) {
+			last = e
+		}
 	}
-	return event{}, false
+	return last, last.RunID != ""
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -389,7 +394,10 @@ jobs:
 			waitFor(t, "a run in flight on r2", func() bool {
 				var ok bool
 				termed, ok = openRun(t, dir, "r2")
-				return ok
+				// Young enough that its 1.5s of work outlasts the 200ms
+				// shutdown grace: an older run may finish in the grace and
+				// leave nothing to take over.
+				return ok && time.Since(termed.Time) < 600*time.Millisecond
 			})
 			_ = procs["r2"].cmd.Process.Signal(syscall.SIGTERM)
 			select {
