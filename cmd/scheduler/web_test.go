@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,50 +40,12 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// artifactDir is where screenshots are kept: $SCHEDULER_ARTIFACTS, else
-// ./artifacts at the repository root.
-func artifactDir(t *testing.T) string {
-	dir := os.Getenv("SCHEDULER_ARTIFACTS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "artifacts")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	testenv.Missing(t, "chromium", "not on PATH; .ci/run installs Debian's chromium")
-	return ""
-}
-
-func headless(t *testing.T, browser string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--disable-dev-shm-usage", "--user-data-dir=" + t.TempDir()}
-	out, err := exec.CommandContext(ctx, browser, append(base, args...)...).Output()
-	if err != nil {
-		t.Fatalf("chromium %v: %v", args, err)
-	}
-	return string(out)
-}
-
 // TestStatusPageInABrowserAndProbes starts a replica with its HTTP server,
 // lets a run finish, then loads the status page in headless Chromium and
 // checks the probes and metrics. The DSN carries a password (ignored by the
 // test server's trust auth) that must appear nowhere.
 func TestStatusPageInABrowserAndProbes(t *testing.T) {
-	browser := chromium(t)
+	browser := testenv.Chromium(t)
 	const secret = "Sup3rS3cretPw"
 	dir := t.TempDir()
 	addr := freeAddr(t)
@@ -118,14 +79,14 @@ jobs:
 		return strings.Contains(body, `class="succeeded">succeeded`)
 	})
 
-	dom := headless(t, browser, "--dump-dom", base+"/")
+	dom := testenv.Headless(t, browser, "--dump-dom", base+"/")
 	for _, want := range []string{`id="instance">web-1`, `id="claimer">postgres`, `<tr class="job"><td>example.sleep</td>`, `<tr class="run"><td>example.sleep</td>`} {
 		if !strings.Contains(dom, want) {
 			t.Fatalf("rendered page lacks %q:\n%s", want, dom)
 		}
 	}
-	shot := filepath.Join(artifactDir(t), "status-page.png")
-	headless(t, browser, "--window-size=420,900", "--screenshot="+shot, base+"/")
+	shot := filepath.Join(testenv.ArtifactDir(t), "status-page.png")
+	testenv.Headless(t, browser, "--window-size=420,900", "--screenshot="+shot, base+"/")
 	if st, err := os.Stat(shot); err != nil || st.Size() < 1000 {
 		t.Fatalf("screenshot %s: %v", shot, err)
 	}

@@ -2,7 +2,6 @@ package compare_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -129,7 +127,7 @@ func TestGameDay(t *testing.T) {
 	})
 
 	t.Run("HTMLReportRendersInChromium", func(t *testing.T) {
-		browser := chromium(t)
+		browser := testenv.Chromium(t)
 		page, err := os.ReadFile(good.html)
 		if err != nil {
 			t.Fatal(err)
@@ -140,14 +138,14 @@ func TestGameDay(t *testing.T) {
 			}
 		}
 		url := "file://" + good.html
-		dom := headless(t, browser, "--dump-dom", url)
+		dom := testenv.Headless(t, browser, "--dump-dom", url)
 		for _, want := range []string{"<h1>scheduler compare</h1>", `aria-label="claim latency CDF"`, `aria-label="timeline"`, "redlock × crash"} {
 			if !strings.Contains(dom, want) {
 				t.Errorf("rendered report lacks %q", want)
 			}
 		}
-		shot := filepath.Join(artifactDir(t), "compare-report.png")
-		headless(t, browser, "--window-size=1200,1800", "--screenshot="+shot, url)
+		shot := filepath.Join(testenv.ArtifactDir(t), "compare-report.png")
+		testenv.Headless(t, browser, "--window-size=1200,1800", "--screenshot="+shot, url)
 		if st, err := os.Stat(shot); err != nil || st.Size() < 10000 {
 			t.Fatalf("screenshot %s: %v", shot, err)
 		}
@@ -192,44 +190,4 @@ func TestParseScenarios(t *testing.T) {
 			t.Errorf("ParseScenarios(%q) = %v, %v; want %v (error: %v)", tc.in, got, err, tc.want, tc.bad)
 		}
 	}
-}
-
-// artifactDir is where screenshots are kept: $SCHEDULER_ARTIFACTS, else
-// ./artifacts at the repository root.
-func artifactDir(t *testing.T) string {
-	dir := os.Getenv("SCHEDULER_ARTIFACTS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "artifacts")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	testenv.Missing(t, "chromium", "not on PATH; .ci/run installs Debian's chromium")
-	return ""
-}
-
-// headless runs the browser on a page with the flags that keep it off the
-// network, and returns what it printed.
-func headless(t *testing.T, browser string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync",
-		"--disable-dev-shm-usage", "--user-data-dir=" + t.TempDir()}
-	out, err := exec.CommandContext(ctx, browser, append(base, args...)...).Output()
-	if err != nil {
-		t.Fatalf("chromium %v: %v", args, err)
-	}
-	return string(out)
 }
