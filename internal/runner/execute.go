@@ -147,8 +147,11 @@ func (d *dispatcher) contend(j *jobState, run claim.Run, misfired bool) {
 		cl, err := d.claim(run)
 		switch {
 		case err == nil:
-			d.granted(j, cl, misfired)
-			return
+			if d.granted(j, cl, misfired) {
+				return
+			}
+			// The grant came back too late to trust and was handed back as
+			// interrupted: keep contending, or nobody may run it.
 		case errors.Is(err, claim.ErrDone):
 			d.skip(run, nil, ReasonDone, slog.LevelDebug)
 			return
@@ -214,10 +217,14 @@ func (d *dispatcher) claim(run claim.Run) (*claim.Claim, error) {
 }
 
 // granted decides what to do with a won claim.
-func (d *dispatcher) granted(j *jobState, cl *claim.Claim, misfired bool) {
+// It returns false when the grant arrived too late to trust and was handed
+// back, so the caller should go on contending for the run.
+func (d *dispatcher) granted(j *jobState, cl *claim.Claim, misfired bool) bool {
 	r := d.r
 	now := r.opts.Now()
 	switch {
+	case d.tooLate(cl):
+		return false
 	case misfired && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
 		d.skip(cl.Run, cl, ReasonMisfire, slog.LevelInfo)
 		d.release(cl, claim.Skipped)
@@ -239,22 +246,32 @@ func (d *dispatcher) granted(j *jobState, cl *claim.Claim, misfired bool) {
 			d.execute(j, cl)
 		})
 	}
+	return true
+}
+
+// tooLate hands cl back as interrupted, and reports true, when it reached
+// this replica only after the window in which its lease may be trusted (a
+// stalled process, an overloaded host, a slow backend): the lease may be
+// gone and another replica running the run. keepAlive would cancel the
+// handler at once, but it would have started.
+func (d *dispatcher) tooLate(cl *claim.Claim) bool {
+	r := d.r
+	late := time.Since(cl.TrustedUntil(r.trustMargin()))
+	if late < 0 {
+		return false
+	}
+	err := fmt.Errorf("claim reached the handler %v past its trust window: %w", late.Round(time.Millisecond), claim.ErrLeaseLost)
+	r.opts.Logger.WarnContext(d.ctx, "lease not confirmed in time; not starting run", runAttrs(r, cl.Run, cl)...)
+	d.release(cl, claim.Interrupted)
+	d.finished(cl, StatusLeaseLost, 0, err)
+	return true
 }
 
 // execute runs the handler under a kept-alive lease and releases the claim
 // with the outcome. It returns the run's final status.
 func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 	r := d.r
-	if late := time.Since(cl.TrustedUntil(r.trustMargin())); late >= 0 {
-		// The grant reached this point only after the window in which the
-		// lease may be trusted (a stalled process, an overloaded host): the
-		// lease may be gone and another replica running the run. Hand it
-		// back instead of starting the handler; keepAlive would cancel it
-		// at once, but it would have started.
-		err := fmt.Errorf("claim reached the handler %v past its trust window: %w", late.Round(time.Millisecond), claim.ErrLeaseLost)
-		r.opts.Logger.WarnContext(d.ctx, "lease not confirmed in time; not starting run", runAttrs(r, cl.Run, cl)...)
-		d.release(cl, claim.Interrupted)
-		d.finished(cl, StatusLeaseLost, 0, err)
+	if d.tooLate(cl) { // checked again: the exec goroutine may start late too
 		return StatusLeaseLost
 	}
 	ctx, cancel := context.WithCancelCause(d.execCtx)
