@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"net/url"
@@ -265,7 +266,7 @@ func TestPostgresTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ssl != "on" {
-		t.Skip("the local PostgreSQL runs with ssl off; sslmode cases need a server with TLS")
+		testenv.Missing(t, "postgres TLS", "the local PostgreSQL runs with ssl off; sslmode cases need a server with TLS")
 	}
 	withSSL := func(t *testing.T, params url.Values) string {
 		t.Helper()
@@ -287,7 +288,7 @@ func TestPostgresTLS(t *testing.T) {
 	})
 	t.Run("VerifyCAWithTheServersCertificateRuns", func(t *testing.T) {
 		if _, err := os.ReadFile(certFile); err != nil {
-			t.Skipf("server certificate %s not readable here: %v", certFile, err)
+			testenv.Missing(t, "postgres TLS", fmt.Sprintf("server certificate %s not readable here: %v", certFile, err))
 		}
 		dir := t.TempDir()
 		runsOK(t, dir, writeConfig(t, dir, secureConfig(pgBlock(withSSL(t,
@@ -310,7 +311,7 @@ func TestPostgresTLS(t *testing.T) {
 	})
 	t.Run("VerifyFullOnAMismatchedHostExitsOne", func(t *testing.T) {
 		if _, err := os.ReadFile(certFile); err != nil {
-			t.Skipf("server certificate %s not readable here: %v", certFile, err)
+			testenv.Missing(t, "postgres TLS", fmt.Sprintf("server certificate %s not readable here: %v", certFile, err))
 		}
 		dir := t.TempDir()
 		cfg := writeConfig(t, dir, secureConfig(pgBlock(withPassword(withSSL(t,
