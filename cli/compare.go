@@ -45,6 +45,7 @@ func (e *env) compare(args []string) int {
 	jsonOut := fs.String("json", "", "write the report as JSON to `FILE`")
 	htmlOut := fs.String("html", "", "write a self-contained HTML report to `FILE`")
 	dsn := fs.String("postgres-dsn", "", "PostgreSQL `DSN` for postgres cells (each gets its own schema; none: skipped)")
+	pgBin := fs.String("postgres-bin", "", "`DIR` of initdb and postgres for the private cluster a postgres-restart cell crashes (none: initdb on PATH, else pg_config --bindir)")
 	redisAddr := fs.String("redis-addr", "", "Redis `ADDR` for redis cells (none: a private redis-server per cell)")
 	redlockAddrs := fs.String("redlock-addrs", "", "Redis node `ADDRS` for redlock, comma-separated (none: 3 private nodes per cell)")
 	if code, ok := parse(fs, args); !ok {
@@ -62,7 +63,7 @@ func (e *env) compare(args []string) int {
 	o := compare.Options{
 		Claimers: splitList(*claimers), Faults: scenarios, Replicas: *replicas, Jobs: *jobs,
 		Duration: *duration, Lease: *lease, MaxClockSkew: *skew, Seed: *seed, Parallel: *parallel,
-		PostgresDSN: *dsn, RedisAddr: *redisAddr, RedlockAddrs: splitList(*redlockAddrs),
+		PostgresDSN: *dsn, PostgresBin: *pgBin, RedisAddr: *redisAddr, RedlockAddrs: splitList(*redlockAddrs),
 		Open: openClaimer, Progress: e.stderr, TTY: isTerminal(e.stderr),
 	}
 	if o.Seed == 0 {

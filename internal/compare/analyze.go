@@ -190,8 +190,8 @@ func (c *cell) notes(res *Cell) []string {
 			notes = append(notes, fmt.Sprintf("crash: %s died at +%v without releasing: %s", f.Replica, at, f.Note))
 		case FaultPartition:
 			notes = append(notes, fmt.Sprintf("partition: %s cut off from its backend for %v at +%v: %s", f.Replica, d, at, f.Note))
-		case FaultRedisRestart:
-			notes = append(notes, fmt.Sprintf("redis-restart at +%v (%v down): %s", at, d, f.Note))
+		case FaultRedisRestart, FaultPostgresRestart:
+			notes = append(notes, fmt.Sprintf("%s at +%v (%v down): %s", f.Kind, at, d, f.Note))
 		case FaultLatency:
 			latency = append(latency, f.Replica+" "+f.Note)
 		}

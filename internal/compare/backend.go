@@ -48,8 +48,9 @@ type namespace struct {
 	// targets are the TCP addresses replicas connect to; a network fault
 	// puts a proxy in front of each, per replica.
 	targets []string
-	// servers are redis-server processes compare started for this cell.
-	servers []*redisServer
+	// servers are the redis-server or PostgreSQL processes compare started
+	// for this cell, which a restart fault may crash.
+	servers []server
 	// open opens one replica's claimer, its own client, reaching targets[i]
 	// through addrs[i].
 	open    func(ctx context.Context, instance string, addrs []string) (claim.Claimer, error)
@@ -62,15 +63,23 @@ func (n *namespace) close() {
 	}
 }
 
+// server is a backend process compare owns.
+type server interface {
+	Addr() string
+	crash()                          // SIGKILL for redis-server, an immediate shutdown for PostgreSQL
+	start(ctx context.Context) error // again, on the same port (and, for PostgreSQL, data)
+	close()
+}
+
 // errSkip marks a cell that cannot run here (a backend not configured);
 // it is reported as skipped, not failed.
 type errSkip struct{ why string }
 
 func (e errSkip) Error() string { return e.why }
 
-// openNamespace prepares kind's namespace. ownRedis asks for redis-server
-// processes compare starts itself, even when addresses were given.
-func openNamespace(ctx context.Context, o *Options, kind string) (*namespace, error) {
+// openNamespace prepares kind's namespace for a scenario's faults: a
+// restart fault needs a server compare owns.
+func openNamespace(ctx context.Context, o *Options, kind string, f faultSet) (*namespace, error) {
 	ns := &namespace{}
 	ok := false
 	defer func() {
@@ -90,7 +99,7 @@ func openNamespace(ctx context.Context, o *Options, kind string) (*namespace, er
 	case KindSQLite:
 		err = ns.sqlite(o)
 	case KindPostgres:
-		err = ns.postgres(ctx, o)
+		err = ns.postgres(ctx, o, f.has(FaultPostgresRestart))
 	case KindRedis:
 		err = ns.redis(ctx, o)
 	case KindRedlock:
@@ -121,12 +130,28 @@ func (ns *namespace) sqlite(o *Options) error {
 	return nil
 }
 
-func (ns *namespace) postgres(ctx context.Context, o *Options) error {
-	if o.PostgresDSN == "" {
+// postgres gives the cell a fresh schema on --postgres-dsn or, when own,
+// on a private cluster compare starts (and a postgres-restart crashes).
+func (ns *namespace) postgres(ctx context.Context, o *Options, own bool) error {
+	dsn := o.PostgresDSN
+	if own {
+		bin, err := o.postgresBin()
+		if err != nil {
+			return err
+		}
+		s, err := startPostgres(ctx, bin, o.TempDir)
+		if err != nil {
+			return fmt.Errorf("private PostgreSQL: %w", err)
+		}
+		ns.servers = append(ns.servers, s)
+		ns.closers = append(ns.closers, s.close)
+		dsn = s.DSN()
+	}
+	if dsn == "" {
 		return errSkip{"no --postgres-dsn given"}
 	}
 	open := o.Open
-	pc, err := pgconn.ParseConfig(o.PostgresDSN)
+	pc, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return fmt.Errorf("--postgres-dsn: %v", err) // pgx redacts the password
 	}
@@ -134,20 +159,20 @@ func (ns *namespace) postgres(ctx context.Context, o *Options) error {
 		ns.targets = []string{net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port)))}
 	}
 	schema := "compare_" + randomHex(6)
-	if err := pgExec(ctx, o.PostgresDSN, "CREATE SCHEMA "+schema); err != nil {
+	if err := pgExec(ctx, dsn, "CREATE SCHEMA "+schema); err != nil {
 		return fmt.Errorf("postgres: create schema: %w", err)
 	}
 	ns.closers = append(ns.closers, func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_ = pgExec(ctx, o.PostgresDSN, "DROP SCHEMA "+schema+" CASCADE")
+		_ = pgExec(ctx, dsn, "DROP SCHEMA "+schema+" CASCADE")
 	})
 	ns.open = func(ctx context.Context, id string, addrs []string) (claim.Claimer, error) {
 		hostport := ""
 		if len(addrs) > 0 && addrs[0] != ns.targets[0] {
 			hostport = addrs[0]
 		}
-		dsn, err := schemaDSN(o.PostgresDSN, schema, hostport)
+		replicaDSN, err := schemaDSN(dsn, schema, hostport)
 		if err != nil {
 			return nil, err
 		}
@@ -155,7 +180,7 @@ func (ns *namespace) postgres(ctx context.Context, o *Options) error {
 		// schema (migrations.Up, under goose's per-schema lock); the others
 		// find them applied.
 		cfg := baseConfig(id, KindPostgres)
-		cfg.Claimer.Postgres.DSN, cfg.Claimer.Postgres.Migrate = dsn, true
+		cfg.Claimer.Postgres.DSN, cfg.Claimer.Postgres.Migrate = replicaDSN, true
 		return open(ctx, cfg)
 	}
 	return nil

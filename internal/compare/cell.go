@@ -66,7 +66,7 @@ func runCell(ctx context.Context, o *Options, kind, scenario string) *Cell {
 			c.trig[name] = &trigger{}
 		}
 	}
-	ns, err := openNamespace(ctx, o, kind)
+	ns, err := openNamespace(ctx, o, kind, f)
 	if err != nil {
 		res.Status, res.Reason = StatusError, err.Error()
 		if s := (errSkip{}); errors.As(err, &s) {
@@ -221,8 +221,8 @@ func (c *cell) startFaults() {
 		for _, t := range c.trig {
 			t.armed.Store(true)
 		}
-		if c.faults.has(FaultRedisRestart) {
-			c.restartRedis()
+		if c.faults.has(FaultRedisRestart) || c.faults.has(FaultPostgresRestart) {
+			c.restartServer()
 		}
 		if len(c.trig) == 0 || !c.sleepUntil(bg, c.t0.Add(p.faultAt+p.fallback)) {
 			return
@@ -299,23 +299,34 @@ func (c *cell) apply(name string, rep *replica, note string) {
 	}
 }
 
-// restartRedis kills one redis-server of the cell and starts it again
-// empty on the same port.
-func (c *cell) restartRedis() {
+// restartServer crashes one server of the cell and starts it again on the
+// same port. A redis-server is killed and back at once, empty (no
+// persistence): the test is data loss. PostgreSQL shuts down immediately
+// (no checkpoint) and stays down for a lease before it replays its WAL: the
+// test is an outage as long as a lease, across which committed claims
+// must hold and renewals cannot.
+func (c *cell) restartServer() {
 	servers := c.ns.servers
 	if len(servers) == 0 {
 		return
 	}
 	s := servers[c.plan.node%len(servers)]
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
+	kind, down := FaultRedisRestart, time.Duration(0)
 	note := fmt.Sprintf("%s killed (SIGKILL, no persistence) and restarted empty", s.Addr())
+	if _, ok := s.(*pgServer); ok {
+		kind, down = FaultPostgresRestart, c.lease
+		note = fmt.Sprintf("%s crashed (immediate shutdown, no checkpoint), kept down for a lease, restarted; it replayed its WAL", s.Addr())
+	}
 	if len(servers) > 1 {
 		note = fmt.Sprintf("node %d of %d: %s", c.plan.node%len(servers)+1, len(servers), note)
 	}
-	if err := s.restart(ctx); err != nil {
+	start := time.Now()
+	s.crash()
+	c.sleepUntil(context.Background(), start.Add(down))
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	if err := s.start(ctx); err != nil {
 		note += "; restart failed: " + err.Error()
 	}
-	c.rec.fault(FaultRedisRestart, "", start, time.Since(start), note)
+	c.rec.fault(kind, "", start, time.Since(start), note)
 }

@@ -62,7 +62,11 @@ type Options struct {
 	RedisAddr    string   // "": compare starts its own redis-server per cell
 	RedlockAddrs []string // empty: compare starts 3 redis-server nodes per cell
 	RedisServer  string   // redis-server binary; "": looked up on PATH
-	TempDir      string   // where SQLite files go; "": the system's
+	// PostgresBin is the directory of initdb and postgres, for the private
+	// cluster a postgres-restart cell crashes; "": initdb on PATH, else
+	// pg_config --bindir.
+	PostgresBin string
+	TempDir     string // where SQLite files go; "": the system's
 
 	// Open opens one replica's claimer from a claimer configuration, the
 	// way `scheduler run` does. Required unless only memory and broken run.

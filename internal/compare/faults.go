@@ -24,7 +24,7 @@ const (
 	FaultReset           = "reset"            // every lease/4–lease/2 one replica's connections are reset
 	FaultPartition       = "partition"        // the holder of a billing run is cut off from its backend for 2 leases
 	FaultRedisRestart    = "redis-restart"    // a redis-server compare started is killed and restarted empty
-	FaultPostgresRestart = "postgres-restart" // not implemented: compare does not own the PostgreSQL server
+	FaultPostgresRestart = "postgres-restart" // a PostgreSQL cluster compare started crashes (immediate shutdown) and restarts
 )
 
 // AllFaults lists every fault name, in report order.

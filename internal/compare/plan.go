@@ -93,7 +93,8 @@ func newPlan(o *Options, scenario string, f faultSet, w *workload) plan {
 
 // skipped tells, before anything starts, whether a cell will be skipped.
 func skipped(o *Options, kind, scenario string) bool {
-	return unsupported(o, kind, faultSet(strings.Split(scenario, "+"))) != "" || kind == KindPostgres && o.PostgresDSN == ""
+	f := faultSet(strings.Split(scenario, "+"))
+	return unsupported(o, kind, f) != "" || kind == KindPostgres && o.PostgresDSN == "" && !f.has(FaultPostgresRestart)
 }
 
 // unsupported says why a scenario cannot run on kind, or "".
@@ -102,8 +103,8 @@ func unsupported(o *Options, kind string, f faultSet) string {
 	switch {
 	case f.network() && local:
 		return kind + " has no network link to fault"
-	case f.has(FaultPostgresRestart):
-		return "postgres-restart is not implemented: compare does not own the PostgreSQL server; restart it by hand during a run"
+	case f.has(FaultPostgresRestart) && kind != KindPostgres:
+		return "postgres-restart applies to postgres"
 	case f.has(FaultRedisRestart) && kind != KindRedis && kind != KindRedlock:
 		return "redis-restart applies to redis and redlock"
 	case f.has(FaultRedisRestart) && kind == KindRedis && o.RedisAddr != "":

@@ -44,22 +44,28 @@ func Required() bool { return os.Getenv(EnvRequireServices) == "1" }
 // Missing skips t, or fails it when services are required.
 func Missing(t testing.TB, service, why string) {
 	t.Helper()
-	msg := fmt.Sprintf("%s unavailable (%s); set %s, start it locally, or run with -tags testcontainers where Docker is available", service, why, envFor(service))
+	msg := fmt.Sprintf("%s unavailable (%s); %s", service, why, hintFor(service))
 	if Required() {
 		t.Fatalf("%s, and %s=1", msg, EnvRequireServices)
 	}
 	t.Skip(msg)
 }
 
-func envFor(service string) string {
+// hintFor says how to provide what is missing: a service by address or
+// container, a program by installing it (as .ci/run does).
+func hintFor(service string) string {
+	env := ""
 	switch service {
-	case "postgres":
-		return EnvPostgresDSN
+	case "postgres", "postgres TLS":
+		env = EnvPostgresDSN
 	case "redis":
-		return EnvRedisAddr
+		env = EnvRedisAddr
+	case "redis-server":
+		return fmt.Sprintf("install it (.ci/run does), or set %s to running nodes", EnvRedlockAddrs)
 	default:
-		return EnvRedlockAddrs
+		return "install it (.ci/run installs what the tests need)"
 	}
+	return fmt.Sprintf("set %s, start it locally, or run with -tags testcontainers where Docker is available", env)
 }
 
 // Container starters, set by containers.go when built with -tags
