@@ -9,25 +9,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/memory"
-	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
-	"github.com/scheduler-dev/scheduler/internal/claim/redis"
-	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
-	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
 	"github.com/scheduler-dev/scheduler/internal/faultproxy"
-	"github.com/scheduler-dev/scheduler/internal/testenv"
-	"github.com/scheduler-dev/scheduler/migrations"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 // phase is the kind of Claimer call a fault targets. The faulty replica
@@ -211,14 +199,7 @@ func (w *wrapped) delay(ctx context.Context) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleepCtx(ctx, d)
 }
 
 func (w *wrapped) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
@@ -269,141 +250,49 @@ type faultyBackend struct {
 	inject  injector
 }
 
-// redisOptions are the options cli uses for the redis claimer.
-func redisOptions(addr string) *goredis.Options {
-	return &goredis.Options{Addr: addr, ContextTimeoutEnabled: true}
-}
-
 // openFaulty prepares kind's backend for one scenario. For redlock,
-// proxied is how many of the nodes the faulty replica reaches through
-// proxies (the others directly).
+// redlockNodes are the nodes and proxied is how many of them the faulty
+// replica reaches through proxies (the others directly).
 func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxied int) faultyBackend {
 	t.Helper()
-	px := &proxies{}
+	var opts backends.Options
+	if kind == "redlock" {
+		opts.Servers = redlockNodes
+	}
+	be := backends.Prepare(t, kind, opts)
 	switch kind {
-	case "memory":
-		s := memory.NewStore(nil)
-		w := &wrapped{Claimer: memory.New(s, faulty)}
-		return faultyBackend{healthy: func(i string) claim.Claimer { return memory.New(s, i) }, faulty: w, inject: w}
-
-	case "sqlite":
-		path := testenv.TempPath(t, "claims.db")
-		open := func(instance string) claim.Claimer {
-			c, err := sqlite.Open(context.Background(), path, sqlite.Options{Instance: instance})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = c.Close() })
-			return c
+	case "memory", "sqlite":
+		w := &wrapped{Claimer: be.Open(faulty)}
+		return faultyBackend{healthy: be.Open, faulty: w, inject: w}
+	case "postgres", "redis":
+		proxied = len(be.Servers)
+	}
+	px := &proxies{}
+	// Small postgres pools: every scenario runs at once against one server.
+	healthy := func(i string) claim.Claimer { return be.OpenClient(i, backends.Client{MaxConns: 2}) }
+	var ph phased
+	for p := range phases {
+		via := map[string]string{}
+		for _, s := range be.Servers[:proxied] {
+			via[s] = px.proxy(t, p, s)
 		}
-		open("migrate") // the first open migrates, before the replicas race to
-		w := &wrapped{Claimer: open(faulty)}
-		return faultyBackend{healthy: open, faulty: w, inject: w}
-
-	case "postgres":
-		cfg, err := pgxpool.ParseConfig(testenv.PostgresSchema(t))
-		if err != nil {
-			t.Fatal(err)
+		conns := int32(1) // one renewal or release at a time is plenty
+		if p == phClaim {
+			conns = 2
 		}
-		db := stdlib.OpenDB(*cfg.ConnConfig.Copy())
-		err = migrations.Up(t.Context(), db, migrations.Postgres)
-		_ = db.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Small pools: every scenario runs at once against one server.
-		open := func(instance, addr string, conns int32) claim.Claimer {
-			c := cfg.Copy()
-			c.MaxConns = conns
-			if addr != "" {
-				host, port, _ := net.SplitHostPort(addr)
-				p, _ := strconv.Atoi(port)
-				c.ConnConfig.Host, c.ConnConfig.Port = host, uint16(p)
-			}
-			pool, err := pgxpool.NewWithConfig(context.Background(), c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			return postgres.New(pool, postgres.Options{Instance: instance})
-		}
-		target := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-		var ph phased
-		for p := range phases {
-			conns := int32(1) // one renewal or release at a time is plenty
-			if p == phClaim {
-				conns = 2
-			}
-			ph[p] = open(faulty, px.proxy(t, p, target), conns)
-		}
+		ph[p] = be.OpenClient(faulty, backends.Client{Via: via, MaxConns: conns})
+	}
+	if kind == "postgres" {
 		// A fresh grant's reply carries the INSERT's command tag, a
 		// release's the UPDATE's.
 		px.success[phClaim] = contains("INSERT 0 1")
 		px.success[phRelease] = contains("UPDATE 1")
-		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, "", 2) }, faulty: ph, inject: px}
-
-	case "redis":
-		addr, prefix := testenv.RedisAddr(t), testenv.RandomPrefix(t.Name())
-		t.Cleanup(func() { dropKeys(addr, prefix) })
-		open := func(instance, addr string) claim.Claimer {
-			client := goredis.NewClient(redisOptions(addr))
-			t.Cleanup(func() { _ = client.Close() })
-			return redis.New(client, redis.Options{Instance: instance, Prefix: prefix})
-		}
-		var ph phased
-		for p := range phases {
-			ph[p] = open(faulty, px.proxy(t, p, addr))
-		}
+	} else {
 		px.success[phClaim], px.success[phRelease] = contains("granted"), contains("released")
-		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, addr) }, faulty: ph, inject: px}
-
-	case "redlock":
-		prefix := testenv.RandomPrefix(t.Name())
-		t.Cleanup(func() {
-			for _, a := range redlockNodes {
-				dropKeys(a, prefix)
-			}
-		})
-		open := func(instance string, addrs []string) claim.Claimer {
-			var clients []goredis.UniversalClient
-			for _, a := range addrs {
-				c := goredis.NewClient(redlock.ClientOptions(a))
-				t.Cleanup(func() { _ = c.Close() })
-				clients = append(clients, c)
-			}
-			c, err := redlock.New(clients, redlock.Options{Instance: instance, Prefix: prefix})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}
-		var ph phased
-		for p := range phases {
-			addrs := append([]string(nil), redlockNodes...)
-			for i := range proxied {
-				addrs[i] = px.proxy(t, p, redlockNodes[i])
-			}
-			ph[p] = open(faulty, addrs)
-		}
-		px.success[phClaim], px.success[phRelease] = contains("granted"), contains("released")
-		return faultyBackend{healthy: func(i string) claim.Claimer { return open(i, redlockNodes) }, faulty: ph, inject: px}
 	}
-	t.Fatalf("unknown claimer kind %q", kind)
-	return faultyBackend{}
+	return faultyBackend{healthy: healthy, faulty: ph, inject: px}
 }
 
 func contains(s string) func([]byte) bool {
 	return func(b []byte) bool { return bytes.Contains(b, []byte(s)) }
-}
-
-// dropKeys deletes a scenario's keys.
-func dropKeys(addr, prefix string) {
-	ctx, cancel := testenv.CleanupContext()
-	defer cancel()
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	defer c.Close()
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
-	}
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 // Environment variables read by tests (and only by tests).
@@ -276,4 +277,30 @@ func RandomPrefix(name string) string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return "test:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+}
+
+// RedisPrefix returns a key prefix unique to t and deletes every key under
+// it on each of addrs when t ends, so tests can share a Redis server, run in
+// parallel and re-run on a dirty one.
+func RedisPrefix(t testing.TB, addrs ...string) string {
+	t.Helper()
+	prefix := RandomPrefix(t.Name())
+	// A test's name may hold glob characters; SCAN's MATCH must not read them.
+	match := strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(prefix) + "*"
+	t.Cleanup(func() {
+		ctx, cancel := CleanupContext()
+		defer cancel()
+		for _, addr := range addrs {
+			admin := goredis.NewClient(&goredis.Options{Addr: addr})
+			iter := admin.Scan(ctx, 0, match, 500).Iterator()
+			for iter.Next(ctx) {
+				admin.Del(ctx, iter.Val())
+			}
+			if err := iter.Err(); err != nil {
+				t.Errorf("delete keys %s* on %s: %v", prefix, addr, err)
+			}
+			_ = admin.Close()
+		}
+	})
+	return prefix
 }

@@ -1,10 +1,14 @@
 // Package backends opens every claimer kind against its real service for
-// tests above the claimer level (runner, compare, benchmarks): one isolated
-// namespace per call, one client per opened replica.
+// tests above the claimer level (runner, compare, benchmarks) and for the
+// claimers' own conformance runs: one isolated namespace per call, one
+// client per opened replica.
 package backends
 
 import (
+	"cmp"
 	"context"
+	"net"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,85 +33,164 @@ var Kinds = []string{"memory", "sqlite", "postgres", "redis", "redlock"}
 // dropped when t ends.
 func Open(t testing.TB, kind string) func(instance string) claim.Claimer {
 	t.Helper()
+	return Prepare(t, kind, Options{}).Open
+}
+
+// Options adjust Prepare; the zero value is what Open uses.
+type Options struct {
+	// Servers are the redis server or the redlock nodes to use instead of
+	// testenv's (five nodes for redlock): a private server a test
+	// restarts, say, or nodes many tests share.
+	Servers []string
+	// Redis and Redlock are the claimers' options; Open sets Instance and
+	// Prefix.
+	Redis   redis.Options
+	Redlock redlock.Options
+}
+
+// Namespace is one isolated namespace on a kind's service.
+type Namespace struct {
+	// Servers are what the claimers dial: the postgres host:port, the
+	// redis server or the redlock nodes; none for memory and sqlite.
+	Servers []string
+	// Prefix is the redis and redlock claimers' key prefix.
+	Prefix string
+	open   func(instance string, c Client) claim.Claimer
+}
+
+// Client shapes one opened claimer's connections.
+type Client struct {
+	// Via maps a server's address to the one this claimer dials instead
+	// (a fault proxy's, say); servers not in it are dialled directly.
+	Via map[string]string
+	// MaxConns caps a postgres pool (0: pgxpool's default).
+	MaxConns int32
+}
+
+// Open opens a claimer for instance with its own client, closed when the
+// Prepare's t ends.
+func (n *Namespace) Open(instance string) claim.Claimer { return n.open(instance, Client{}) }
+
+// OpenClient is Open with the client shaped by c.
+func (n *Namespace) OpenClient(instance string, c Client) claim.Claimer { return n.open(instance, c) }
+
+func (c Client) dial(addr string) string {
+	if via, ok := c.Via[addr]; ok {
+		return via
+	}
+	return addr
+}
+
+// Prepare prepares an isolated namespace for kind. Everything it and its
+// claimers open is closed and dropped when t ends.
+func Prepare(t testing.TB, kind string, opts Options) *Namespace {
+	t.Helper()
 	switch kind {
 	case "memory":
 		s := memory.NewStore(nil)
-		return func(instance string) claim.Claimer { return memory.New(s, instance) }
+		return &Namespace{open: func(instance string, _ Client) claim.Claimer { return memory.New(s, instance) }}
 	case "sqlite":
-		path := testenv.TempPath(t, "claims.db")
-		first, err := sqlite.Open(t.Context(), path, sqlite.Options{Instance: "migrate"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = first.Close()
-		return func(instance string) claim.Claimer {
+		path := MigratedFile(t)
+		return &Namespace{open: func(instance string, _ Client) claim.Claimer {
 			c, err := sqlite.Open(context.Background(), path, sqlite.Options{Instance: instance})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = c.Close() })
 			return c
-		}
+		}}
 	case "postgres":
-		cfg, err := pgxpool.ParseConfig(testenv.PostgresSchema(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := stdlib.OpenDB(*cfg.ConnConfig.Copy())
-		err = migrations.Up(t.Context(), db, migrations.Postgres)
-		_ = db.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return func(instance string) claim.Claimer {
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg.Copy())
+		cfg := MigratedSchema(t)
+		addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+		return &Namespace{Servers: []string{addr}, open: func(instance string, cl Client) claim.Claimer {
+			c := cfg.Copy()
+			c.MaxConns = cmp.Or(cl.MaxConns, c.MaxConns)
+			if via := cl.dial(addr); via != addr {
+				host, port, err := net.SplitHostPort(via)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p, err := strconv.ParseUint(port, 10, 16)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.ConnConfig.Host, c.ConnConfig.Port = host, uint16(p)
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), c)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(pool.Close)
 			return postgres.New(pool, postgres.Options{Instance: instance})
-		}
+		}}
 	case "redis":
-		addr, prefix := testenv.RedisAddr(t), testenv.RandomPrefix(t.Name())
-		t.Cleanup(func() { dropPrefix(addr, prefix) })
-		return func(instance string) claim.Claimer {
-			client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
-			t.Cleanup(func() { _ = client.Close() })
-			return redis.New(client, redis.Options{Instance: instance, Prefix: prefix})
+		addrs := opts.Servers
+		if len(addrs) == 0 {
+			addrs = []string{testenv.RedisAddr(t)}
 		}
+		ns := &Namespace{Servers: addrs, Prefix: testenv.RedisPrefix(t, addrs...)}
+		ns.open = func(instance string, cl Client) claim.Claimer {
+			client := goredis.NewClient(&goredis.Options{Addr: cl.dial(addrs[0]), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = client.Close() })
+			o := opts.Redis
+			o.Instance, o.Prefix = instance, ns.Prefix
+			return redis.New(client, o)
+		}
+		return ns
 	case "redlock":
-		addrs, prefix := testenv.RedlockAddrs(t, 5), testenv.RandomPrefix(t.Name())
-		t.Cleanup(func() {
-			for _, a := range addrs {
-				dropPrefix(a, prefix)
-			}
-		})
-		return func(instance string) claim.Claimer {
-			var clients []goredis.UniversalClient
-			for _, a := range addrs {
-				c := goredis.NewClient(redlock.ClientOptions(a))
+		addrs := opts.Servers
+		if len(addrs) == 0 {
+			addrs = testenv.RedlockAddrs(t, 5)
+		}
+		ns := &Namespace{Servers: addrs, Prefix: testenv.RedisPrefix(t, addrs...)}
+		ns.open = func(instance string, cl Client) claim.Claimer {
+			clients := make([]goredis.UniversalClient, len(addrs))
+			for i, a := range addrs {
+				c := goredis.NewClient(redlock.ClientOptions(cl.dial(a)))
 				t.Cleanup(func() { _ = c.Close() })
-				clients = append(clients, c)
+				clients[i] = c
 			}
-			c, err := redlock.New(clients, redlock.Options{Instance: instance, Prefix: prefix})
+			o := opts.Redlock
+			o.Instance, o.Prefix = instance, ns.Prefix
+			c, err := redlock.New(clients, o)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return c
 		}
+		return ns
 	}
 	t.Fatalf("unknown claimer kind %q", kind)
 	return nil
 }
 
-// dropPrefix deletes a test's keys from a shared Redis.
-func dropPrefix(addr, prefix string) {
-	ctx, cancel := testenv.CleanupContext()
-	defer cancel()
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	defer c.Close()
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
+// MigratedSchema creates a private, migrated schema on the test server and
+// returns a pool config whose connections use it. The schema is dropped
+// when t ends.
+func MigratedSchema(t testing.TB) *pgxpool.Config {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresSchema(t))
+	if err != nil {
+		t.Fatal(err)
 	}
+	db := stdlib.OpenDB(*cfg.ConnConfig.Copy())
+	err = migrations.Up(t.Context(), db, migrations.Postgres)
+	_ = db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// MigratedFile returns the path of a fresh, migrated SQLite file. It is
+// migrated here, before replicas race to open it.
+func MigratedFile(t testing.TB) string {
+	t.Helper()
+	path := testenv.TempPath(t, "claims.db")
+	c, err := sqlite.Open(t.Context(), path, sqlite.Options{Instance: "migrate"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+	return path
 }
