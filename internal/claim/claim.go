@@ -213,6 +213,18 @@ type BatchClaimer interface {
 	ClaimBatch(ctx context.Context, runs []Run, lease time.Duration) (claims []*Claim, errs []error)
 }
 
+// BatchReleaser is implemented by claimers that can end many claims in a
+// few round trips. The runner uses it when many runs finish at once; a
+// claimer without it is asked claim by claim.
+type BatchReleaser interface {
+	// ReleaseBatch ends each of claims with outcomes[i], exactly as Release
+	// would, and returns one error per claim, in order: nil, ErrLeaseLost
+	// or ErrInvalid for that claim alone, or a backend or ctx failure for
+	// every claim it affected (those may or may not have been released; a
+	// retry with the same outcome is safe). Claims must be of distinct runs.
+	ReleaseBatch(ctx context.Context, claims []*Claim, outcomes []Outcome) []error
+}
+
 // Historian is implemented by claimers that can list recorded runs, newest
 // scheduled instant first. job "" means every job.
 type Historian interface {

@@ -107,6 +107,7 @@ func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration)
 func Run(t *testing.T, newClaimers Factory, opts Options) {
 	opts.defaults()
 	batchCases(t, newClaimers, opts)
+	releaseBatchCases(t, newClaimers, opts)
 	lease := opts.Lease
 
 	t.Run("ClaimCarriesRunHolderTokenFenceAttempt", func(t *testing.T) {

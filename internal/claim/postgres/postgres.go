@@ -111,7 +111,8 @@ type Claimer struct {
 var (
 	_ claim.Claimer      = (*Claimer)(nil)
 	_ claim.Historian    = (*Claimer)(nil)
-	_ claim.BatchClaimer = (*Claimer)(nil)
+	_ claim.BatchClaimer  = (*Claimer)(nil)
+	_ claim.BatchReleaser = (*Claimer)(nil)
 )
 
 // New returns a Claimer on pool, whose connections must see the migrated
@@ -324,6 +325,52 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 		return fmt.Errorf("release %s: %w", cl.ID(), claim.ErrLeaseLost)
 	}
 	return nil
+}
+
+// ReleaseBatch implements claim.BatchReleaser: Release's statement for
+// every claim, pipelined in one round trip and one implicit transaction,
+// in run id order, the order ClaimBatch locks rows in, so that batches
+// racing over the same rows cannot deadlock.
+func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+	errs := make([]error, len(cls))
+	var pending []int
+	for i, cl := range cls {
+		if errs[i] = claim.CheckRelease(cl, outcomes[i]); errs[i] == nil {
+			pending = append(pending, i)
+		}
+	}
+	if len(pending) == 0 {
+		return errs
+	}
+	slices.SortFunc(pending, func(a, b int) int { return strings.Compare(cls[a].ID(), cls[b].ID()) })
+	b := &pgx.Batch{}
+	for _, i := range pending {
+		o := outcomes[i]
+		b.Queue(releaseRun, cls[i].ID(), cls[i].Token, string(claim.Status(o)), o.Terminal())
+	}
+	res := c.pool.SendBatch(ctx, b)
+	for _, i := range pending {
+		tag, err := res.Exec()
+		if err == nil && tag.RowsAffected() == 0 {
+			err = claim.ErrLeaseLost
+		}
+		errs[i] = err
+	}
+	if err := res.Close(); err != nil {
+		// The transaction did not commit: none of its releases stand.
+		for _, i := range pending {
+			errs[i] = err
+		}
+	}
+	for _, i := range pending {
+		if err := errs[i]; err != nil {
+			if !errors.Is(err, claim.ErrLeaseLost) {
+				err = translate(err)
+			}
+			errs[i] = fmt.Errorf("release %s as %s: %w", cls[i].ID(), outcomes[i], err)
+		}
+	}
+	return errs
 }
 
 // Ping implements claim.Claimer.

@@ -121,11 +121,27 @@ func claimReply(vals []any) (Reply, error) {
 	return out, nil
 }
 
-// ClaimBatch is Claim for many runs in one pipeline (a second one loads
-// the script if the server lost it). Each run is still one atomic script.
+// ClaimBatch is Claim for many runs in one pipeline. Each run is still one
+// atomic script.
 func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
-	replies, errs := make([]Reply, len(runs)), make([]error, len(runs))
-	todo := make([]int, len(runs))
+	replies := make([]Reply, len(runs))
+	vals, errs := n.pipeline(ctx, claimScript, len(runs), func(i int) ([]string, []any) {
+		return n.claimArgs(runs[i], tokens[i], holder, lease)
+	})
+	for i := range runs {
+		if errs[i] == nil {
+			replies[i], errs[i] = claimReply(vals[i])
+		}
+	}
+	return replies, errs
+}
+
+// pipeline runs script count times in one pipeline, with the keys and
+// arguments args gives for each, and returns each run's reply or error (a
+// second pipeline loads the script if the server lost it).
+func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int, args func(i int) ([]string, []any)) ([][]any, []error) {
+	vals, errs := make([][]any, count), make([]error, count)
+	todo := make([]int, count)
 	for i := range todo {
 		todo[i] = i
 	}
@@ -133,24 +149,24 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 		pipe := n.client.Pipeline()
 		cmds := make([]*goredis.Cmd, len(todo))
 		for k, i := range todo {
-			keys, args := n.claimArgs(runs[i], tokens[i], holder, lease)
-			cmds[k] = claimScript.EvalSha(ctx, pipe, keys, args...)
+			keys, argv := args(i)
+			cmds[k] = script.EvalSha(ctx, pipe, keys, argv...)
 		}
 		_, _ = pipe.Exec(ctx) // errors are per command
 		var again []int
 		for k, i := range todo {
-			vals, err := cmds[k].Slice()
+			v, err := cmds[k].Slice()
 			switch {
 			case err != nil && try == 0 && goredis.HasErrorPrefix(err, "NOSCRIPT"):
 				again = append(again, i)
 			case err != nil:
 				errs[i] = translate(ctx, err)
 			default:
-				replies[i], errs[i] = claimReply(vals)
+				vals[i] = v
 			}
 		}
 		if len(again) > 0 {
-			if err := claimScript.Load(ctx, n.client).Err(); err != nil {
+			if err := script.Load(ctx, n.client).Err(); err != nil {
 				for _, i := range again {
 					errs[i] = translate(ctx, err)
 				}
@@ -159,7 +175,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 		}
 		todo = again
 	}
-	return replies, errs
+	return vals, errs
 }
 
 // AbortBatch is Abort for many runs in one pipeline, best effort.
@@ -195,11 +211,32 @@ func (n *Node) Renew(ctx context.Context, runID, token string, lease time.Durati
 // Release ends the claim token holds on runID with outcome o. It returns an
 // error wrapping claim.ErrLeaseLost if token no longer holds the run there.
 func (n *Node) Release(ctx context.Context, runID, token string, o claim.Outcome) error {
-	vals, err := releaseScript.Run(ctx, n.client, []string{n.keys.run(runID)},
-		token, string(o), n.doneTTL.Milliseconds(), terminal(o)).Slice()
+	keys, args := n.releaseArgs(runID, token, o)
+	vals, err := releaseScript.Run(ctx, n.client, keys, args...).Slice()
 	if err != nil {
 		return translate(ctx, err)
 	}
+	return releaseReply(vals)
+}
+
+// ReleaseBatch is Release for many claims in one pipeline.
+func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Outcome) []error {
+	vals, errs := n.pipeline(ctx, releaseScript, len(runIDs), func(i int) ([]string, []any) {
+		return n.releaseArgs(runIDs[i], tokens[i], outcomes[i])
+	})
+	for i := range runIDs {
+		if errs[i] == nil {
+			errs[i] = releaseReply(vals[i])
+		}
+	}
+	return errs
+}
+
+func (n *Node) releaseArgs(runID, token string, o claim.Outcome) ([]string, []any) {
+	return []string{n.keys.run(runID)}, []any{token, string(o), n.doneTTL.Milliseconds(), terminal(o)}
+}
+
+func releaseReply(vals []any) error {
 	r := reply(vals)
 	switch r.str(0) {
 	case "released":

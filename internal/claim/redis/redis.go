@@ -100,7 +100,8 @@ type Claimer struct {
 var (
 	_ claim.Claimer      = (*Claimer)(nil)
 	_ claim.Historian    = (*Claimer)(nil)
-	_ claim.BatchClaimer = (*Claimer)(nil)
+	_ claim.BatchClaimer  = (*Claimer)(nil)
+	_ claim.BatchReleaser = (*Claimer)(nil)
 )
 
 // New returns a Claimer over client, which it owns from now on: Close
@@ -236,6 +237,31 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 		return fmt.Errorf("release %s as %s: %w", cl.ID(), o, err)
 	}
 	return nil
+}
+
+// ReleaseBatch implements claim.BatchReleaser: the release script of every
+// claim, pipelined in one round trip.
+func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+	errs := make([]error, len(cls))
+	var (
+		idx         []int
+		ids, tokens []string
+		outs        []claim.Outcome
+	)
+	for i, cl := range cls {
+		if errs[i] = claim.CheckRelease(cl, outcomes[i]); errs[i] == nil {
+			idx, ids, tokens, outs = append(idx, i), append(ids, cl.ID()), append(tokens, cl.Token), append(outs, outcomes[i])
+		}
+	}
+	if len(idx) == 0 {
+		return errs
+	}
+	for k, err := range c.node.ReleaseBatch(ctx, ids, tokens, outs) {
+		if err != nil {
+			errs[idx[k]] = fmt.Errorf("release %s as %s: %w", ids[k], outs[k], err)
+		}
+	}
+	return errs
 }
 
 // Ping implements claim.Claimer.
