@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // Environment variables read by tests (and only by tests).
@@ -106,6 +107,12 @@ func find(t testing.TB, service, fromEnv, localAddr, local string, container fun
 	Missing(t, service, err.Error())
 	return ""
 }
+
+// IgnoreRedisDialProbe is for goleak in tests that make go-redis dial a
+// dead node: after repeated dial failures go-redis probes the node from a
+// goroutine that checks for Close only between one-second sleeps; it exits
+// on its own once the client is closed.
+var IgnoreRedisDialProbe = goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial")
 
 // RedlockAddrs returns the addresses of independent Redis nodes for Redlock:
 // SCHEDULER_TEST_REDLOCK_ADDRS, or n private redis-server processes started

@@ -5,16 +5,12 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
-	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, func(t *testing.T) func(string) claim.Claimer {
-		s := memory.NewStore(nil)
-		return func(instance string) claim.Claimer { return memory.New(s, instance) }
-	}, claimtest.Options{})
+	claimtest.Run(t, backends.Factory("memory", backends.Options{}), claimtest.Options{})
 }

@@ -1,25 +1,31 @@
 package postgres_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
-	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 // BenchmarkClaimRelease claims a fresh run and releases it as succeeded: the
 // claimer's cost per executed run. Compare claims/s with BenchmarkRawInsert.
 func BenchmarkClaimRelease(b *testing.B) {
-	c := postgres.New(newPool(b, migratedSchema(b)), postgres.Options{Instance: "bench"})
-	claimtest.BenchClaimRelease(b, c)
+	claimtest.BenchClaimRelease(b, backends.Open(b, "postgres")("bench"))
 }
 
 // BenchmarkRawInsert is the floor: one bare pgx INSERT … ON CONFLICT DO
 // NOTHING RETURNING per run into a table shaped like scheduler_runs.
 func BenchmarkRawInsert(b *testing.B) {
-	pool := newPool(b, migratedSchema(b))
+	pool, err := pgxpool.NewWithConfig(context.Background(), backends.MigratedSchema(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
 	if _, err := pool.Exec(b.Context(), `CREATE TABLE raw_runs (LIKE scheduler_runs INCLUDING ALL)`); err != nil {
 		b.Fatal(err)
 	}

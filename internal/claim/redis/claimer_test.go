@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,70 +15,26 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/redis"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
-func TestMain(m *testing.M) {
-	// After repeated dial failures go-redis probes the node from a goroutine
-	// that checks for Close only between one-second sleeps; it exits on its
-	// own once the client is closed.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreRedisDialProbe) }
 
 func newClient(addr string) *goredis.Client {
 	return goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
 }
 
-// prefix returns a key prefix no other test or run shares.
-func prefix() string { return "schedtest:" + claim.NewToken()[:12] + ":" }
-
-// isolate registers cleanup of every key under p on addr.
-func isolate(t testing.TB, addr, p string) {
-	t.Cleanup(func() {
-		ctx, cancel := testenv.CleanupContext()
-		defer cancel()
-		admin := newClient(addr)
-		defer admin.Close()
-		iter := admin.Scan(ctx, 0, p+"*", 500).Iterator()
-		for iter.Next(ctx) {
-			admin.Del(ctx, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			t.Errorf("cleanup of %s*: %v", p, err)
-		}
-	})
-}
-
-// opener returns claimers sharing prefix p on addr, each with its own
-// client, closed when t ends.
-func opener(t testing.TB, addr, p string, opts redis.Options) func(string) *redis.Claimer {
-	var mu sync.Mutex
-	var opened []*redis.Claimer
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range opened {
-			_ = c.Close()
-		}
-	})
-	return func(instance string) *redis.Claimer {
-		o := opts
-		o.Instance, o.Prefix = instance, p
-		c := redis.New(newClient(addr), o)
-		mu.Lock()
-		opened = append(opened, c)
-		mu.Unlock()
-		return c
-	}
+// isolated returns a client of the test server and a key prefix whose keys
+// are deleted when tb ends.
+func isolated(tb testing.TB) (*goredis.Client, string) {
+	addr := testenv.RedisAddr(tb)
+	client := newClient(addr)
+	tb.Cleanup(func() { _ = client.Close() })
+	return client, testenv.RedisPrefix(tb, addr)
 }
 
 func TestConformance(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	claimtest.Run(t, func(t *testing.T) func(string) claim.Claimer {
-		p := prefix()
-		isolate(t, addr, p)
-		open := opener(t, addr, p, redis.Options{})
-		return func(instance string) claim.Claimer { return open(instance) }
-	}, claimtest.Options{})
+	claimtest.Run(t, backends.Factory("redis", backends.Options{}), claimtest.Options{})
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -92,7 +47,7 @@ var base = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 
 func TestFenceGrowsAcrossARestartThatLostTheData(t *testing.T) {
 	node := testenv.StartRedis(t)
-	c := opener(t, node.Addr(), prefix(), redis.Options{})("replica-a")
+	c := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}}).Open("replica-a")
 	var last int64
 	for i := range 5 {
 		cl, err := c.Claim(ctxT(t), claim.Run{Job: "job.restart", At: base.Add(time.Duration(i) * time.Minute)}, time.Minute)
@@ -143,7 +98,7 @@ func TestEvictingServerIsRefused(t *testing.T) {
 func TestUnreachableServerIsUnavailable(t *testing.T) {
 	c := redis.New(goredis.NewClient(&goredis.Options{
 		Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true,
-	}), redis.Options{Instance: "replica-a", Prefix: prefix()})
+	}), redis.Options{Instance: "replica-a", Prefix: testenv.RandomPrefix(t.Name())})
 	defer c.Close()
 	_, err := c.Claim(ctxT(t), claim.Run{Job: "job.down", At: base}, time.Minute)
 	if !errors.Is(err, claim.ErrUnavailable) || errors.Is(err, claim.ErrHeld) {
@@ -160,7 +115,7 @@ func TestPasswordNeverInErrors(t *testing.T) {
 	node := testenv.StartRedis(t, "--requirepass", "right-password-1")
 	c := redis.New(goredis.NewClient(&goredis.Options{
 		Addr: node.Addr(), Password: "wrong-password-2", MaxRetries: -1, ContextTimeoutEnabled: true,
-	}), redis.Options{Instance: "replica-a", Prefix: prefix()})
+	}), redis.Options{Instance: "replica-a", Prefix: testenv.RandomPrefix(t.Name())})
 	defer c.Close()
 	_, err := c.Claim(ctxT(t), claim.Run{Job: "job.auth", At: base}, time.Minute)
 	if !errors.Is(err, claim.ErrUnavailable) || strings.Contains(err.Error(), "password-") {
@@ -169,15 +124,13 @@ func TestPasswordNeverInErrors(t *testing.T) {
 }
 
 func TestDoneMarkerLivesForDoneTTL(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	p := prefix()
-	isolate(t, addr, p)
 	const doneTTL = time.Hour
-	c := opener(t, addr, p, redis.Options{DoneTTL: doneTTL})("replica-a")
-	admin := newClient(addr)
+	ns := backends.Prepare(t, "redis", backends.Options{Redis: redis.Options{DoneTTL: doneTTL}})
+	c := ns.Open("replica-a")
+	admin := newClient(ns.Servers[0])
 	defer admin.Close()
 	run := claim.Run{Job: "job.ttl", At: base}
-	key := p + "run:" + run.ID()
+	key := ns.Prefix + "run:" + run.ID()
 
 	cl, err := c.Claim(ctxT(t), run, time.Minute)
 	if err != nil {
@@ -198,19 +151,12 @@ func TestDoneMarkerLivesForDoneTTL(t *testing.T) {
 // BenchmarkClaimRelease claims a fresh run and releases it as done: two
 // round trips, against the raw SET NX references below on the same server.
 func BenchmarkClaimRelease(b *testing.B) {
-	addr := testenv.RedisAddr(b)
-	p := prefix()
-	isolate(b, addr, p)
-	claimtest.BenchClaimRelease(b, opener(b, addr, p, redis.Options{})("bench"))
+	claimtest.BenchClaimRelease(b, backends.Open(b, "redis")("bench"))
 }
 
 // BenchmarkRawSetNX is the floor: one bare SET NX PX per run.
 func BenchmarkRawSetNX(b *testing.B) {
-	addr := testenv.RedisAddr(b)
-	p := prefix()
-	isolate(b, addr, p)
-	client := newClient(addr)
-	defer client.Close()
+	client, p := isolated(b)
 	claimtest.Throughput(b, "ops", func(b *testing.B, i int64) {
 		if err := client.SetNX(b.Context(), p+"raw:"+strconv.FormatInt(i, 10), claim.NewToken(), time.Minute).Err(); err != nil {
 			b.Fatal(err)
@@ -225,11 +171,7 @@ return 0`)
 // BenchmarkRawSetNXDel is the classic lock: SET NX PX, then a Lua
 // compare-and-delete.
 func BenchmarkRawSetNXDel(b *testing.B) {
-	addr := testenv.RedisAddr(b)
-	p := prefix()
-	isolate(b, addr, p)
-	client := newClient(addr)
-	defer client.Close()
+	client, p := isolated(b)
 	claimtest.Throughput(b, "ops", func(b *testing.B, i int64) {
 		key, token := p+"raw:"+strconv.FormatInt(i, 10), claim.NewToken()
 		if err := client.SetNX(b.Context(), key, token, time.Minute).Err(); err != nil {
@@ -242,11 +184,7 @@ func BenchmarkRawSetNXDel(b *testing.B) {
 }
 
 func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	p := prefix()
-	isolate(t, addr, p)
-	client := newClient(addr)
-	defer client.Close()
+	client, p := isolated(t)
 	node := redis.NewNode(client, redis.Options{Prefix: p}, 0, 1)
 	run := claim.Run{Job: "job.key", At: base}
 	first := claim.NewToken()

@@ -15,77 +15,25 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
-func TestMain(m *testing.M) {
-	// After repeated dial failures go-redis probes the node from a goroutine
-	// that checks for Close only between one-second sleeps; it exits on its
-	// own once the client is closed.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
-}
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreRedisDialProbe) }
 
-// nodeTimeout is generous for a loaded 2-core CI box; it is capped at
-// lease/3 anyway.
-const nodeTimeout = time.Second
+// options has a nodeTimeout generous for a loaded 2-core CI box; it is
+// capped at lease/3 anyway.
+var options = backends.Options{Redlock: redlock.Options{NodeTimeout: time.Second}}
 
-func newClient(addr string) *goredis.Client {
-	return goredis.NewClient(redlock.ClientOptions(addr))
-}
-
-func prefix() string { return "schedtest:" + claim.NewToken()[:12] + ":" }
-
-// isolate registers cleanup of every key under p on every node.
-func isolate(t testing.TB, addrs []string, p string) {
-	t.Cleanup(func() {
-		ctx, cancel := testenv.CleanupContext()
-		defer cancel()
-		for _, addr := range addrs {
-			admin := newClient(addr)
-			iter := admin.Scan(ctx, 0, p+"*", 500).Iterator()
-			for iter.Next(ctx) {
-				admin.Del(ctx, iter.Val())
-			}
-			_ = admin.Close() // a node a test stopped has nothing to clean
-		}
-	})
-}
-
-// opener returns claimers sharing prefix p, each with its own client per
-// node, closed when t ends.
-func opener(t testing.TB, addrs []string, p string) func(string) *redlock.Claimer {
-	var mu sync.Mutex
-	var opened []*redlock.Claimer
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range opened {
-			_ = c.Close()
-		}
-	})
-	return func(instance string) *redlock.Claimer {
-		clients := make([]goredis.UniversalClient, len(addrs))
-		for i, a := range addrs {
-			clients[i] = newClient(a)
-		}
-		c, err := redlock.New(clients, redlock.Options{Instance: instance, Prefix: p, NodeTimeout: nodeTimeout})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mu.Lock()
-		opened = append(opened, c)
-		mu.Unlock()
-		return c
-	}
+// prepare is a namespace on nodes (default: testenv's five) for claimers
+// with options.
+func prepare(t testing.TB, nodes []string) *backends.Namespace {
+	o := options
+	o.Servers = nodes
+	return backends.Prepare(t, "redlock", o)
 }
 
 func TestConformance(t *testing.T) {
-	addrs := testenv.RedlockAddrs(t, 5)
-	claimtest.Run(t, func(t *testing.T) func(string) claim.Claimer {
-		p := prefix()
-		isolate(t, addrs, p)
-		open := opener(t, addrs, p)
-		return func(instance string) claim.Claimer { return open(instance) }
-	}, claimtest.Options{Lease: time.Second})
+	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
 }
 
 func TestNewRejectsNoNodesAndBadClients(t *testing.T) {
@@ -122,7 +70,7 @@ func startNodes(t *testing.T, n int) ([]*testenv.Redis, []string) {
 }
 
 // race has every claimer contend for run once and returns the winners.
-func race(t *testing.T, claimers []*redlock.Claimer, run claim.Run) []*claim.Claim {
+func race(t *testing.T, claimers []claim.Claimer, run claim.Run) []*claim.Claim {
 	t.Helper()
 	var wins []*claim.Claim
 	var mu sync.Mutex
@@ -160,8 +108,8 @@ func eventually(t *testing.T, c claim.Claimer, run claim.Run) (*claim.Claim, err
 
 func TestNodesDown(t *testing.T) {
 	nodes, addrs := startNodes(t, 5)
-	open := opener(t, addrs, prefix())
-	claimers := make([]*redlock.Claimer, 6)
+	open := prepare(t, addrs).Open
+	claimers := make([]claim.Claimer, 6)
 	for i := range claimers {
 		claimers[i] = open(fmt.Sprintf("replica-%d", i))
 	}
@@ -189,7 +137,7 @@ func TestNodesDown(t *testing.T) {
 		t.Fatalf("claim with three of five nodes down: %v, want ErrUnavailable", err)
 	}
 	for _, n := range nodes[3:] {
-		admin := newClient(n.Addr())
+		admin := goredis.NewClient(&goredis.Options{Addr: n.Addr()})
 		keys, err := admin.Keys(ctxT(t), "*run:"+run.ID()).Result()
 		_ = admin.Close()
 		if err != nil || len(keys) != 0 {
@@ -218,7 +166,7 @@ func TestNodesDown(t *testing.T) {
 
 func TestRestartedNodeGrantsNoSecondHolder(t *testing.T) {
 	nodes, addrs := startNodes(t, 5)
-	open := opener(t, addrs, prefix())
+	open := prepare(t, addrs).Open
 	a, b := open("replica-a"), open("replica-b")
 	run := runAt("job.restart", 0)
 	held, err := a.Claim(ctxT(t), run, time.Minute)
@@ -264,10 +212,7 @@ func eventuallyHeld(t *testing.T, c claim.Claimer, run claim.Run) (*claim.Claim,
 }
 
 func BenchmarkClaimRelease(b *testing.B) {
-	addrs := testenv.RedlockAddrs(b, 5)
-	p := prefix()
-	isolate(b, addrs, p)
-	c := opener(b, addrs, p)("bench")
+	c := prepare(b, nil).Open("bench")
 	ctx := context.Background()
 	i := 0
 	for b.Loop() {
@@ -284,22 +229,10 @@ func BenchmarkClaimRelease(b *testing.B) {
 }
 
 func TestStaleReleaseOnAMinorityIsNotDone(t *testing.T) {
-	addrs := testenv.RedlockAddrs(t, 5)
-	p := prefix()
-	isolate(t, addrs, p)
-	open := opener(t, addrs, p)
-	a, c := open("replica-a"), open("replica-c")
+	ns := prepare(t, nil)
+	a, c := ns.Open("replica-a"), ns.Open("replica-c")
 	// b reaches only the first four nodes, so its takeover misses the last.
-	clients := make([]goredis.UniversalClient, 5)
-	for i := range 4 {
-		clients[i] = newClient(addrs[i])
-	}
-	clients[4] = newClient("127.0.0.1:1")
-	b, err := redlock.New(clients, redlock.Options{Instance: "replica-b", Prefix: p, NodeTimeout: nodeTimeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := ns.OpenClient("replica-b", backends.Client{Via: map[string]string{ns.Servers[4]: "127.0.0.1:1"}})
 
 	// Long enough that a loaded CI box still commits within the validity time.
 	const lease = time.Second

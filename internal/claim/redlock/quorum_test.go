@@ -8,19 +8,18 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
 	"github.com/scheduler-dev/scheduler/internal/faultproxy"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 // raceAll has every claimer bid for each of n runs at once, the winner
 // releasing the run as done the way a finished run is, and returns the
 // number of grants per run. A claimer that falls behind by more than the
 // lease must find the run done, not take it over.
-func raceAll(t *testing.T, claimers []*redlock.Claimer, job string, n int, lease time.Duration) []int32 {
+func raceAll(t *testing.T, claimers []claim.Claimer, job string, n int, lease time.Duration) []int32 {
 	t.Helper()
 	wins := make([]atomic.Int32, n)
 	var mu sync.Mutex
@@ -76,8 +75,6 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
 	proxy.SetLatency(200 * time.Millisecond)
-	p := prefix()
-	isolate(t, addrs, p)
 	for _, tc := range []struct {
 		name        string
 		nodeTimeout time.Duration
@@ -86,18 +83,11 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 		{"SlowNodeTimesOut", 100 * time.Millisecond}, // the other four decide
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var claimers []*redlock.Claimer
+			ns := backends.Prepare(t, "redlock", backends.Options{Servers: addrs, Redlock: redlock.Options{NodeTimeout: tc.nodeTimeout}})
+			slow := backends.Client{Via: map[string]string{addrs[0]: proxy.Addr()}}
+			var claimers []claim.Claimer
 			for r := range 3 {
-				clients := []goredis.UniversalClient{newClient(proxy.Addr())}
-				for _, a := range addrs[1:] {
-					clients = append(clients, newClient(a))
-				}
-				c, err := redlock.New(clients, redlock.Options{Instance: fmt.Sprintf("r%d", r), Prefix: p + tc.name + ":", NodeTimeout: tc.nodeTimeout})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = c.Close() })
-				claimers = append(claimers, c)
+				claimers = append(claimers, ns.OpenClient(fmt.Sprintf("r%d", r), slow))
 			}
 			// Shorter than the slowest replica's lag behind the others, so
 			// a laggard reaches runs whose lease has long expired.
@@ -129,11 +119,8 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 // run on five nodes. A split vote (no majority for anyone) is retried, led
 // by one contender, so every run ends with exactly one holder.
 func TestRacingReplicasLoseNoRunToSplitVotes(t *testing.T) {
-	addrs := testenv.RedlockAddrs(t, 5)
-	p := prefix()
-	isolate(t, addrs, p)
-	open := opener(t, addrs, p)
-	claimers := []*redlock.Claimer{open("r0"), open("r1"), open("r2")}
+	open := prepare(t, nil).Open
+	claimers := []claim.Claimer{open("r0"), open("r1"), open("r2")}
 	wins := raceAll(t, claimers, "job.split", 300, 10*time.Second)
 	lost := 0
 	for i, n := range wins {

@@ -1,25 +1,30 @@
 package sqlite_test
 
 import (
+	"database/sql"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 // BenchmarkClaimRelease claims a fresh run and releases it as succeeded: the
 // claimer's cost per executed run. Compare claims/s with BenchmarkRawInsert.
 func BenchmarkClaimRelease(b *testing.B) {
-	c := sqlite.New(openDB(b, migratedFile(b)), sqlite.Options{Instance: "bench"})
-	claimtest.BenchClaimRelease(b, c)
+	claimtest.BenchClaimRelease(b, backends.Open(b, "sqlite")("bench"))
 }
 
 // BenchmarkRawInsert is the floor: one bare INSERT per run, autocommit, into
 // a table shaped like scheduler_runs in a file opened the same way.
 func BenchmarkRawInsert(b *testing.B) {
-	db := openDB(b, migratedFile(b))
+	db, err := sql.Open("sqlite", sqlite.DSN(backends.MigratedFile(b)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
 	if _, err := db.ExecContext(b.Context(), `
 CREATE TABLE raw_runs (
     run_id TEXT PRIMARY KEY, job TEXT NOT NULL, scheduled_at INTEGER NOT NULL,

@@ -36,6 +36,15 @@ func Open(t testing.TB, kind string) func(instance string) claim.Claimer {
 	return Prepare(t, kind, Options{}).Open
 }
 
+// Factory is Open as a claimtest.Factory: the conformance suite's cases
+// each get a fresh namespace prepared with opts.
+func Factory(kind string, opts Options) func(t *testing.T) func(instance string) claim.Claimer {
+	return func(t *testing.T) func(instance string) claim.Claimer {
+		t.Helper()
+		return Prepare(t, kind, opts).Open
+	}
+}
+
 // Options adjust Prepare; the zero value is what Open uses.
 type Options struct {
 	// Servers are the redis server or the redlock nodes to use instead of
