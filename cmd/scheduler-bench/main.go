@@ -47,7 +47,8 @@ func run() int {
 	flag.StringVar(&s.RedisAddr, "redis", env("SCHEDULER_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
 	flag.IntVar(&scaleOpts.Jobs, "jobs", 10_000, "jobs due at one instant in the scale scenario")
 	flag.IntVar(&scaleOpts.Replicas, "replicas", 3, "replicas in the scale scenario")
-	flag.BoolVar(&scaleOpts.NoBatch, "no-batch", false, "scale scenario: hide batch claiming from the runner (claims run by run)")
+	flag.BoolVar(&scaleOpts.NoBatch, "no-batch", false, "scale scenario: hide batch claiming and releasing from the runner (run by run)")
+	flag.BoolVar(&scaleOpts.NoBatchRelease, "no-batch-release", false, "scale scenario: hide batch releasing from the runner (claims still batched)")
 	flag.IntVar(&scaleOpts.MaxClaims, "max-claims", 0, "runner claim limit in the scale scenario (0: the runner's default; negative: none)")
 	flag.DurationVar(&scaleOpts.Spread, "spread", 0, "runner spread in the scale scenario (0: the runner's default; negative: none)")
 	flag.StringVar(&ra.Kind, "kind", "", "internal (-replica): claimer kind")
@@ -58,7 +59,7 @@ func run() int {
 	flag.Parse()
 	if *replica {
 		ra.PostgresDSN, ra.RedisAddr, ra.Jobs = s.PostgresDSN, s.RedisAddr, scaleOpts.Jobs
-		ra.Spread, ra.MaxClaims, ra.NoBatch = scaleOpts.Spread, scaleOpts.MaxClaims, scaleOpts.NoBatch
+		ra.Spread, ra.MaxClaims, ra.NoBatch, ra.NoBatchRelease = scaleOpts.Spread, scaleOpts.MaxClaims, scaleOpts.NoBatch, scaleOpts.NoBatchRelease
 		if err := benchkit.ReplicaMain(ra, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "scheduler-bench replica:", err)
 			return 1

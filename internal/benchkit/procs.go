@@ -40,14 +40,15 @@ type ReplicaArgs struct {
 	Jobs                      int
 	Lease, Spread             time.Duration
 	MaxClaims                 int
-	NoBatch                   bool
+	NoBatch, NoBatchRelease   bool
 	Offset                    time.Duration // added to time.Now: the replicas' shared clock
 }
 
 func (a ReplicaArgs) list() []string {
 	return []string{"-kind", a.Kind, "-ns", a.Namespace, "-instance", a.Instance, "-postgres", a.PostgresDSN,
 		"-redis", a.RedisAddr, "-jobs", strconv.Itoa(a.Jobs), "-lease", a.Lease.String(), "-spread", a.Spread.String(),
-		"-max-claims", strconv.Itoa(a.MaxClaims), "-no-batch=" + strconv.FormatBool(a.NoBatch), "-offset", a.Offset.String()}
+		"-max-claims", strconv.Itoa(a.MaxClaims), "-no-batch=" + strconv.FormatBool(a.NoBatch),
+		"-no-batch-release=" + strconv.FormatBool(a.NoBatchRelease), "-offset", a.Offset.String()}
 }
 
 // line is one message of a replica process.
@@ -112,10 +113,7 @@ func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
 	}
 	defer inner.Close()
 	var calls atomic.Int64
-	var c claim.Claimer = counting{Claimer: inner, calls: &calls}
-	if b, ok := inner.(claim.BatchClaimer); ok && !a.NoBatch {
-		c = countingBatch{counting{Claimer: inner, calls: &calls}, b}
-	}
+	c, _, _ := counted(inner, &calls, a.NoBatch, a.NoBatchRelease)
 	now := func() time.Time { return time.Now().Add(a.Offset) }
 
 	runtime.GC()
@@ -213,7 +211,7 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 	for i := range o.Replicas {
 		a := ReplicaArgs{Kind: o.Kind, Namespace: ns, Instance: fmt.Sprintf("r%d", i), PostgresDSN: s.PostgresDSN,
 			RedisAddr: s.RedisAddr, Jobs: o.Jobs, Lease: o.Lease, Spread: o.Spread, MaxClaims: o.MaxClaims,
-			NoBatch: o.NoBatch, Offset: offset}
+			NoBatch: o.NoBatch, NoBatchRelease: o.NoBatchRelease, Offset: offset}
 		cmd := exec.CommandContext(ctx, o.ReplicaCmd[0], append(slices.Clone(o.ReplicaCmd[1:]), a.list()...)...)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()

@@ -34,8 +34,12 @@ type ScaleOptions struct {
 	Spread time.Duration
 	// MaxClaims is runner.Options.MaxClaims (0: default, negative: none).
 	MaxClaims int
-	// NoBatch hides claim.BatchClaimer from the runner: run by run.
+	// NoBatch hides claim.BatchClaimer and claim.BatchReleaser from the
+	// runner: claims and releases run by run.
 	NoBatch bool
+	// NoBatchRelease hides claim.BatchReleaser alone: claims in batches,
+	// releases run by run.
+	NoBatchRelease bool
 	// ReplicaCmd, when set, runs each replica as a process: the command
 	// and leading arguments of a program that calls ReplicaMain (see
 	// cmd/scheduler-bench -replica). Not for memory.
@@ -74,6 +78,8 @@ type Scale struct {
 	MaxClaims int `json:"max_claims"`
 	// Batched says whether the runner claimed in batches.
 	Batched bool `json:"batched"`
+	// BatchedReleases says whether the runner released in batches.
+	BatchedReleases bool `json:"batched_releases"`
 	// Processes says whether the replicas ran as separate processes.
 	Processes bool `json:"processes"`
 	// Schedule lag: instant → handler start, on the starting replica.
@@ -131,6 +137,33 @@ func (c countingBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease t
 	return c.b.ClaimBatch(ctx, runs, lease)
 }
 
+// countingBatches is countingBatch for a claimer that also releases in
+// batches; one ReleaseBatch counts as one call.
+type countingBatches struct {
+	countingBatch
+	e claim.BatchReleaser
+}
+
+func (c countingBatches) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	c.calls.Add(1)
+	return c.e.ReleaseBatch(ctx, cls, outs)
+}
+
+// counted wraps inner to count its calls into calls, showing the runner
+// the batch interfaces inner has unless told to hide them, and says which
+// it shows.
+func counted(inner claim.Claimer, calls *atomic.Int64, noBatch, noBatchRelease bool) (c claim.Claimer, batched, batchedReleases bool) {
+	plain := counting{Claimer: inner, calls: calls}
+	b, ok := inner.(claim.BatchClaimer)
+	if !ok || noBatch {
+		return plain, false, false
+	}
+	if e, ok := inner.(claim.BatchReleaser); ok && !noBatchRelease {
+		return countingBatches{countingBatch{plain, b}, e}, true, true
+	}
+	return countingBatch{plain, b}, true, false
+}
+
 // RunScale runs one scale scenario on the real runner.
 func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	o.defaults()
@@ -143,6 +176,7 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 		res.Processes = true
 		if !o.NoBatch && (o.Kind == "postgres" || o.Kind == "redis") {
 			res.Batched, res.MaxClaims = true, 0
+			res.BatchedReleases = !o.NoBatchRelease
 		}
 		return runScaleProcs(ctx, s, o, res)
 	}
@@ -160,10 +194,10 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 		if err != nil {
 			return fail(err)
 		}
-		claimers[i] = counting{Claimer: c, calls: &calls}
-		if b, ok := c.(claim.BatchClaimer); ok && !o.NoBatch {
-			claimers[i] = countingBatch{counting{Claimer: c, calls: &calls}, b}
-			res.Batched, res.MaxClaims = true, 0
+		var batched, ends bool
+		claimers[i], batched, ends = counted(c, &calls, o.NoBatch, o.NoBatchRelease)
+		if batched {
+			res.Batched, res.MaxClaims, res.BatchedReleases = true, 0, ends
 		}
 	}
 
@@ -302,6 +336,8 @@ func cpuTime() time.Duration {
 func (s Scale) claims() string {
 	how := "all at once"
 	switch {
+	case s.Batched && s.BatchedReleases:
+		how = "batched (+ releases)"
 	case s.Batched:
 		how = "batched"
 	case s.MaxClaims > 0:

@@ -194,7 +194,7 @@ func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) e
 	}
 	sent := time.Now()
 	err := f.inner.Release(ctx, c, o)
-	f.rec.released(c, o, sent, err)
+	f.rec.released([]*claim.Claim{c}, []claim.Outcome{o}, sent, []error{err})
 	return err
 }
 
@@ -227,12 +227,39 @@ func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease tim
 	return cls, errs
 }
 
+// faultyBatches is faultyBatch for a claimer that also releases in
+// batches.
+type faultyBatches struct {
+	faultyBatch
+	ends claim.BatchReleaser
+}
+
+func (f faultyBatches) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	f.rep.gate()
+	if f.rep.crashed.Load() {
+		errs := make([]error, len(cls))
+		for i := range errs {
+			errs[i] = errCrashed
+		}
+		return errs
+	}
+	sent := time.Now()
+	errs := f.ends.ReleaseBatch(ctx, cls, outs)
+	f.rec.released(cls, outs, sent, errs)
+	return errs
+}
+
 // wrap puts a replica's faults around its claimer, keeping the batch
-// interface when the claimer has it.
+// interfaces when the claimer has them (every claimer that releases in
+// batches claims in batches too).
 func wrap(inner claim.Claimer, rep *replica, rec *recorder) claim.Claimer {
 	f := &faulty{inner: inner, rep: rep, rec: rec}
-	if b, ok := inner.(claim.BatchClaimer); ok {
-		return faultyBatch{faulty: f, batch: b}
+	b, ok := inner.(claim.BatchClaimer)
+	if !ok {
+		return f
 	}
-	return f
+	if e, ok := inner.(claim.BatchReleaser); ok {
+		return faultyBatches{faultyBatch{faulty: f, batch: b}, e}
+	}
+	return faultyBatch{faulty: f, batch: b}
 }

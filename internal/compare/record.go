@@ -117,12 +117,14 @@ func (r *recorder) renewed(c *claim.Claim, err error) {
 	}
 }
 
-func (r *recorder) released(c *claim.Claim, o claim.Outcome, sent time.Time, err error) {
+func (r *recorder) released(cls []*claim.Claim, outs []claim.Outcome, sent time.Time, errs []error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
-	if g := r.grants[c.Token]; g != nil && err == nil {
-		g.released, g.outcome = sent, o
+	for i, c := range cls {
+		if g := r.grants[c.Token]; g != nil && errs[i] == nil {
+			g.released, g.outcome = sent, outs[i]
+		}
 	}
 }
 

@@ -123,3 +123,97 @@ func (b *batcher) handBack(cl *claim.Claim) {
 	defer cancel()
 	_ = b.d.r.opts.Claimer.Release(ctx, cl, claim.Interrupted) // best effort: the lease bounds the rest
 }
+
+// releaser coalesces one Run's release calls into ReleaseBatch calls when
+// the claimer is a claim.BatchReleaser, by group commit as batcher does for
+// claims: when 10,000 runs finish at once, their releases cost a few round
+// trips instead of 10,000 calls queued for the pool.
+//
+// There is no sending goroutine of its own: the release that finds none in
+// flight sends its batch itself, and if releases queued up meanwhile it
+// hands on to a new goroutine of the exec group, so nobody waits for
+// batches other than its own. Adding to exec there is safe: releases come
+// from exec goroutines, whose own count keeps exec above zero, or from
+// standby goroutines, which Run waits for before it waits for exec.
+type releaser struct {
+	c claim.BatchReleaser
+	d *dispatcher
+
+	mu      sync.Mutex
+	pending []*ending
+	busy    bool // a release batch is being sent
+}
+
+// ending is one release call waiting for its batch.
+type ending struct {
+	cl   *claim.Claim
+	o    claim.Outcome
+	done chan struct{}
+	err  error
+}
+
+// release ends cl with o in the next batch and returns its answer. A batch
+// is bounded by a third of the lease, as a claim is; the caller retries.
+func (b *releaser) release(cl *claim.Claim, o claim.Outcome) error {
+	x := &ending{cl: cl, o: o, done: make(chan struct{})}
+	b.mu.Lock()
+	b.pending = append(b.pending, x)
+	lead := !b.busy
+	b.busy = true
+	b.mu.Unlock()
+	if lead {
+		b.send(x)
+	}
+	<-x.done
+	return x.err
+}
+
+// send sends batches until own is answered (or, with own nil, until none
+// is waiting), then hands what is still waiting to an exec goroutine.
+func (b *releaser) send(own *ending) {
+	for {
+		b.mu.Lock()
+		var batch, later []*ending
+		seen := map[string]bool{}
+		for _, x := range b.pending {
+			if id := x.cl.ID(); len(batch) < maxBatch && !seen[id] {
+				seen[id] = true
+				batch = append(batch, x)
+			} else {
+				later = append(later, x)
+			}
+		}
+		b.pending = later
+		if len(batch) == 0 {
+			b.busy = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+
+		cls, outs := make([]*claim.Claim, len(batch)), make([]claim.Outcome, len(batch))
+		for i, x := range batch {
+			cls[i], outs[i] = x.cl, x.o
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(b.d.execCtx), b.d.r.opts.Lease/3)
+		errs := b.c.ReleaseBatch(ctx, cls, outs)
+		cancel()
+		answered := false
+		for i, x := range batch {
+			x.err = errs[i]
+			answered = answered || x == own
+			close(x.done)
+		}
+		if answered {
+			b.mu.Lock()
+			if len(b.pending) == 0 {
+				b.busy = false
+				b.mu.Unlock()
+				return
+			}
+			b.mu.Unlock()
+			b.d.exec.Go(func() { b.send(nil) })
+			return
+		}
+	}
+}

@@ -45,6 +45,8 @@ type dispatcher struct {
 	// batch, when the claimer claims in batches, sends every claim call
 	// instead (and slots are not used).
 	batch *batcher
+	// ends, when the claimer releases in batches, sends every release.
+	ends *releaser
 	// spread is the hold window of the runs being dispatched; only Run's
 	// loop reads and writes it.
 	spread time.Duration
@@ -417,7 +419,12 @@ func (d *dispatcher) release(cl *claim.Claim, o claim.Outcome) error {
 	defer cancel()
 	backoff := 50 * time.Millisecond
 	for {
-		err := r.opts.Claimer.Release(ctx, cl, o)
+		var err error
+		if d.ends != nil {
+			err = d.ends.release(cl, o)
+		} else {
+			err = r.opts.Claimer.Release(ctx, cl, o)
+		}
 		if err == nil || errors.Is(err, claim.ErrLeaseLost) || errors.Is(err, claim.ErrInvalid) {
 			return err
 		}

@@ -5,9 +5,10 @@
 //
 // Goroutines and who owns them: Run owns the scheduling loop and, through
 // two wait groups, every goroutine it starts: one per dispatched run (claim,
-// stand by, execute), one keep-alive per executing run, and, with a
-// claim.BatchClaimer, one goroutine sending batches while bids wait. Standbys stop when
-// Run's ctx is done; executing handlers get ShutdownGrace, then their context
+// stand by, execute), one keep-alive per executing run, with a
+// claim.BatchClaimer one goroutine sending batches while bids wait, and with
+// a claim.BatchReleaser one sending release batches while releases queue
+// behind the batch in flight. Standbys stop when Run's ctx is done; executing handlers get ShutdownGrace, then their context
 // is cancelled with cause job.ErrShutdown and their claims are released as
 // interrupted. Run returns only after every one of them has exited.
 package runner
@@ -87,7 +88,8 @@ type Options struct {
 	// inside their claim timeout, time out, and be sent again. Renewals and
 	// releases are never held back. A claimer that implements
 	// claim.BatchClaimer is sent one batch at a time instead, and MaxClaims
-	// does not apply.
+	// does not apply; one that implements claim.BatchReleaser gets its
+	// releases the same way.
 	MaxClaims int
 	Logger    *slog.Logger
 	Metrics   *Metrics // nil: no metrics
@@ -237,6 +239,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		d.batch = &batcher{c: bc, d: d}
 	} else if r.opts.MaxClaims > 0 {
 		d.slots = make(chan struct{}, r.opts.MaxClaims)
+	}
+	if br, ok := r.opts.Claimer.(claim.BatchReleaser); ok {
+		d.ends = &releaser{c: br, d: d}
 	}
 
 	now := r.opts.Now()

@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -174,5 +175,81 @@ func TestBatchClaimerGetsRunsDueAtOneInstantInFewBatches(t *testing.T) {
 		if m := biggest.Load(); m < 50 {
 			t.Fatalf("%d bids went out in %d batches of at most %d: not coalesced", bids.Load(), batches.Load(), m)
 		}
+	})
+}
+
+// releasingMemory is batchMemory that also releases in batches, one Release
+// per claim underneath, and counts release batches.
+type releasingMemory struct {
+	batchMemory
+	releaseBatches, released, biggestRelease *atomic.Int32
+}
+
+func (b releasingMemory) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	b.releaseBatches.Add(1)
+	for m := b.biggestRelease.Load(); int32(len(cls)) > m && !b.biggestRelease.CompareAndSwap(m, int32(len(cls))); m = b.biggestRelease.Load() {
+	}
+	time.Sleep(time.Millisecond) // one round trip
+	errs := make([]error, len(cls))
+	for i, cl := range cls {
+		if errs[i] = b.Claimer.Release(ctx, cl, outs[i]); errs[i] == nil {
+			b.released.Add(1)
+		}
+	}
+	return errs
+}
+
+func TestBatchReleaserEndsRunsFinishingTogetherInFewBatches(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		var batches, bids, biggest, releaseBatches, released, biggestRelease atomic.Int32
+		var list []runner.Job
+		for i := range 200 {
+			list = append(list, runner.Job{Name: fmt.Sprintf("j%03d", i), Schedule: mustSchedule(t, "@every 10s"),
+				// Every run ends at the same fake instant.
+				Handler: func(ctx context.Context, _ job.Run) error {
+					time.Sleep(time.Until(time.Now().Truncate(10 * time.Second).Add(2 * time.Second)))
+					return nil
+				}})
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for i := range 3 {
+			c := releasingMemory{
+				batchMemory:    batchMemory{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), batches: &batches, runs: &bids, biggest: &biggest},
+				releaseBatches: &releaseBatches, released: &released, biggestRelease: &biggestRelease}
+			r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: fmt.Sprintf("r%d", i),
+				Lease: 3 * time.Second, Spread: -1, Observe: led.observe}, list)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() { _ = r.Run(ctx) })
+		}
+		time.Sleep(25 * time.Second)
+		cancel()
+		wg.Wait()
+		if len(led.started) < 400 {
+			t.Fatalf("%d runs started, want 200 jobs × 2 instants or more", len(led.started))
+		}
+		probe := memory.New(store, "probe")
+		for id, s := range led.started {
+			if len(s) != 1 {
+				t.Fatalf("run %s started %d times", id, len(s))
+			}
+			if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
+				t.Fatalf("run %s finished %v, want once, succeeded", id, f)
+			}
+			if _, err := probe.Claim(t.Context(), s[0].Run, time.Second); !errors.Is(err, claim.ErrDone) {
+				t.Fatalf("run %s after its release: %v, want done", id, err)
+			}
+		}
+		if got, want := int(released.Load()), len(led.started); got != want {
+			t.Fatalf("%d claims released, want one per run started (%d)", got, want)
+		}
+		if m := biggestRelease.Load(); m < 50 {
+			t.Fatalf("%d releases went out in %d batches of at most %d: not coalesced", released.Load(), releaseBatches.Load(), m)
+		}
+		t.Logf("%d releases in %d batches (largest %d)", released.Load(), releaseBatches.Load(), biggestRelease.Load())
 	})
 }

@@ -109,8 +109,8 @@ type Claimer struct {
 }
 
 var (
-	_ claim.Claimer      = (*Claimer)(nil)
-	_ claim.Historian    = (*Claimer)(nil)
+	_ claim.Claimer       = (*Claimer)(nil)
+	_ claim.Historian     = (*Claimer)(nil)
 	_ claim.BatchClaimer  = (*Claimer)(nil)
 	_ claim.BatchReleaser = (*Claimer)(nil)
 )
