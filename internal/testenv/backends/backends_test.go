@@ -1,6 +1,7 @@
 package backends_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -8,12 +9,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 // TestMain checks that what Open starts (pools, clients, private nodes) is
 // gone once the tests that opened it end.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreRedisDialProbe) }
 
 func TestOpenEveryKindSharesOneNamespacePerCall(t *testing.T) {
 	for _, kind := range backends.Kinds {
@@ -34,6 +36,30 @@ func TestOpenEveryKindSharesOneNamespacePerCall(t *testing.T) {
 			// Another Open is another namespace: the same run is fresh there.
 			if _, err := backends.Open(t, kind)("c").Claim(t.Context(), run, time.Minute); err != nil {
 				t.Fatalf("claim in a second namespace: %v", err)
+			}
+		})
+	}
+}
+
+// TestClientViaIsWhatTheClaimerDials sends every server of a namespace to a
+// dead port: a claimer that still reached the real servers would claim.
+func TestClientViaIsWhatTheClaimerDials(t *testing.T) {
+	for _, kind := range []string{"postgres", "redis", "redlock"} {
+		t.Run(kind, func(t *testing.T) {
+			ns := backends.Prepare(t, kind, backends.Options{})
+			dead := map[string]string{}
+			for _, s := range ns.Servers {
+				dead[s] = "127.0.0.1:1"
+			}
+			c := ns.OpenClient("a", backends.Client{Via: dead, MaxConns: 1})
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			run := claim.Run{Job: "backends.via", At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+			if _, err := c.Claim(ctx, run, time.Minute); !errors.Is(err, claim.ErrUnavailable) {
+				t.Fatalf("claim with every server behind a dead port: %v, want ErrUnavailable", err)
+			}
+			if _, err := ns.Open("b").Claim(ctx, run, time.Minute); err != nil {
+				t.Fatalf("claim dialling directly: %v", err)
 			}
 		})
 	}
