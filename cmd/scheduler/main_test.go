@@ -239,6 +239,20 @@ type proc struct {
 	done chan struct{}
 }
 
+// replicaSettings follow the claimer's lease line in the config of replicas
+// a test starts with startReplica: renewals and a skew allowance short
+// enough for a lease of a few seconds, no HTTP listener to collide on,
+// JSON debug logs the test reads its events from, and a short grace.
+const replicaSettings = `  renew_every: 500ms
+  max_clock_skew: 500ms
+http:
+  addr: ""
+log:
+  format: json
+  level: debug
+shutdown_grace: 200ms
+`
+
 func startReplica(t *testing.T, dir, config, name string) *proc {
 	t.Helper()
 	lf, err := os.Create(filepath.Join(dir, name+".log"))
@@ -359,15 +373,7 @@ func TestReplicasAsProcessesSurviveKillAndSigterm(t *testing.T) {
 			config := writeConfig(t, dir, `instance_id: ${REPLICA}
 claimer:
 `+block(t, dir)+`  lease: 3s
-  renew_every: 500ms
-  max_clock_skew: 500ms
-http:
-  addr: ""
-log:
-  format: json
-  level: debug
-shutdown_grace: 200ms
-jobs:
+`+replicaSettings+`jobs:
   example.sleep:
     schedule: "* * * * * *"
     overlap: allow

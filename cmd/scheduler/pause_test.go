@@ -24,15 +24,7 @@ claimer:
   postgres:
     dsn: "`+dsn+`"
   lease: 2s
-  renew_every: 500ms
-  max_clock_skew: 500ms
-http:
-  addr: ""
-log:
-  format: json
-  level: debug
-shutdown_grace: 200ms
-jobs:
+`+replicaSettings+`jobs:
   billing.nightly:
     schedule: "*/10 * * * * *"
     params:
