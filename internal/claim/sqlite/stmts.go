@@ -67,3 +67,25 @@ func (s *stmts) query(ctx context.Context, query string, args ...any) (*sql.Rows
 	}
 	return st.QueryContext(ctx, args...)
 }
+
+// inTx runs f in one write transaction (BEGIN IMMEDIATE, through the DSN's
+// _txlock) with the cached statements bound to it, and commits it; any
+// error of f rolls it back.
+func (s *stmts) inTx(ctx context.Context, f func(stmt func(query string) (*sql.Stmt, error)) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // a no-op after Commit
+	err = f(func(query string) (*sql.Stmt, error) {
+		st, err := s.get(ctx, query)
+		if err != nil {
+			return nil, err
+		}
+		return tx.StmtContext(ctx, st), nil
+	})
+	if err != nil {
+		return err
+	}
+	return tx.Commit()
+}
