@@ -260,6 +260,21 @@ func CheckRelease(c *Claim, o Outcome) error {
 	return nil
 }
 
+// CheckReleaseBatch validates a ReleaseBatch call's arguments: errs holds
+// CheckRelease's answer for each claim, valid the indexes of those that
+// passed.
+func CheckReleaseBatch(cls []*Claim, outcomes []Outcome) (errs []error, valid []int) {
+	errs = make([]error, len(cls))
+	for i, c := range cls {
+		if i >= len(outcomes) {
+			errs[i] = fmt.Errorf("%w: no outcome for claim %d", ErrInvalid, i)
+		} else if errs[i] = CheckRelease(c, outcomes[i]); errs[i] == nil {
+			valid = append(valid, i)
+		}
+	}
+	return errs, valid
+}
+
 // CheckClaim validates a Claim call's arguments.
 func CheckClaim(run Run, lease time.Duration) error {
 	if err := run.Validate(); err != nil {

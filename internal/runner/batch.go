@@ -9,8 +9,24 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
-// maxBatch bounds one ClaimBatch call.
+// maxBatch bounds one ClaimBatch or ReleaseBatch call.
 const maxBatch = 1000
+
+// nextBatch takes the next batch from pending, in order: at most maxBatch
+// calls, of distinct runs (a batch names each run once, as ClaimBatch and
+// ReleaseBatch require); the rest stays pending.
+func nextBatch[T any](pending []T, runID func(T) string) (batch, rest []T) {
+	seen := map[string]bool{}
+	for _, x := range pending {
+		if id := runID(x); len(batch) < maxBatch && !seen[id] {
+			seen[id] = true
+			batch = append(batch, x)
+		} else {
+			rest = append(rest, x)
+		}
+	}
+	return batch, rest
+}
 
 // batcher coalesces one Run's claim calls into ClaimBatch calls when the
 // claimer is a claim.BatchClaimer: a bid that finds no batch in flight goes
@@ -74,18 +90,9 @@ func (b *batcher) send() {
 	for {
 		b.mu.Lock()
 		// A run bid for twice (a standby and an overlap probe) waits for
-		// the next batch: a batch names distinct runs.
-		var batch, later []*bid
-		seen := map[string]bool{}
-		for _, x := range b.pending {
-			if id := x.run.ID(); len(batch) < maxBatch && !seen[id] {
-				seen[id] = true
-				batch = append(batch, x)
-			} else {
-				later = append(later, x)
-			}
-		}
-		b.pending = later
+		// the next batch.
+		var batch []*bid
+		batch, b.pending = nextBatch(b.pending, func(x *bid) string { return x.run.ID() })
 		if len(batch) == 0 {
 			b.busy = false
 			b.mu.Unlock()
@@ -173,17 +180,8 @@ func (b *releaser) release(cl *claim.Claim, o claim.Outcome) error {
 func (b *releaser) send(own *ending) {
 	for {
 		b.mu.Lock()
-		var batch, later []*ending
-		seen := map[string]bool{}
-		for _, x := range b.pending {
-			if id := x.cl.ID(); len(batch) < maxBatch && !seen[id] {
-				seen[id] = true
-				batch = append(batch, x)
-			} else {
-				later = append(later, x)
-			}
-		}
-		b.pending = later
+		var batch []*ending
+		batch, b.pending = nextBatch(b.pending, func(x *ending) string { return x.cl.ID() })
 		if len(batch) == 0 {
 			b.busy = false
 			b.mu.Unlock()

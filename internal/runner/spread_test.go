@@ -137,6 +137,29 @@ func (b batchMemory) ClaimBatch(ctx context.Context, runs []claim.Run, lease tim
 	return cls, errs
 }
 
+// runInstants runs 3 replicas, without spread, on the claimers open
+// gives, for 25 fake seconds, and checks that list's 200 jobs (every 10s)
+// started at least two instants each.
+func runInstants(t *testing.T, led *ledger, list []runner.Job, open func(i int) claim.Claimer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range 3 {
+		r, err := runner.New(runner.Options{Claimer: open(i), ClaimerName: "memory", Instance: fmt.Sprintf("r%d", i),
+			Lease: 3 * time.Second, Spread: -1, Observe: led.observe}, list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	time.Sleep(25 * time.Second)
+	cancel()
+	wg.Wait()
+	if len(led.started) < 400 {
+		t.Fatalf("%d runs started, want 200 jobs × 2 instants or more", len(led.started))
+	}
+}
+
 func TestBatchClaimerGetsRunsDueAtOneInstantInFewBatches(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memory.NewStore(nil)
@@ -147,24 +170,10 @@ func TestBatchClaimerGetsRunsDueAtOneInstantInFewBatches(t *testing.T) {
 			list = append(list, runner.Job{Name: fmt.Sprintf("j%03d", i), Schedule: mustSchedule(t, "@every 10s"),
 				Handler: func(context.Context, job.Run) error { return nil }})
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		for i := range 3 {
-			c := batchMemory{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), batches: &batches, runs: &bids, biggest: &biggest}
-			r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: fmt.Sprintf("r%d", i),
-				// No spread: holds would space the bids out over 100ms.
-				Lease: 3 * time.Second, Spread: -1, Observe: led.observe}, list)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wg.Go(func() { _ = r.Run(ctx) })
-		}
-		time.Sleep(25 * time.Second)
-		cancel()
-		wg.Wait()
-		if len(led.started) < 400 {
-			t.Fatalf("%d runs started, want 200 jobs × 2 instants or more", len(led.started))
-		}
+		// No spread: holds would space the bids out over 100ms.
+		runInstants(t, led, list, func(i int) claim.Claimer {
+			return batchMemory{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), batches: &batches, runs: &bids, biggest: &biggest}
+		})
 		for id, s := range led.started {
 			if len(s) != 1 {
 				t.Fatalf("run %s started %d times", id, len(s))
@@ -213,25 +222,11 @@ func TestBatchReleaserEndsRunsFinishingTogetherInFewBatches(t *testing.T) {
 					return nil
 				}})
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		for i := range 3 {
-			c := releasingMemory{
+		runInstants(t, led, list, func(i int) claim.Claimer {
+			return releasingMemory{
 				batchMemory:    batchMemory{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), batches: &batches, runs: &bids, biggest: &biggest},
 				releaseBatches: &releaseBatches, released: &released, biggestRelease: &biggestRelease}
-			r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: fmt.Sprintf("r%d", i),
-				Lease: 3 * time.Second, Spread: -1, Observe: led.observe}, list)
-			if err != nil {
-				t.Fatal(err)
-			}
-			wg.Go(func() { _ = r.Run(ctx) })
-		}
-		time.Sleep(25 * time.Second)
-		cancel()
-		wg.Wait()
-		if len(led.started) < 400 {
-			t.Fatalf("%d runs started, want 200 jobs × 2 instants or more", len(led.started))
-		}
+		})
 		probe := memory.New(store, "probe")
 		for id, s := range led.started {
 			if len(s) != 1 {

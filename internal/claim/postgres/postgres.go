@@ -332,13 +332,7 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 // in run id order, the order ClaimBatch locks rows in, so that batches
 // racing over the same rows cannot deadlock.
 func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
-	errs := make([]error, len(cls))
-	var pending []int
-	for i, cl := range cls {
-		if errs[i] = claim.CheckRelease(cl, outcomes[i]); errs[i] == nil {
-			pending = append(pending, i)
-		}
-	}
+	errs, pending := claim.CheckReleaseBatch(cls, outcomes)
 	if len(pending) == 0 {
 		return errs
 	}

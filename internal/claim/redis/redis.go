@@ -242,16 +242,10 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 // ReleaseBatch implements claim.BatchReleaser: the release script of every
 // claim, pipelined in one round trip.
 func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
-	errs := make([]error, len(cls))
-	var (
-		idx         []int
-		ids, tokens []string
-		outs        []claim.Outcome
-	)
-	for i, cl := range cls {
-		if errs[i] = claim.CheckRelease(cl, outcomes[i]); errs[i] == nil {
-			idx, ids, tokens, outs = append(idx, i), append(ids, cl.ID()), append(tokens, cl.Token), append(outs, outcomes[i])
-		}
+	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
+	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Outcome, len(idx))
+	for k, i := range idx {
+		ids[k], tokens[k], outs[k] = cls[i].ID(), cls[i].Token, outcomes[i]
 	}
 	if len(idx) == 0 {
 		return errs

@@ -329,13 +329,7 @@ func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.D
 // every claim, in one transaction. If the transaction fails, none of its
 // releases stands.
 func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
-	errs := make([]error, len(cls))
-	var pending []int
-	for i, cl := range cls {
-		if errs[i] = claim.CheckRelease(cl, outcomes[i]); errs[i] == nil {
-			pending = append(pending, i)
-		}
-	}
+	errs, pending := claim.CheckReleaseBatch(cls, outcomes)
 	if len(pending) == 0 {
 		return errs
 	}
