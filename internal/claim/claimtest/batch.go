@@ -15,9 +15,7 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 	batcher := func(t *testing.T, c claim.Claimer) claim.BatchClaimer {
 		t.Helper()
 		b, ok := c.(claim.BatchClaimer)
-		if !ok {
-			t.Skip("claimer does not claim in batches")
-		}
+		require(t, opts, Batch, ok)
 		return b
 	}
 

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,6 +33,35 @@ type Options struct {
 	// Clients is how many separate claimers the contenders share
 	// (default 4).
 	Clients int
+	// Implements lists the optional interfaces the backend's claimer has.
+	// Their cases skip for a claimer without them, and fail for one listed
+	// here, so that a factory or wrapper hiding one cannot turn its
+	// guarantees into silent skips.
+	Implements []Optional
+}
+
+// Optional names an optional claimer interface the suite has cases for.
+type Optional string
+
+// The optional interfaces.
+const (
+	Batch        Optional = "claim.BatchClaimer"
+	BatchRelease Optional = "claim.BatchReleaser"
+	History      Optional = "claim.Historian"
+	Prune        Optional = "claim.Pruner"
+)
+
+// require skips the calling case when the claimer lacks the optional
+// interface i (ok false), unless opts says it has it: then it fails.
+func require(t *testing.T, opts Options, i Optional, ok bool) {
+	t.Helper()
+	switch {
+	case ok:
+	case slices.Contains(opts.Implements, i):
+		t.Fatalf("the claimer under test does not implement %s, which this backend's claimer does: a wrapper hid it", i)
+	default:
+		t.Skipf("claimer does not implement %s", i)
+	}
 }
 
 func (o *Options) defaults() {
@@ -428,9 +458,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		open := newClaimers(t)
 		a := open("replica-a")
 		h, ok := a.(claim.Historian)
-		if !ok {
-			t.Skip("claimer keeps no history")
-		}
+		require(t, opts, History, ok)
 		ok1 := mustClaim(t, a, runAt("job.hist", 0), longLease)
 		if err := a.Release(ctxT(t), ok1, claim.Succeeded); err != nil {
 			t.Fatal(err)
@@ -470,10 +498,8 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		c := open("replica-a")
-		p, ok := c.(claim.Pruner)
-		if !ok {
-			t.Skip("claimer expires finished runs by itself")
-		}
+		p, ok := c.(claim.Pruner) // others expire finished runs by themselves
+		require(t, opts, Prune, ok)
 		h := c.(claim.Historian)
 		var live *claim.Claim
 		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {

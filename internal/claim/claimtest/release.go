@@ -13,9 +13,7 @@ func releaseBatchCases(t *testing.T, newClaimers Factory, opts Options) {
 	releaser := func(t *testing.T, c claim.Claimer) claim.BatchReleaser {
 		t.Helper()
 		b, ok := c.(claim.BatchReleaser)
-		if !ok {
-			t.Skip("claimer does not release in batches")
-		}
+		require(t, opts, BatchRelease, ok)
 		return b
 	}
 

@@ -34,7 +34,8 @@ func isolated(tb testing.TB) (*goredis.Client, string) {
 }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("redis", backends.Options{}), claimtest.Options{})
+	claimtest.Run(t, backends.Factory("redis", backends.Options{}), claimtest.Options{
+		Implements: []claimtest.Optional{claimtest.Batch, claimtest.BatchRelease, claimtest.History}})
 }
 
 func ctxT(t testing.TB) context.Context {

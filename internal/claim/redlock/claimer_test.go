@@ -33,7 +33,8 @@ func prepare(t testing.TB, nodes []string) *backends.Namespace {
 }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
+	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second,
+		Implements: []claimtest.Optional{claimtest.History}})
 }
 
 func TestNewRejectsNoNodesAndBadClients(t *testing.T) {
