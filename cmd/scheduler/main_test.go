@@ -352,6 +352,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // attempt 2 and a higher fence, and the terminated run was released as
 // interrupted and finished elsewhere.
 func TestReplicasAsProcessesSurviveKillAndSigterm(t *testing.T) {
+	testenv.WallClock(t)
 	claimers := map[string]func(t *testing.T, dir string) string{
 		"sqlite": func(t *testing.T, dir string) string {
 			return "  kind: sqlite\n  sqlite:\n    path: " + filepath.Join(dir, "shared.db") + "\n"

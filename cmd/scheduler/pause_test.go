@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
 // TestPausedHolderLosesItsLeaseAndItsWritesAreFenced freezes the process
@@ -16,6 +18,7 @@ import (
 // holder resumes (SIGCONT) its handler is cancelled as lease_lost, and no
 // invoice is left carrying its stale fence.
 func TestPausedHolderLosesItsLeaseAndItsWritesAreFenced(t *testing.T) {
+	testenv.WallClock(t)
 	dir := t.TempDir()
 	dsn := pgSchema(t)
 	config := writeConfig(t, dir, `instance_id: ${REPLICA:-admin}

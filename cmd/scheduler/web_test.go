@@ -45,6 +45,7 @@ func get(t *testing.T, url string) (int, string) {
 // checks the probes and metrics. The DSN carries a password (ignored by the
 // test server's trust auth) that must appear nowhere.
 func TestStatusPageInABrowserAndProbes(t *testing.T) {
+	testenv.WallClock(t)
 	browser := testenv.Chromium(t)
 	const secret = "Sup3rS3cretPw"
 	dir := t.TempDir()

@@ -34,6 +34,7 @@ func services(t *testing.T) benchkit.Services {
 // scale scenario run briefly against the real backends and produce numbers.
 // It asserts that they do, never how fast.
 func TestBenchSmoke(t *testing.T) {
+	testenv.WallClock(t)
 	s := services(t)
 	tools := map[string]string{benchkit.RefRedisBench: "redis-benchmark", benchkit.RefPgbench: "pgbench"}
 	bad := func(r benchkit.Row) bool {

@@ -50,6 +50,7 @@ func TestGameDay(t *testing.T) {
 	if testing.Short() {
 		t.Skip("wall-clock test: about 20s")
 	}
+	testenv.WallClock(t)
 	dsn, redisAddr := testenv.PostgresDSN(t), testenv.RedisAddr(t)
 	common := []string{"--replicas", "3", "--jobs", "5", "--duration", "16s", "--lease", "1500ms",
 		"--max-clock-skew", "500ms", "--seed", "42", "--parallel", "0"}

@@ -50,6 +50,15 @@ type Proxy struct {
 	heal        chan struct{} // closed when the current partition lifts
 	drop        [2]dropRule   // per direction
 	closed      bool
+	stats       Stats
+}
+
+// Stats count what the proxy did, for a test to report when it fails.
+type Stats struct {
+	Accepted    int           // client connections accepted
+	DialErrors  int           // dials of the target that failed
+	SlowestDial time.Duration // the longest dial of the target
+	Dropped     int           // chunks discarded by DropRequests or DropReplies
 }
 
 // dropRule discards the next n chunks that match (nil matches any).
@@ -143,6 +152,13 @@ func (p *Proxy) Links() int {
 	return len(p.links)
 }
 
+// Stats returns what the proxy has done so far.
+func (p *Proxy) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
 // takeDrop reports whether chunk b must be dropped, consuming one drop.
 func (p *Proxy) takeDrop(dir int, b []byte) bool {
 	p.mu.Lock()
@@ -152,6 +168,7 @@ func (p *Proxy) takeDrop(dir int, b []byte) bool {
 		return false
 	}
 	r.n--
+	p.stats.Dropped++
 	return true
 }
 
@@ -181,6 +198,7 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.links[l] = struct{}{}
+		p.stats.Accepted++
 		p.mu.Unlock()
 		p.wg.Go(func() { p.serve(l) })
 	}
@@ -201,7 +219,14 @@ func (p *Proxy) serve(l *link) {
 		return
 	}
 	d := net.Dialer{Timeout: 5 * time.Second}
+	start := time.Now()
 	s, err := d.Dial("tcp", p.target)
+	p.mu.Lock()
+	p.stats.SlowestDial = max(p.stats.SlowestDial, time.Since(start))
+	if err != nil {
+		p.stats.DialErrors++
+	}
+	p.mu.Unlock()
 	if err != nil {
 		return // the client sees its connection closed
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -52,6 +53,7 @@ func TestReplicasOnRealBackends(t *testing.T) {
 	if testing.Short() {
 		t.Skip("wall-clock test: 35s")
 	}
+	testenv.WallClock(t)
 	scenarios := []struct {
 		spec     string
 		replicas int

@@ -100,6 +100,17 @@ func (p *proxies) DropReplies(ph phase, n int, only bool) {
 	}
 }
 
+// String reports each phase's proxies' stats, for a failed scenario.
+func (p *proxies) String() string {
+	var b bytes.Buffer
+	for ph, ps := range p.px {
+		for _, x := range ps {
+			fmt.Fprintf(&b, "%s proxy: %+v\n", phase(ph), x.Stats())
+		}
+	}
+	return b.String()
+}
+
 // proxy starts a fault proxy to target for phase ph and returns its address.
 func (p *proxies) proxy(t *testing.T, ph phase, target string) string {
 	t.Helper()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -32,6 +33,7 @@ func TestSoak(t *testing.T) {
 	if err != nil || span <= 0 {
 		t.Skip("soak test: set SCHEDULER_SOAK to a duration, e.g. SCHEDULER_SOAK=10m")
 	}
+	testenv.WallClock(t)
 	kind := os.Getenv("SCHEDULER_SOAK_CLAIMER")
 	if kind == "" {
 		kind = "redis"

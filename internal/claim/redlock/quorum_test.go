@@ -68,6 +68,7 @@ func raceAll(t *testing.T, claimers []claim.Claimer, job string, n int, lease ti
 // window starts when the request was sent, so the slow round trip is
 // already spent from it (the validity time accounts for the slow node).
 func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
+	testenv.WallClock(t)
 	addrs := testenv.RedlockAddrs(t, 5)
 	proxy, err := faultproxy.New(addrs[0])
 	if err != nil {
@@ -119,6 +120,7 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 // run on five nodes. A split vote (no majority for anyone) is retried, led
 // by one contender, so every run ends with exactly one holder.
 func TestRacingReplicasLoseNoRunToSplitVotes(t *testing.T) {
+	testenv.WallClock(t)
 	open := prepare(t, nil).Open
 	claimers := []claim.Claimer{open("r0"), open("r1"), open("r2")}
 	wins := raceAll(t, claimers, "job.split", 300, 10*time.Second)
