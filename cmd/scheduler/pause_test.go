@@ -43,6 +43,11 @@ claimer:
 	}
 	var holder string
 	var first event
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpRuns(t, dir, names, first.RunID)
+		}
+	})
 	waitFor(t, "a billing run in flight", func() bool {
 		for _, n := range names {
 			if e, ok := openRun(t, dir, n); ok {
