@@ -46,28 +46,63 @@ func ctxT(t testing.TB) context.Context {
 
 var base = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 
-func TestFenceGrowsAcrossARestartThatLostTheData(t *testing.T) {
+// TestRestartThatLostTheDataHoldsEveryRunForALease restarts a server
+// without persistence under a live claim. Replicas that had claimed on it
+// before find the epoch marker gone: every run is held for a lease from
+// then, the old holder's renewal is refused meanwhile, and afterwards the
+// forgotten run is granted afresh with a fence above every earlier one.
+func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 	node := testenv.StartRedis(t)
-	c := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}}).Open("replica-a")
+	be := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}})
+	a, b := be.Open("replica-a"), be.Open("replica-b")
+	run := claim.Run{Job: "job.restart", At: base}
 	var last int64
+	var live *claim.Claim
 	for i := range 5 {
-		cl, err := c.Claim(ctxT(t), claim.Run{Job: "job.restart", At: base.Add(time.Duration(i) * time.Minute)}, time.Minute)
+		cl, err := a.Claim(ctxT(t), claim.Run{Job: run.Job, At: base.Add(time.Duration(i) * time.Minute)}, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		last = max(last, cl.Fence)
+		if i == 0 {
+			live = cl
+		}
 	}
+	if _, err := b.Claim(ctxT(t), run, time.Minute); !errors.Is(err, claim.ErrHeld) {
+		t.Fatalf("claim of a live run before the restart: %v, want ErrHeld", err)
+	}
+
 	node.Restart()
+	const lease = 500 * time.Millisecond
 	deadline := time.Now().Add(15 * time.Second)
+	var first time.Time // when the first claim the restarted server answered was sent
 	for {
-		// The same run again: the server forgot it, so it is granted afresh.
-		cl, err := c.Claim(ctxT(t), claim.Run{Job: "job.restart", At: base}, time.Minute)
-		if errors.Is(err, claim.ErrUnavailable) && time.Now().Before(deadline) {
+		sent := time.Now()
+		cl, err := b.Claim(ctxT(t), run, lease)
+		switch {
+		case errors.Is(err, claim.ErrUnavailable) && first.IsZero() && time.Now().Before(deadline):
 			time.Sleep(20 * time.Millisecond) // the pool is reconnecting to the restarted server
 			continue
-		}
-		if err != nil {
+		case errors.Is(err, claim.ErrHeld) && time.Now().Before(deadline):
+			if first.IsZero() {
+				first = sent
+				// Within the guard's lease the old holder is told at once.
+				if err := a.Renew(ctxT(t), live, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
+					t.Fatalf("renewal of a claim the restart erased: %v, want ErrLeaseLost", err)
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // polling a server-side lease; no event to wait on
+			continue
+		case err != nil:
 			t.Fatal(err)
+		}
+		if first.IsZero() {
+			t.Fatalf("the restarted server granted %s at once; want it held for a lease", run.ID())
+		}
+		// The guard's lease began when its first claim ran, after it was
+		// sent; this grant ran at least a lease after that.
+		if d := time.Since(first); d < lease {
+			t.Fatalf("granted %v after the first claim on the restarted server, want at least the %v lease", d, lease)
 		}
 		if cl.Fence <= last || cl.Attempt != 1 {
 			t.Fatalf("after restart: fence %d attempt %d, want fence > %d and attempt 1", cl.Fence, cl.Attempt, last)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -25,6 +26,11 @@ type Node struct {
 	historyLimit  int
 	allowEviction bool
 	slot, slots   int64
+	// guard turns on the restart guard (see the package comment, Claimer
+	// only); seen records that this node's server had the namespace's
+	// epoch marker when a claim script last ran here.
+	guard bool
+	seen  atomic.Bool
 }
 
 // NewNode returns a Node over client. Fences this node grants are congruent
@@ -55,6 +61,7 @@ func (k keys) run(id string) string    { return k.prefix + "run:" + id }
 func (k keys) fence(job string) string { return k.prefix + "fence:" + job }
 func (k keys) runs(job string) string  { return k.prefix + "runs:" + job }
 func (k keys) jobs() string            { return k.prefix + "jobs" }
+func (k keys) epoch() string           { return k.prefix + "epoch" }
 
 // Vote is a node's answer to a claim.
 type Vote int
@@ -92,14 +99,31 @@ func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, l
 	if err != nil {
 		return Reply{}, translate(ctx, err)
 	}
+	n.ran()
 	return claimReply(vals)
 }
 
 func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duration) ([]string, []any) {
 	id := run.ID()
-	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs()},
+	guard := ""
+	switch {
+	case n.guard && n.seen.Load():
+		guard = "1"
+	case n.guard:
+		guard = "0"
+	}
+	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs(), n.keys.epoch()},
 		[]any{token, holder, lease.Milliseconds(), n.doneTTL.Milliseconds(), run.At.UnixMilli(), id, run.Job,
-			n.historyLimit, n.slot, n.slots}
+			n.historyLimit, n.slot, n.slots, guard}
+}
+
+// ran records that a claim script ran on the server: with the guard on, it
+// left the epoch marker there, which the server now has unless it loses
+// its data.
+func (n *Node) ran() {
+	if n.guard {
+		n.seen.Store(true)
+	}
 }
 
 func claimReply(vals []any) (Reply, error) {
@@ -130,6 +154,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 	})
 	for i := range runs {
 		if errs[i] == nil {
+			n.ran()
 			replies[i], errs[i] = claimReply(vals[i])
 		}
 	}

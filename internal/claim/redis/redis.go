@@ -35,6 +35,26 @@
 // snapshot is survived the same way. A clock stepped back (or a restore on
 // a host whose clock is behind) can issue a fence already seen.
 //
+// # Restarts
+//
+// A server without persistence that restarts comes back empty: the live
+// claims and done markers of its past are gone, and a run still executing
+// on a replica could be granted again at once. The claim script therefore
+// keeps an epoch marker (key "epoch") in the namespace. A Claimer whose
+// claims have run on the server before sends that it expects the marker;
+// a script that finds it missing then knows the server lost its data,
+// writes the marker with the server's time, and answers held for every run
+// until a lease has passed from then. Every holder from before the restart
+// has by then seen its renewal refused (no such run) and cancelled its
+// handler, so no run executes twice at once. A marker written by a Claimer
+// that never saw the server before (a fresh deployment) says 0: no wait.
+// Two cases remain exposed: replicas that all start after the restart and
+// before any old one claims (they cannot tell an emptied server from a new
+// one), and a run that finished just before the restart while another
+// replica still stood by for it (its done marker is gone, so it runs again
+// after the wait). Run Redis with persistence (appendonly) where that
+// matters, or use redlock.
+//
 // # Limits
 //
 // A server that may evict keys (maxmemory with a policy other than
@@ -107,7 +127,9 @@ var (
 // New returns a Claimer over client, which it owns from now on: Close
 // closes it. It panics on a nil client. Call Check before use, or use Open.
 func New(client goredis.UniversalClient, opts Options) *Claimer {
-	return &Claimer{node: NewNode(client, opts, 0, 1), client: client, instance: opts.Instance}
+	n := NewNode(client, opts, 0, 1)
+	n.guard = true
+	return &Claimer{node: n, client: client, instance: opts.Instance}
 }
 
 // Open is New followed by Check; on error it closes nothing.

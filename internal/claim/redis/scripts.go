@@ -12,18 +12,32 @@ import goredis "github.com/redis/go-redis/v9"
 // claimScript grants a run, or says why not. Any status but running and
 // interrupted is terminal (claim.Status.Live).
 //
-// KEYS: run hash, job fence, job history zset, jobs set.
+// KEYS: run hash, job fence, job history zset, jobs set, epoch marker.
 // ARGV: token, holder, lease ms, done TTL ms, scheduled ms, run id, job,
-// history limit, fence slot, fence slots.
+// history limit, fence slot, fence slots, restart guard ("" off, "1" the
+// caller has seen the marker on this server, "0" it has not).
 //
 // Replies: {"granted", fence, attempt, lease_until_ms},
 // {"held", holder, lease_until_ms, token digest, attempt},
-// {"done", status, attempt}.
+// {"done", status, attempt}. While the restart guard holds every run (see
+// the package comment) the reply is held by "(server restarted empty)".
 var claimScript = goredis.NewScript(`
 local function s(x) return string.format('%.0f', x) end
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = math.floor(now_us / 1000)
+if ARGV[11] ~= '' then
+  local born = redis.call('GET', KEYS[5])
+  if not born then
+    born = 0
+    if ARGV[11] == '1' then born = now end
+    redis.call('SET', KEYS[5], s(born))
+  end
+  local until_ms = tonumber(born) + tonumber(ARGV[3])
+  if now < until_ms then
+    return {'held', '(server restarted empty)', until_ms, '', 0}
+  end
+end
 local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence')
 local attempt = 1
 if h[2] then
