@@ -12,18 +12,11 @@ import (
 
 // batchCases run only against claimers that implement claim.BatchClaimer.
 func batchCases(t *testing.T, newClaimers Factory, opts Options) {
-	batcher := func(t *testing.T, c claim.Claimer) claim.BatchClaimer {
-		t.Helper()
-		b, ok := c.(claim.BatchClaimer)
-		require(t, opts, Batch, ok)
-		return b
-	}
-
 	t.Run("BatchClaimAnswersEachRunLikeClaim", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
-		bb := batcher(t, b)
+		bb := implemented[claim.BatchClaimer](t, opts, Batch, b)
 		held, done, interrupted, fresh := runAt("job.batch", 0), runAt("job.batch", 1), runAt("job.batch", 2), runAt("job.batch", 3)
 		mustClaim(t, a, held, longLease)
 		if err := a.Release(ctxT(t), mustClaim(t, a, done, longLease), claim.Succeeded); err != nil {
@@ -73,7 +66,7 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		clients := []claim.Claimer{open("replica-0")}
-		batcher(t, clients[0])
+		implemented[claim.BatchClaimer](t, opts, Batch, clients[0])
 		for g := 1; g < 4; g++ {
 			clients = append(clients, open(fmt.Sprintf("replica-%d", g)))
 		}
@@ -153,7 +146,7 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 		// Later grants of the job, batched or not, get higher fences.
 		c := open("replica-late")
 		later := mustClaim(t, c, runAt("job.batchrace", n), longLease)
-		cls, errs := batcher(t, c).ClaimBatch(ctxT(t), []claim.Run{runAt("job.batchrace", n+1), runAt("job.batchrace", n+2)}, longLease)
+		cls, errs := implemented[claim.BatchClaimer](t, opts, Batch, c).ClaimBatch(ctxT(t), []claim.Run{runAt("job.batchrace", n+1), runAt("job.batchrace", n+2)}, longLease)
 		for i := range errs {
 			if errs[i] != nil {
 				t.Fatalf("late batch: %v", errs[i])

@@ -51,10 +51,12 @@ const (
 	Prune        Optional = "claim.Pruner"
 )
 
-// require skips the calling case when the claimer lacks the optional
-// interface i (ok false), unless opts says it has it: then it fails.
-func require(t *testing.T, opts Options, i Optional, ok bool) {
+// implemented returns c as the optional interface T (named i). When c
+// lacks it, the calling case is skipped, unless opts says this backend's
+// claimer has it: then a wrapper hid it, and the case fails.
+func implemented[T any](t *testing.T, opts Options, i Optional, c claim.Claimer) T {
 	t.Helper()
+	x, ok := c.(T)
 	switch {
 	case ok:
 	case slices.Contains(opts.Implements, i):
@@ -62,6 +64,7 @@ func require(t *testing.T, opts Options, i Optional, ok bool) {
 	default:
 		t.Skipf("claimer does not implement %s", i)
 	}
+	return x
 }
 
 func (o *Options) defaults() {
@@ -478,8 +481,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		a := open("replica-a")
-		h, ok := a.(claim.Historian)
-		require(t, opts, History, ok)
+		h := implemented[claim.Historian](t, opts, History, a)
 		ok1 := mustClaim(t, a, runAt("job.hist", 0), longLease)
 		if err := a.Release(ctxT(t), ok1, claim.Succeeded); err != nil {
 			t.Fatal(err)
@@ -519,8 +521,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		c := open("replica-a")
-		p, ok := c.(claim.Pruner) // others expire finished runs by themselves
-		require(t, opts, Prune, ok)
+		p := implemented[claim.Pruner](t, opts, Prune, c) // others expire finished runs by themselves
 		h := c.(claim.Historian)
 		var live *claim.Claim
 		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {

@@ -10,18 +10,11 @@ import (
 // releaseBatchCases run only against claimers that implement
 // claim.BatchReleaser.
 func releaseBatchCases(t *testing.T, newClaimers Factory, opts Options) {
-	releaser := func(t *testing.T, c claim.Claimer) claim.BatchReleaser {
-		t.Helper()
-		b, ok := c.(claim.BatchReleaser)
-		require(t, opts, BatchRelease, ok)
-		return b
-	}
-
 	t.Run("BatchReleaseAnswersEachClaimLikeRelease", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
-		ba := releaser(t, a)
+		ba := implemented[claim.BatchReleaser](t, opts, BatchRelease, a)
 		run := func(i int) claim.Run { return runAt("job.relbatch", i) }
 		succeeded, failed, interrupted, skipped := mustClaim(t, a, run(0), longLease), mustClaim(t, a, run(1), longLease),
 			mustClaim(t, a, run(2), longLease), mustClaim(t, a, run(3), longLease)
@@ -82,7 +75,7 @@ func releaseBatchCases(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
-		ba := releaser(t, a)
+		ba := implemented[claim.BatchReleaser](t, opts, BatchRelease, a)
 		n := max(opts.Runs/4, 50)
 		cls, outs := make([]*claim.Claim, n), make([]claim.Outcome, n)
 		for i := range n {
