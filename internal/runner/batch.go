@@ -28,6 +28,51 @@ func nextBatch[T any](pending []T, runID func(T) string) (batch, rest []T) {
 	return batch, rest
 }
 
+// queue is the group-commit state batcher and releaser share: the calls
+// waiting for the next batch, and whether a sender is at work.
+type queue[T any] struct {
+	runID func(T) string
+
+	mu      sync.Mutex
+	pending []T
+	busy    bool // a sender is at work
+}
+
+// add queues x and reports whether the caller must start sending: no
+// sender was at work (it is now).
+func (q *queue[T]) add(x T) (lead bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.pending = append(q.pending, x)
+	lead = !q.busy
+	q.busy = true
+	return lead
+}
+
+// take returns the next batch (see nextBatch). When nothing is waiting it
+// returns none and the sender stops: the next add leads.
+func (q *queue[T]) take() []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var batch []T
+	batch, q.pending = nextBatch(q.pending, q.runID)
+	if len(batch) == 0 {
+		q.busy = false
+	}
+	return batch
+}
+
+// idle reports whether nothing is waiting, and if so stops the sender.
+func (q *queue[T]) idle() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.pending) == 0 {
+		q.busy = false
+		return true
+	}
+	return false
+}
+
 // batcher coalesces one Run's claim calls into ClaimBatch calls when the
 // claimer is a claim.BatchClaimer: a bid that finds no batch in flight goes
 // out at once, alone; bids that arrive while one is in flight wait for it
@@ -40,10 +85,7 @@ func nextBatch[T any](pending []T, runID func(T) string) (batch, rest []T) {
 type batcher struct {
 	c claim.BatchClaimer
 	d *dispatcher
-
-	mu      sync.Mutex
-	pending []*bid
-	busy    bool // a sending goroutine is running
+	q queue[*bid]
 }
 
 // bid is one claim call waiting for its batch.
@@ -65,12 +107,7 @@ const (
 // Run's ctx: a grant that comes after its bidder left is handed back.
 func (b *batcher) claim(run claim.Run) (*claim.Claim, error) {
 	x := &bid{run: run, done: make(chan struct{})}
-	b.mu.Lock()
-	b.pending = append(b.pending, x)
-	start := !b.busy
-	b.busy = true
-	b.mu.Unlock()
-	if start {
+	if b.q.add(x) {
 		b.d.standby.Go(b.send)
 	}
 	select {
@@ -88,17 +125,12 @@ func (b *batcher) claim(run claim.Run) (*claim.Claim, error) {
 func (b *batcher) send() {
 	r := b.d.r
 	for {
-		b.mu.Lock()
 		// A run bid for twice (a standby and an overlap probe) waits for
 		// the next batch.
-		var batch []*bid
-		batch, b.pending = nextBatch(b.pending, func(x *bid) string { return x.run.ID() })
+		batch := b.q.take()
 		if len(batch) == 0 {
-			b.busy = false
-			b.mu.Unlock()
 			return
 		}
-		b.mu.Unlock()
 
 		runs := make([]claim.Run, len(batch))
 		for i, x := range batch {
@@ -145,10 +177,7 @@ func (b *batcher) handBack(cl *claim.Claim) {
 type releaser struct {
 	c claim.BatchReleaser
 	d *dispatcher
-
-	mu      sync.Mutex
-	pending []*ending
-	busy    bool // a release batch is being sent
+	q queue[*ending]
 }
 
 // ending is one release call waiting for its batch.
@@ -163,12 +192,7 @@ type ending struct {
 // is bounded by a third of the lease, as a claim is; the caller retries.
 func (b *releaser) release(cl *claim.Claim, o claim.Outcome) error {
 	x := &ending{cl: cl, o: o, done: make(chan struct{})}
-	b.mu.Lock()
-	b.pending = append(b.pending, x)
-	lead := !b.busy
-	b.busy = true
-	b.mu.Unlock()
-	if lead {
+	if b.q.add(x) {
 		b.send(x)
 	}
 	<-x.done
@@ -179,15 +203,10 @@ func (b *releaser) release(cl *claim.Claim, o claim.Outcome) error {
 // is waiting), then hands what is still waiting to an exec goroutine.
 func (b *releaser) send(own *ending) {
 	for {
-		b.mu.Lock()
-		var batch []*ending
-		batch, b.pending = nextBatch(b.pending, func(x *ending) string { return x.cl.ID() })
+		batch := b.q.take()
 		if len(batch) == 0 {
-			b.busy = false
-			b.mu.Unlock()
 			return
 		}
-		b.mu.Unlock()
 
 		cls, outs := make([]*claim.Claim, len(batch)), make([]claim.Outcome, len(batch))
 		for i, x := range batch {
@@ -203,14 +222,9 @@ func (b *releaser) send(own *ending) {
 			close(x.done)
 		}
 		if answered {
-			b.mu.Lock()
-			if len(b.pending) == 0 {
-				b.busy = false
-				b.mu.Unlock()
-				return
+			if !b.q.idle() {
+				b.d.exec.Go(func() { b.send(nil) })
 			}
-			b.mu.Unlock()
-			b.d.exec.Go(func() { b.send(nil) })
 			return
 		}
 	}

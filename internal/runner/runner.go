@@ -236,12 +236,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	d := &dispatcher{r: r, ctx: ctx, execCtx: execCtx, standby: &standby, exec: &exec}
 	d.spread = r.opts.Spread
 	if bc, ok := r.opts.Claimer.(claim.BatchClaimer); ok {
-		d.batch = &batcher{c: bc, d: d}
+		d.batch = &batcher{c: bc, d: d, q: queue[*bid]{runID: func(x *bid) string { return x.run.ID() }}}
 	} else if r.opts.MaxClaims > 0 {
 		d.slots = make(chan struct{}, r.opts.MaxClaims)
 	}
 	if br, ok := r.opts.Claimer.(claim.BatchReleaser); ok {
-		d.ends = &releaser{c: br, d: d}
+		d.ends = &releaser{c: br, d: d, q: queue[*ending]{runID: func(x *ending) string { return x.cl.ID() }}}
 	}
 
 	now := r.opts.Now()
