@@ -86,9 +86,17 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 		case errors.Is(err, claim.ErrHeld) && time.Now().Before(deadline):
 			if first.IsZero() {
 				first = sent
-				// Within the guard's lease the old holder is told at once.
+				// The old holder is told at once, and a batch (the runner's
+				// way to claim) is held too: asked for a minute's lease,
+				// within a minute of the guard's start.
 				if err := a.Renew(ctxT(t), live, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
 					t.Fatalf("renewal of a claim the restart erased: %v, want ErrLeaseLost", err)
+				}
+				_, errs := a.(claim.BatchClaimer).ClaimBatch(ctxT(t), []claim.Run{run, {Job: run.Job, At: base.Add(time.Hour)}}, time.Minute)
+				for i, err := range errs {
+					if !errors.Is(err, claim.ErrHeld) {
+						t.Fatalf("batch claim %d on the restarted server within the guard: %v, want ErrHeld", i, err)
+					}
 				}
 			}
 			time.Sleep(20 * time.Millisecond) // polling a server-side lease; no event to wait on
