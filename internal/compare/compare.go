@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -66,7 +67,11 @@ type Options struct {
 	// cluster a postgres-restart cell crashes; "": initdb on PATH, else
 	// pg_config --bindir.
 	PostgresBin string
-	TempDir     string // where SQLite files go; "": the system's
+	// TempDir is where cells keep their files: SQLite databases and the
+	// private PostgreSQL cluster; "": the system's temp directory. SQLite
+	// syncs every commit, so its numbers are the disk's under this
+	// directory.
+	TempDir string
 
 	// Open opens one replica's claimer from a claimer configuration, the
 	// way `scheduler run` does. Required unless only memory and broken run.
@@ -111,6 +116,13 @@ func (o *Options) Validate() error {
 	}
 	if need := o.MinDuration(); o.Lease > 0 && o.Jobs >= 3 && o.Duration < need {
 		bad("--duration %v: too short for --lease %v and these faults; want at least %v", o.Duration, o.Lease, need)
+	}
+	if o.TempDir != "" {
+		if fi, err := os.Stat(o.TempDir); err != nil {
+			bad("--temp-dir %s: %v", o.TempDir, errors.Unwrap(err))
+		} else if !fi.IsDir() {
+			bad("--temp-dir %s: not a directory", o.TempDir)
+		}
 	}
 	if o.Open == nil && slices.ContainsFunc(o.Claimers, func(k string) bool { return k != KindMemory && k != KindBroken }) {
 		bad("compare: no claimer opener configured")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -131,6 +132,9 @@ func (s *pgServer) init(ctx context.Context) error {
 	cmd := s.command("initdb", "-D", filepath.Join(s.dir, "data"), "-U", pgUser, "--auth=trust",
 		"--no-sync", "--encoding=UTF8", "--locale=C")
 	if out, err := cmd.CombinedOutput(); err != nil {
+		if s.cred != nil && errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("initdb: %v (it runs as the postgres account, which must be able to enter every directory above %s)", err, s.dir)
+		}
 		return fmt.Errorf("initdb: %v: %s", err, lastLines(out, 5))
 	}
 	return ctx.Err()

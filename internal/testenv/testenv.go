@@ -15,7 +15,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -239,8 +238,37 @@ func CleanupContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
 
-// TempPath returns a file path in a per-test directory.
-func TempPath(t testing.TB, name string) string { return filepath.Join(t.TempDir(), name) }
+// shmDir is a RAM-backed file system, where there is one.
+const shmDir = "/dev/shm"
+
+// FastDir returns a fresh directory, removed when t ends, on a RAM-backed
+// file system (/dev/shm) where the machine has one, else in the system's
+// temp directory.
+//
+// It is for SQLite files in tests whose leases are hundreds of
+// milliseconds. SQLite syncs the WAL at every commit, and on a disk that
+// other test binaries are writing to, one fsync can wait for seconds: long
+// enough to time out every claim of a 1.5s lease while the claimer is
+// fine. (A production lease is tens of seconds.) On tmpfs the claimer runs
+// exactly the same code and the sync returns at once. Tests of SQLite on a
+// real disk keep using t.TempDir().
+//
+// The directory is open to other accounts, as a temp dir is: a private
+// PostgreSQL cluster under it runs as the postgres account.
+func FastDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(shmDir, "scheduler-test-*")
+	if err != nil { // no tmpfs here
+		if dir, err = os.MkdirTemp("", "scheduler-test-*"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
 
 // PostgresSchema creates an empty schema on the test server and returns a
 // DSN whose connections use it (search_path). The schema is dropped when t

@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"net"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -191,11 +192,12 @@ func MigratedSchema(t testing.TB) *pgxpool.Config {
 	return cfg
 }
 
-// MigratedFile returns the path of a fresh, migrated SQLite file. It is
-// migrated here, before replicas race to open it.
+// MigratedFile returns the path of a fresh, migrated SQLite file, in a
+// testenv.FastDir: the tests that use it run leases of hundreds of ms. It
+// is migrated here, before replicas race to open it.
 func MigratedFile(t testing.TB) string {
 	t.Helper()
-	path := testenv.TempPath(t, "claims.db")
+	path := filepath.Join(testenv.FastDir(t), "claims.db")
 	c, err := sqlite.Open(t.Context(), path, sqlite.Options{Instance: "migrate"})
 	if err != nil {
 		t.Fatal(err)
