@@ -34,6 +34,22 @@ var (
 	ErrInvalid = errors.New("claim: invalid argument")
 )
 
+// DataLossError rides along with ErrHeld when the backend was found to have
+// lost its data (a Redis server restarted empty): it no longer knows who
+// holds what, so it holds every run until Until, a lease after it noticed,
+// by which time every holder from before the loss has stood down. Runs are
+// not lost by it; an operator should still hear of it, since the done
+// markers of finished runs went too.
+type DataLossError struct {
+	Backend string // what lost its data, e.g. the server's address
+	Until   time.Time
+}
+
+func (e *DataLossError) Error() string {
+	return fmt.Sprintf("claim: %s lost its data; every run is held until %s",
+		e.Backend, e.Until.UTC().Format(time.RFC3339Nano))
+}
+
 // Run names one firing of a job. At comes from the job's schedule, never from
 // a replica's clock, so every replica names the same run the same way.
 type Run struct {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -170,6 +171,98 @@ scheduler_runs_total{job="job.timeout",status="timeout"} 1
 		}
 		if n := testutil.CollectAndCount(reg, "scheduler_claim_duration_seconds"); n != 1 {
 			t.Errorf("claim duration histogram series = %d, want 1 (claimer label only)", n)
+		}
+	})
+}
+
+// forgetful is a claimer whose backend lost its data: until guard it holds
+// every run and says why, as the redis claimer does after its server
+// restarted empty.
+type forgetful struct {
+	claim.Claimer
+	mu    sync.Mutex
+	guard time.Time
+}
+
+func (f *forgetful) lose(until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.guard = until
+}
+
+func (f *forgetful) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
+	f.mu.Lock()
+	until := f.guard
+	f.mu.Unlock()
+	if time.Now().Before(until) {
+		return nil, fmt.Errorf("claim %s: %w: %w", r.ID(), &claim.DataLossError{Backend: "the test server", Until: until}, claim.ErrHeld)
+	}
+	return f.Claimer.Claim(ctx, r, l)
+}
+
+// TestDataLossWarnsOncePerLoss: while the backend holds every run after
+// losing its data, each run in flight hears of it; the operator gets one
+// warning and one count per loss, the runs are held (not failed), and
+// they run once the backend's guard is over.
+func TestDataLossWarnsOncePerLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs syncBuffer
+		logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		reg := prometheus.NewRegistry()
+		metrics := runner.NewMetrics(reg)
+		led := newLedger()
+		const lease = 3 * time.Second
+		c := &forgetful{Claimer: memory.New(memory.NewStore(nil), "a")}
+		var jobs []runner.Job
+		for _, name := range []string{"job.a", "job.b", "job.c"} {
+			jobs = append(jobs, runner.Job{Name: name, Schedule: mustSchedule(t, "* * * * * *"), Overlap: runner.OverlapAllow,
+				Handler: func(context.Context, job.Run) error { return nil }})
+		}
+		r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "redis", Instance: "a", Lease: lease,
+			Logger: logger, Metrics: metrics, Observe: led.observe}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second - time.Millisecond)))
+		losses := []time.Time{time.Now().Add(lease), time.Now().Add(3 * lease)}
+		c.lose(losses[0])
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		time.Sleep(2 * lease) // the first loss is over by now
+		c.lose(losses[1])
+		time.Sleep(3 * lease)
+		cancel()
+		<-done
+
+		var warned []string
+		for _, l := range logs.lines() {
+			if l["msg"] == "claimer backend lost its data" {
+				if l["level"] != "WARN" || l["claimer"] != "redis" || l["instance"] != "a" {
+					t.Errorf("warning %v: want level WARN, claimer redis, instance a", l)
+				}
+				warned = append(warned, fmt.Sprint(l["held_until"]))
+			}
+		}
+		want := []string{losses[0].UTC().Format(time.RFC3339Nano), losses[1].UTC().Format(time.RFC3339Nano)}
+		if strings.Join(warned, " ") != strings.Join(want, " ") {
+			t.Errorf("warnings held_until %v, want one per loss: %v", warned, want)
+		}
+		expected := `
+# HELP scheduler_claimer_data_loss_total Times the claimer's backend was found to have lost its data (a Redis server restarted empty); it then holds every run for a lease.
+# TYPE scheduler_claimer_data_loss_total counter
+scheduler_claimer_data_loss_total{claimer="redis"} 2
+`
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), "scheduler_claimer_data_loss_total"); err != nil {
+			t.Error(err)
+		}
+		// Held, not failed: runs due during a loss ran once it was over.
+		for _, j := range jobs {
+			at := losses[0].Add(-lease).Truncate(time.Second).Add(time.Second)
+			id := claim.Run{Job: j.Name, At: at}.ID()
+			if s := led.starts(id); len(s) != 1 || !s[0].Requested.After(losses[0].Add(-time.Millisecond)) {
+				t.Errorf("%s due during the first loss: starts %+v, want one, after the loss", id, s)
+			}
 		}
 	})
 }

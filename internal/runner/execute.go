@@ -158,6 +158,10 @@ func (d *dispatcher) contend(j *jobState, run claim.Run, misfired bool) {
 			d.skip(run, nil, ReasonDone, slog.LevelDebug)
 			return
 		case errors.Is(err, claim.ErrHeld):
+			var loss *claim.DataLossError
+			if errors.As(err, &loss) {
+				r.dataLost(d.ctx, loss)
+			}
 			if !heldLogged {
 				d.skip(run, nil, ReasonHeld, slog.LevelDebug)
 				heldLogged = true
@@ -188,6 +192,25 @@ func (d *dispatcher) contend(j *jobState, run claim.Run, misfired bool) {
 		case <-t.C:
 		}
 	}
+}
+
+// dataLost warns, once per loss, that the backend lost its data: every
+// run is held by it for a while, which is safe but deserves an operator's
+// eye (the done markers of runs finished just before went too). Every run
+// in flight reports the same loss; the first report warns and counts.
+func (r *Runner) dataLost(ctx context.Context, loss *claim.DataLossError) {
+	r.mu.Lock()
+	first := loss.Until.After(r.lossUntil)
+	if first {
+		r.lossUntil = loss.Until
+	}
+	r.mu.Unlock()
+	if !first {
+		return
+	}
+	r.opts.Metrics.dataLost(r.opts.ClaimerName)
+	r.log.WarnContext(ctx, "claimer backend lost its data", "instance", r.opts.Instance, "claimer", r.opts.ClaimerName,
+		"held_until", loss.Until.UTC().Format(time.RFC3339Nano), "error", loss.Error())
 }
 
 // claim makes one bounded claim call, timed and counted.

@@ -19,6 +19,7 @@ type Metrics struct {
 	lag           *prometheus.HistogramVec
 	renewals      *prometheus.CounterVec
 	skips         *prometheus.CounterVec
+	dataLoss      *prometheus.CounterVec
 }
 
 // NewMetrics registers the runner's families with reg.
@@ -49,8 +50,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		skips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scheduler_runs_skipped_total", Help: "Runs this replica did not execute, by reason.",
 		}, []string{"job", "reason"}),
+		dataLoss: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scheduler_claimer_data_loss_total",
+			Help: "Times the claimer's backend was found to have lost its data (a Redis server restarted empty); it then holds every run for a lease.",
+		}, []string{"claimer"}),
 	}
-	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips)
+	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips, m.dataLoss)
 	return m
 }
 
@@ -71,6 +76,13 @@ func (m *Metrics) claimed(job, claimer string, err error, d time.Duration) {
 	}
 	m.claims.WithLabelValues(job, claimer, result).Inc()
 	m.claimDuration.WithLabelValues(claimer).Observe(d.Seconds())
+}
+
+func (m *Metrics) dataLost(claimer string) {
+	if m == nil {
+		return
+	}
+	m.dataLoss.WithLabelValues(claimer).Inc()
 }
 
 func (m *Metrics) renewed(claimer string, err error) {

@@ -126,6 +126,9 @@ type Runner struct {
 
 	mu      sync.Mutex
 	closing bool // no new dispatches once set
+	// lossUntil is the end of the last backend data loss this runner
+	// warned about (see dataLost).
+	lossUntil time.Time
 }
 
 type jobState struct {

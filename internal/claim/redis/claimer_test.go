@@ -84,6 +84,15 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 			time.Sleep(20 * time.Millisecond) // the pool is reconnecting to the restarted server
 			continue
 		case errors.Is(err, claim.ErrHeld) && time.Now().Before(deadline):
+			// Held by the guard, not by a replica: the error says the
+			// server lost its data and until when it holds, a lease on.
+			var loss *claim.DataLossError
+			if !errors.As(err, &loss) || !strings.Contains(loss.Error(), node.Addr()) {
+				t.Fatalf("claim held on the restarted server: %v, want a claim.DataLossError naming %s", err, node.Addr())
+			}
+			if until := time.Until(loss.Until); until > lease+time.Second {
+				t.Fatalf("guard holds until %v from now, want within the %v lease (plus clock slack)", until, lease)
+			}
 			if first.IsZero() {
 				first = sent
 				// The old holder is told at once, and a batch (the runner's
@@ -94,8 +103,8 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 				}
 				_, errs := a.(claim.BatchClaimer).ClaimBatch(ctxT(t), []claim.Run{run, {Job: run.Job, At: base.Add(time.Hour)}}, time.Minute)
 				for i, err := range errs {
-					if !errors.Is(err, claim.ErrHeld) {
-						t.Fatalf("batch claim %d on the restarted server within the guard: %v, want ErrHeld", i, err)
+					if !errors.Is(err, claim.ErrHeld) || !errors.As(err, new(*claim.DataLossError)) {
+						t.Fatalf("batch claim %d on the restarted server within the guard: %v, want ErrHeld for data loss", i, err)
 					}
 				}
 			}

@@ -44,7 +44,8 @@
 // claims have run on the server before sends that it expects the marker;
 // a script that finds it missing then knows the server lost its data,
 // writes the marker with the server's time, and answers held for every run
-// until a lease has passed from then. Every holder from before the restart
+// until a lease has passed from then; that ErrHeld carries a
+// claim.DataLossError, so the runner warns and counts it. Every holder from before the restart
 // has by then seen its renewal refused (no such run) and cancelled its
 // handler, so no run executes twice at once. A marker written by a Claimer
 // that never saw the server before (a fresh deployment) says 0: no wait.
@@ -115,6 +116,7 @@ type Claimer struct {
 	node     *Node
 	client   goredis.UniversalClient
 	instance string
+	server   string // "the Redis server at <addr>", for errors
 }
 
 var (
@@ -129,7 +131,11 @@ var (
 func New(client goredis.UniversalClient, opts Options) *Claimer {
 	n := NewNode(client, opts, 0, 1)
 	n.guard = true
-	return &Claimer{node: n, client: client, instance: opts.Instance}
+	server := "the Redis server"
+	if cl, ok := client.(*goredis.Client); ok {
+		server += " at " + cl.Options().Addr
+	}
+	return &Claimer{node: n, client: client, instance: opts.Instance, server: server}
 }
 
 // Open is New followed by Check; on error it closes nothing.
@@ -174,6 +180,10 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 func (c *Claimer) granted(run claim.Run, token string, requested time.Time, lease time.Duration, r Reply) (*claim.Claim, error) {
 	switch r.Vote {
 	case Held:
+		if r.Holder == restartedHolder && c.node.guard {
+			loss := &claim.DataLossError{Backend: c.server, Until: r.LeaseUntil}
+			return nil, fmt.Errorf("claim %s: %w: %w", run.ID(), loss, claim.ErrHeld)
+		}
 		return nil, fmt.Errorf("claim %s: holder %s until %s: %w", run.ID(), r.Holder,
 			r.LeaseUntil.Format(time.RFC3339Nano), claim.ErrHeld)
 	case Done:

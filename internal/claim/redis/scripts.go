@@ -9,6 +9,10 @@ import goredis "github.com/redis/go-redis/v9"
 // numbers are doubles, exact below 2^53 (µs since 1970 stay below that until
 // the year 2255).
 
+// restartedHolder is the holder the claim script names while the restart
+// guard holds every run. No instance id has this form.
+const restartedHolder = "(server restarted empty)"
+
 // claimScript grants a run, or says why not. Any status but running and
 // interrupted is terminal (claim.Status.Live).
 //
@@ -20,7 +24,7 @@ import goredis "github.com/redis/go-redis/v9"
 // Replies: {"granted", fence, attempt, lease_until_ms},
 // {"held", holder, lease_until_ms, token digest, attempt},
 // {"done", status, attempt}. While the restart guard holds every run (see
-// the package comment) the reply is held by "(server restarted empty)".
+// the package comment) the reply is held by restartedHolder.
 var claimScript = goredis.NewScript(`
 local function s(x) return string.format('%.0f', x) end
 local t = redis.call('TIME')
@@ -35,7 +39,7 @@ if ARGV[11] ~= '' then
   end
   local until_ms = tonumber(born) + tonumber(ARGV[3])
   if now < until_ms then
-    return {'held', '(server restarted empty)', until_ms, '', 0}
+    return {'held', '` + restartedHolder + `', until_ms, '', 0}
   end
 end
 local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence')
