@@ -121,6 +121,7 @@ func (c *cell) analyze(res *Cell) {
 	res.StaleAcceptedResources = append(res.StaleAcceptedResources, st.staleIDs...)
 	st.mu.Unlock()
 	res.LeaseLostSeen = rec.leaseSeen
+	res.DataLossTold = len(rec.lossUntil)
 
 	res.ClaimLatency = dist(rec.claimLat)
 	res.TakeoverTime = dist(takeovers)
@@ -192,6 +193,10 @@ func (c *cell) notes(res *Cell) []string {
 			notes = append(notes, fmt.Sprintf("partition: %s cut off from its backend for %v at +%v: %s", f.Replica, d, at, f.Note))
 		case FaultRedisRestart, FaultPostgresRestart:
 			notes = append(notes, fmt.Sprintf("%s at +%v (%v down): %s", f.Kind, at, d, f.Note))
+			if res.DataLossTold > 0 {
+				notes = append(notes, fmt.Sprintf("the claimer noticed: %d of %d replicas were told the server lost its data, and held every run for a lease",
+					res.DataLossTold, len(c.reps)))
+			}
 		case FaultLatency:
 			latency = append(latency, f.Replica+" "+f.Note)
 		}

@@ -1,6 +1,7 @@
 package compare
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -71,11 +72,14 @@ type recorder struct {
 	leaseSeen int             // handlers that saw ErrLeaseLost after a rejected write
 	lags      []time.Duration // how late the harness's own probe timer fired
 	crashedAt map[string]time.Time
+	// lossUntil is, per replica, the end of the latest data-loss guard
+	// its claimer told it of.
+	lossUntil map[string]time.Time
 }
 
 func newRecorder(t0 time.Time) *recorder {
 	return &recorder{t0: t0, grants: map[string]*grant{}, latest: map[string]*grant{},
-		runs: map[string]bool{}, crashedAt: map[string]time.Time{}}
+		runs: map[string]bool{}, crashedAt: map[string]time.Time{}, lossUntil: map[string]time.Time{}}
 }
 
 func (r *recorder) call() {
@@ -93,6 +97,10 @@ func (r *recorder) claimed(replica string, runs []claim.Run, start, end time.Tim
 	r.claimLat = append(r.claimLat, end.Sub(start))
 	for i, run := range runs {
 		r.runs[run.ID()] = true
+		var loss *claim.DataLossError
+		if i < len(errs) && errors.As(errs[i], &loss) && loss.Until.After(r.lossUntil[replica]) {
+			r.lossUntil[replica] = loss.Until
+		}
 		if i >= len(cls) || cls[i] == nil || (i < len(errs) && errs[i] != nil) {
 			continue
 		}

@@ -78,6 +78,9 @@ type Cell struct {
 	StaleWritesRejected int `json:"stale_writes_rejected"`
 	StaleWritesAccepted int `json:"stale_writes_accepted"`
 	LeaseLostSeen       int `json:"lease_lost_seen"`
+	// DataLossTold counts the replicas the claimer told that its backend
+	// lost its data (claim.DataLossError: a Redis restarted empty).
+	DataLossTold int `json:"data_loss_told,omitempty"`
 
 	ClaimLatency     Dist    `json:"claim_latency"`
 	TakeoverTime     Dist    `json:"takeover_time"`
