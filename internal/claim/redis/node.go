@@ -149,23 +149,27 @@ func claimReply(vals []any) (Reply, error) {
 // atomic script.
 func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
 	replies := make([]Reply, len(runs))
-	vals, errs := n.pipeline(ctx, claimScript, len(runs), func(i int) ([]string, []any) {
+	errs := n.pipeline(ctx, claimScript, len(runs), func(i int) ([]string, []any) {
 		return n.claimArgs(runs[i], tokens[i], holder, lease)
-	})
-	for i := range runs {
-		if errs[i] == nil {
-			n.ran()
-			replies[i], errs[i] = claimReply(vals[i])
+	}, func(i int, cmd *goredis.Cmd) error {
+		vals, err := cmd.Slice()
+		if err != nil {
+			return translate(ctx, err)
 		}
-	}
+		n.ran()
+		replies[i], err = claimReply(vals)
+		return err
+	})
 	return replies, errs
 }
 
 // pipeline runs script count times in one pipeline, with the keys and
-// arguments args gives for each, and returns each run's reply or error (a
-// second pipeline loads the script if the server lost it).
-func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int, args func(i int) ([]string, []any)) ([][]any, []error) {
-	vals, errs := make([][]any, count), make([]error, count)
+// arguments args gives for each, and hands each reply to read; it returns
+// each run's error (a second pipeline loads the script if the server lost
+// it).
+func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
+	args func(i int) ([]string, []any), read func(i int, cmd *goredis.Cmd) error) []error {
+	errs := make([]error, count)
 	todo := make([]int, count)
 	for i := range todo {
 		todo[i] = i
@@ -180,14 +184,14 @@ func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int, 
 		_, _ = pipe.Exec(ctx) // errors are per command
 		var again []int
 		for k, i := range todo {
-			v, err := cmds[k].Slice()
+			err := cmds[k].Err()
 			switch {
 			case err != nil && try == 0 && goredis.HasErrorPrefix(err, "NOSCRIPT"):
 				again = append(again, i)
 			case err != nil:
 				errs[i] = translate(ctx, err)
 			default:
-				vals[i] = v
+				errs[i] = read(i, cmds[k])
 			}
 		}
 		if len(again) > 0 {
@@ -200,7 +204,7 @@ func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int, 
 		}
 		todo = again
 	}
-	return vals, errs
+	return errs
 }
 
 // AbortBatch is Abort for many runs in one pipeline, best effort.
@@ -246,15 +250,15 @@ func (n *Node) Release(ctx context.Context, runID, token string, o claim.Outcome
 
 // ReleaseBatch is Release for many claims in one pipeline.
 func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Outcome) []error {
-	vals, errs := n.pipeline(ctx, releaseScript, len(runIDs), func(i int) ([]string, []any) {
+	return n.pipeline(ctx, releaseScript, len(runIDs), func(i int) ([]string, []any) {
 		return n.releaseArgs(runIDs[i], tokens[i], outcomes[i])
-	})
-	for i := range runIDs {
-		if errs[i] == nil {
-			errs[i] = releaseReply(vals[i])
+	}, func(_ int, cmd *goredis.Cmd) error {
+		vals, err := cmd.Slice()
+		if err != nil {
+			return translate(ctx, err)
 		}
-	}
-	return errs
+		return releaseReply(vals)
+	})
 }
 
 func (n *Node) releaseArgs(runID, token string, o claim.Outcome) ([]string, []any) {
@@ -285,12 +289,29 @@ func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
 // holds run, records fence and attempt in the run. It reports whether the
 // run was updated.
 func (n *Node) Commit(ctx context.Context, run claim.Run, token string, fence int64, attempt int) (bool, error) {
-	v, err := commitScript.Run(ctx, n.client,
-		[]string{n.keys.run(run.ID()), n.keys.fence(run.Job)}, token, fence, attempt).Int()
+	keys, args := n.commitArgs(run, token, fence, attempt)
+	v, err := commitScript.Run(ctx, n.client, keys, args...).Int()
 	if err != nil {
 		return false, translate(ctx, err)
 	}
 	return v == 1, nil
+}
+
+// CommitBatch is Commit for many runs in one pipeline.
+func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []string, fences []int64, attempts []int) ([]bool, []error) {
+	updated := make([]bool, len(runs))
+	errs := n.pipeline(ctx, commitScript, len(runs), func(i int) ([]string, []any) {
+		return n.commitArgs(runs[i], tokens[i], fences[i], attempts[i])
+	}, func(i int, cmd *goredis.Cmd) error {
+		v, err := cmd.Int()
+		updated[i] = v == 1
+		return translate(ctx, err)
+	})
+	return updated, errs
+}
+
+func (n *Node) commitArgs(run claim.Run, token string, fence int64, attempt int) ([]string, []any) {
+	return []string{n.keys.run(run.ID()), n.keys.fence(run.Job)}, []any{token, fence, attempt}
 }
 
 // Ping reports whether the server answers.
