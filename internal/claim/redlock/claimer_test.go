@@ -34,7 +34,7 @@ func prepare(t testing.TB, nodes []string) *backends.Namespace {
 
 func TestConformance(t *testing.T) {
 	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second,
-		Implements: []claimtest.Optional{claimtest.History}})
+		Implements: []claimtest.Optional{claimtest.Batch, claimtest.BatchRelease, claimtest.History}})
 }
 
 func TestNewRejectsNoNodesAndBadClients(t *testing.T) {

@@ -105,17 +105,39 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 	if err := claim.CheckRelease(cl, o); err != nil {
 		return err
 	}
-	if err := ctx.Err(); err != nil {
-		return err
+	return c.ReleaseBatch(ctx, []*claim.Claim{cl}, []claim.Outcome{o})[0]
+}
+
+// ReleaseBatch implements claim.BatchReleaser: Release's script for every
+// claim, pipelined to each node in one round; each claim is released when
+// a majority released it.
+func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
+	if len(idx) == 0 {
+		return errs
 	}
-	errs := make([]error, len(c.nodes))
-	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redis.Node) {
-		errs[i] = n.Release(ctx, cl.ID(), cl.Token, o)
-	})
-	if err := ctx.Err(); err != nil {
-		return err
+	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Outcome, len(idx))
+	for k, i := range idx {
+		ids[k], tokens[k], outs[k] = cls[i].ID(), cls[i].Token, outcomes[i]
 	}
-	return c.verdict(fmt.Sprintf("release %s as %s", cl.ID(), o), errs)
+	nodeErrs := make([][]error, len(c.nodes)) // by node, then claim
+	if ctx.Err() == nil {
+		c.each(ctx, batchTimeout(c.nodeTimeout, len(ids), 0), func(ctx context.Context, i int, n *redis.Node) {
+			if len(ids) == 1 {
+				nodeErrs[i] = []error{n.Release(ctx, ids[0], tokens[0], outs[0])}
+				return
+			}
+			nodeErrs[i] = n.ReleaseBatch(ctx, ids, tokens, outs)
+		})
+	}
+	for k, i := range idx {
+		if err := ctx.Err(); err != nil {
+			errs[i] = err
+			continue
+		}
+		errs[i] = c.verdict(fmt.Sprintf("release %s as %s", ids[k], outs[k]), column(nodeErrs, k))
+	}
+	return errs
 }
 
 // Ping implements claim.Claimer: a majority must answer.

@@ -3,6 +3,7 @@ package redlock_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -139,5 +140,71 @@ func TestRacingReplicasLoseNoRunToSplitVotes(t *testing.T) {
 	}
 	if lost > 0 {
 		t.Fatalf("%d of %d runs were won by nobody", lost, len(wins))
+	}
+}
+
+// TestRacingBatchesOfAThousandRuns: three replicas claim the same 1,000
+// runs at once, each as one batch in its own order, on five nodes with the
+// node timeout the configuration ships (50ms, grown per run in a batch).
+// Every run gets exactly one holder, none is lost to a split vote, and
+// each holder's batch release ends its runs on a majority.
+func TestRacingBatchesOfAThousandRuns(t *testing.T) {
+	testenv.WallClock(t)
+	ns := backends.Prepare(t, "redlock", backends.Options{Redlock: redlock.Options{NodeTimeout: 50 * time.Millisecond}})
+	const n = 1000
+	runs := make([]claim.Run, n)
+	for i := range runs {
+		runs[i] = runAt("job.batchrace", i)
+	}
+	claimers := []claim.Claimer{ns.Open("r0"), ns.Open("r1"), ns.Open("r2")}
+	held := make([][]*claim.Claim, len(claimers))
+	var wg sync.WaitGroup
+	for r, c := range claimers {
+		order := slices.Clone(runs)
+		switch r {
+		case 1:
+			slices.Reverse(order)
+		case 2:
+			order = append(order[n/2:], order[:n/2]...)
+		}
+		wg.Go(func() {
+			start := time.Now()
+			cls, errs := c.(claim.BatchClaimer).ClaimBatch(ctxT(t), order, time.Minute)
+			t.Logf("r%d: ClaimBatch of %d runs took %v", r, n, time.Since(start).Round(time.Millisecond))
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					held[r] = append(held[r], cls[i])
+				case !errors.Is(err, claim.ErrHeld) && !errors.Is(err, claim.ErrDone):
+					t.Errorf("r%d: claim %s: %v, want a win, ErrHeld or ErrDone", r, order[i].ID(), err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	holders := map[string]int{}
+	for _, cls := range held {
+		for _, cl := range cls {
+			holders[cl.ID()]++
+		}
+	}
+	for _, run := range runs {
+		if k := holders[run.ID()]; k != 1 {
+			t.Errorf("run %s has %d holders, want 1", run.ID(), k)
+		}
+	}
+	for r, cls := range held {
+		outs := make([]claim.Outcome, len(cls))
+		for i := range outs {
+			outs[i] = claim.Succeeded
+		}
+		for i, err := range claimers[r].(claim.BatchReleaser).ReleaseBatch(ctxT(t), cls, outs) {
+			if err != nil {
+				t.Errorf("release %s: %v", cls[i].ID(), err)
+			}
+		}
+	}
+	if _, err := claimers[0].Claim(ctxT(t), runs[n/3], time.Minute); !errors.Is(err, claim.ErrDone) {
+		t.Errorf("claim of a released run: %v, want ErrDone", err)
 	}
 }
