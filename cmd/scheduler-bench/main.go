@@ -30,7 +30,7 @@ func run() int {
 		s         benchkit.Services
 		conc      = flag.String("c", "1,16", "concurrencies")
 		kinds     = flag.String("claimers", "memory,sqlite,postgres,redis,redlock", "claimers to measure")
-		scale     = flag.String("scale", "postgres,redis,sqlite", "claimers for the scale scenario (\"\" for none)")
+		scale     = flag.String("scale", "postgres,redis,redlock,sqlite", "claimers for the scale scenario (\"\" for none)")
 		scaleOpts benchkit.ScaleOptions
 		redlock   = flag.String("redlock", "", "comma-separated Redlock nodes (default: start 5 private redis-server)")
 		peers     = flag.String("peers", "", "JSON rows of the peer libraries to merge (written by bench/)")
@@ -59,6 +59,9 @@ func run() int {
 	flag.Parse()
 	if *replica {
 		ra.PostgresDSN, ra.RedisAddr, ra.Jobs = s.PostgresDSN, s.RedisAddr, scaleOpts.Jobs
+		if *redlock != "" {
+			ra.RedlockAddrs = strings.Split(*redlock, ",")
+		}
 		ra.Spread, ra.MaxClaims, ra.NoBatch, ra.NoBatchRelease = scaleOpts.Spread, scaleOpts.MaxClaims, scaleOpts.NoBatch, scaleOpts.NoBatchRelease
 		if err := benchkit.ReplicaMain(ra, os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "scheduler-bench replica:", err)

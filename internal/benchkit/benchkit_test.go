@@ -77,7 +77,7 @@ func TestBenchSmoke(t *testing.T) {
 	}
 
 	rep := benchkit.Report{When: time.Now(), Host: "test", Rows: rows}
-	for _, kind := range []string{"memory", "sqlite", "postgres", "redis"} {
+	for _, kind := range []string{"memory", "sqlite", "postgres", "redis", "redlock"} {
 		var sc benchkit.Scale
 		for try := 0; try < 3; try++ {
 			sc = benchkit.RunScale(t.Context(), s, benchkit.ScaleOptions{Kind: kind, Jobs: 60, Replicas: 3,
@@ -116,7 +116,7 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	var back benchkit.Report
-	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back.Rows) != len(rows) || len(back.Scale) != 4 {
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back.Rows) != len(rows) || len(back.Scale) != 5 {
 		t.Fatalf("JSON round trip: %v, %d rows", err, len(back.Rows))
 	}
 	var svg bytes.Buffer

@@ -107,13 +107,11 @@ func (s Services) openBackend(ctx context.Context, kind string) (*backend, error
 		}
 		b.redisPrefix(s.RedlockAddrs)
 		b.open = func(instance string) (claim.Claimer, error) {
-			var clients []goredis.UniversalClient
-			for _, a := range s.RedlockAddrs {
-				c := goredis.NewClient(redlock.ClientOptions(a))
+			c, err := openRedlock(s.RedlockAddrs, b.prefix, instance)
+			if err == nil {
 				b.closers = append(b.closers, func() { _ = c.Close() })
-				clients = append(clients, c)
 			}
-			return redlock.New(clients, redlock.Options{Instance: instance, Prefix: b.prefix, DoneTTL: 10 * time.Minute})
+			return c, err
 		}
 	default:
 		return nil, fmt.Errorf("unknown claimer kind %q", kind)
@@ -206,4 +204,21 @@ func pgURL(dsn string) string {
 		return strings.TrimRight(dsn[:i], "?&")
 	}
 	return dsn
+}
+
+// openRedlock opens a Redlock claimer on addrs under prefix, with the
+// clients the scheduler gives its nodes; Close closes them.
+func openRedlock(addrs []string, prefix, instance string) (claim.Claimer, error) {
+	clients := make([]goredis.UniversalClient, len(addrs))
+	for i, a := range addrs {
+		clients[i] = goredis.NewClient(redlock.ClientOptions(a))
+	}
+	c, err := redlock.New(clients, redlock.Options{Instance: instance, Prefix: prefix, DoneTTL: 10 * time.Minute})
+	if err != nil {
+		for _, cl := range clients {
+			_ = cl.Close()
+		}
+		return nil, err
+	}
+	return c, nil
 }

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,7 @@ import (
 type ReplicaArgs struct {
 	Kind, Namespace, Instance string
 	PostgresDSN, RedisAddr    string
+	RedlockAddrs              []string
 	Jobs                      int
 	Lease, Spread             time.Duration
 	MaxClaims                 int
@@ -46,7 +48,7 @@ type ReplicaArgs struct {
 
 func (a ReplicaArgs) list() []string {
 	return []string{"-kind", a.Kind, "-ns", a.Namespace, "-instance", a.Instance, "-postgres", a.PostgresDSN,
-		"-redis", a.RedisAddr, "-jobs", strconv.Itoa(a.Jobs), "-lease", a.Lease.String(), "-spread", a.Spread.String(),
+		"-redis", a.RedisAddr, "-redlock", strings.Join(a.RedlockAddrs, ","), "-jobs", strconv.Itoa(a.Jobs), "-lease", a.Lease.String(), "-spread", a.Spread.String(),
 		"-max-claims", strconv.Itoa(a.MaxClaims), "-no-batch=" + strconv.FormatBool(a.NoBatch),
 		"-no-batch-release=" + strconv.FormatBool(a.NoBatchRelease), "-offset", a.Offset.String()}
 }
@@ -87,6 +89,8 @@ func (s Services) attach(kind, ns string) (func(instance string) (claim.Claimer,
 		return func(instance string) (claim.Claimer, error) {
 			return sqlite.Open(context.Background(), ns, sqlite.Options{Instance: instance})
 		}, nil
+	case "redlock":
+		return func(instance string) (claim.Claimer, error) { return openRedlock(s.RedlockAddrs, ns, instance) }, nil
 	}
 	return nil, fmt.Errorf("kind %q cannot run in replica processes", kind)
 }
@@ -103,7 +107,7 @@ func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
 		_ = enc.Encode(l)
 	}
 	flush := func() { mu.Lock(); _ = w.Flush(); mu.Unlock() }
-	open, err := (Services{PostgresDSN: a.PostgresDSN, RedisAddr: a.RedisAddr}).attach(a.Kind, a.Namespace)
+	open, err := (Services{PostgresDSN: a.PostgresDSN, RedisAddr: a.RedisAddr, RedlockAddrs: a.RedlockAddrs}).attach(a.Kind, a.Namespace)
 	if err != nil {
 		return err
 	}
@@ -185,7 +189,7 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 		return fail(err)
 	}
 	defer b.close()
-	ns := map[string]string{"postgres": b.schema, "redis": b.prefix, "sqlite": b.path}[o.Kind]
+	ns := map[string]string{"postgres": b.schema, "redis": b.prefix, "redlock": b.prefix, "sqlite": b.path}[o.Kind]
 	if c, err := b.open("setup"); err != nil { // migrates a SQLite file
 		return fail(err)
 	} else if o.Kind == "sqlite" {
@@ -210,7 +214,7 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 	}()
 	for i := range o.Replicas {
 		a := ReplicaArgs{Kind: o.Kind, Namespace: ns, Instance: fmt.Sprintf("r%d", i), PostgresDSN: s.PostgresDSN,
-			RedisAddr: s.RedisAddr, Jobs: o.Jobs, Lease: o.Lease, Spread: o.Spread, MaxClaims: o.MaxClaims,
+			RedisAddr: s.RedisAddr, RedlockAddrs: s.RedlockAddrs, Jobs: o.Jobs, Lease: o.Lease, Spread: o.Spread, MaxClaims: o.MaxClaims,
 			NoBatch: o.NoBatch, NoBatchRelease: o.NoBatchRelease, Offset: offset}
 		cmd := exec.CommandContext(ctx, o.ReplicaCmd[0], append(slices.Clone(o.ReplicaCmd[1:]), a.list()...)...)
 		cmd.Stderr = os.Stderr

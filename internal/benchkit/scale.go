@@ -174,7 +174,7 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	res.MaxClaims = max(cmp.Or(o.MaxClaims, runner.DefaultMaxClaims), 0)
 	if len(o.ReplicaCmd) > 0 && o.Kind != "memory" {
 		res.Processes = true
-		if !o.NoBatch && (o.Kind == "postgres" || o.Kind == "redis" || o.Kind == "sqlite") {
+		if !o.NoBatch {
 			res.Batched, res.MaxClaims = true, 0
 			res.BatchedReleases = !o.NoBatchRelease
 		}
