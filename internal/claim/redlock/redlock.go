@@ -48,6 +48,17 @@
 // Renew and Release go to every node and succeed on a majority; Renew also
 // within the validity time.
 //
+// # Batches
+//
+// ClaimBatch sends every run through the same rounds, each round one
+// pipeline per node: the claim scripts, the commits of the runs a majority
+// granted, the aborts of the rest. Each run is decided on its own votes,
+// as Claim decides it (Claim is a batch of one), and split runs are
+// retried as above, those due together in one round. ReleaseBatch is
+// Release pipelined. A node's bound grows by perRunTimeout for each run
+// after the first, so that a large batch is not timed out by the node
+// timeout meant for one script.
+//
 // # Nodes that lose their data
 //
 // Nodes typically run without persistence. A node that restarts empty
