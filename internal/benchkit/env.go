@@ -97,9 +97,10 @@ func (s Services) openBackend(ctx context.Context, kind string) (*backend, error
 		}
 		b.redisPrefix([]string{s.RedisAddr})
 		b.open = func(instance string) (claim.Claimer, error) {
-			c := goredis.NewClient(&goredis.Options{Addr: s.RedisAddr, ContextTimeoutEnabled: true})
-			b.closers = append(b.closers, func() { _ = c.Close() })
-			return redis.New(c, redis.Options{Instance: instance, Prefix: b.prefix, DoneTTL: 10 * time.Minute}), nil
+			c := redis.New(goredis.NewClient(&goredis.Options{Addr: s.RedisAddr, ContextTimeoutEnabled: true}),
+				redis.Options{Instance: instance, Prefix: b.prefix, DoneTTL: 10 * time.Minute})
+			b.closers = append(b.closers, func() { _ = c.Close() }) // and so its client
+			return c, nil
 		}
 	case "redlock":
 		if len(s.RedlockAddrs) == 0 {

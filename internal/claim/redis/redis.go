@@ -45,16 +45,26 @@
 // a script that finds it missing then knows the server lost its data,
 // writes the marker with the server's time, and answers held for every run
 // until a lease has passed from then; that ErrHeld carries a
-// claim.DataLossError, so the runner warns and counts it. Every holder from before the restart
-// has by then seen its renewal refused (no such run) and cancelled its
-// handler, so no run executes twice at once. A marker written by a Claimer
-// that never saw the server before (a fresh deployment) says 0: no wait.
+// claim.DataLossError, so the runner warns and counts it. Every holder
+// from before the restart has by then seen its renewal refused (no such
+// run) and cancelled its handler, so no run executes twice at once. A
+// marker written by a Claimer that never saw the server before (a fresh
+// deployment) says 0: no wait.
+//
+// The done markers of finished runs went too. Each Claimer remembers its
+// own terminal releases of the last DoneTTL (at most 50,000) and, once it
+// has made one, reads the epoch marker every lease/4; when the marker
+// changes it writes those done markers back wherever the server has no
+// record of the run, within the guard (restore.go). A run that finished
+// just before the restart therefore stays done while the replica that
+// finished it is up.
+//
 // Two cases remain exposed: replicas that all start after the restart and
 // before any old one claims (they cannot tell an emptied server from a new
-// one), and a run that finished just before the restart while another
-// replica still stood by for it (its done marker is gone, so it runs again
-// after the wait). Run Redis with persistence (appendonly) where that
-// matters, or use redlock.
+// one), and a run that finished just before the restart on a replica that
+// is gone too (nobody remembers it, so a replica that stood by for it runs
+// it again after the wait). Run Redis with persistence (appendonly) where
+// that matters, or use redlock.
 //
 // # Limits
 //
@@ -116,7 +126,8 @@ type Claimer struct {
 	node     *Node
 	client   goredis.UniversalClient
 	instance string
-	server   string // "the Redis server at <addr>", for errors
+	server   string   // "the Redis server at <addr>", for errors
+	done     *doneLog // this Claimer's recent terminal releases (restore.go)
 }
 
 var (
@@ -135,7 +146,8 @@ func New(client goredis.UniversalClient, opts Options) *Claimer {
 	if cl, ok := client.(*goredis.Client); ok {
 		server += " at " + cl.Options().Addr
 	}
-	return &Claimer{node: n, client: client, instance: opts.Instance, server: server}
+	return &Claimer{node: n, client: client, instance: opts.Instance, server: server,
+		done: newDoneLog(n, opts.withDefaults().DoneTTL)}
 }
 
 // Open is New followed by Check; on error it closes nothing.
@@ -160,6 +172,7 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 		return nil, err
 	}
 	run.At = run.At.UTC()
+	c.done.lease.Store(int64(lease))
 	token := claim.NewToken()
 	requested := time.Now()
 	r, err := c.node.Claim(ctx, run, token, c.instance, lease)
@@ -181,6 +194,7 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 	switch r.Vote {
 	case Held:
 		if r.Holder == restartedHolder && c.node.guard {
+			c.done.poke() // write back this replica's done markers now
 			loss := &claim.DataLossError{Backend: c.server, Until: r.LeaseUntil}
 			return nil, fmt.Errorf("claim %s: %w: %w", run.ID(), loss, claim.ErrHeld)
 		}
@@ -217,6 +231,7 @@ func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.D
 	if len(valid) == 0 {
 		return claims, errs
 	}
+	c.done.lease.Store(int64(lease))
 	requested := time.Now()
 	replies, rerrs := c.node.ClaimBatch(ctx, valid, tokens, c.instance, lease)
 	if err := ctx.Err(); err != nil {
@@ -268,6 +283,7 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 	if err := c.node.Release(ctx, cl.ID(), cl.Token, o); err != nil {
 		return fmt.Errorf("release %s as %s: %w", cl.ID(), o, err)
 	}
+	c.done.released([]*claim.Claim{cl}, []claim.Outcome{o}, []error{nil})
 	return nil
 }
 
@@ -282,11 +298,15 @@ func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes
 	if len(idx) == 0 {
 		return errs
 	}
-	for k, err := range c.node.ReleaseBatch(ctx, ids, tokens, outs) {
+	sent := make([]*claim.Claim, len(idx))
+	rerrs := c.node.ReleaseBatch(ctx, ids, tokens, outs)
+	for k, err := range rerrs {
+		sent[k] = cls[idx[k]]
 		if err != nil {
 			errs[idx[k]] = fmt.Errorf("release %s as %s: %w", ids[k], outs[k], err)
 		}
 	}
+	c.done.released(sent, outs, rerrs)
 	return errs
 }
 
@@ -299,7 +319,10 @@ func (c *Claimer) Ping(ctx context.Context) error {
 }
 
 // Close implements claim.Claimer: it closes the client given to New.
-func (c *Claimer) Close() error { return c.client.Close() }
+func (c *Claimer) Close() error {
+	c.done.close()
+	return c.client.Close()
+}
 
 // History implements claim.Historian.
 func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {

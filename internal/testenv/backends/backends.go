@@ -141,10 +141,11 @@ func Prepare(t testing.TB, kind string, opts Options) *Namespace {
 		ns := &Namespace{Servers: addrs, Prefix: testenv.RedisPrefix(t, addrs...)}
 		ns.open = func(instance string, cl Client) claim.Claimer {
 			client := goredis.NewClient(&goredis.Options{Addr: cl.dial(addrs[0]), ContextTimeoutEnabled: true})
-			t.Cleanup(func() { _ = client.Close() })
 			o := opts.Redis
 			o.Instance, o.Prefix = instance, ns.Prefix
-			return redis.New(client, o)
+			c := redis.New(client, o)
+			t.Cleanup(func() { _ = c.Close() }) // and so the client
+			return c
 		}
 		return ns
 	case "redlock":
