@@ -51,7 +51,8 @@ type doneLog struct {
 	lease atomic.Int64
 
 	mu   sync.Mutex
-	runs []finished // oldest first
+	runs []finished // oldest first, from head on
+	head int
 
 	start sync.Once
 	stop  context.CancelFunc
@@ -85,14 +86,17 @@ func (d *doneLog) released(cls []*claim.Claim, outcomes []claim.Outcome, errs []
 	}
 }
 
-// prune drops what is past DoneTTL or beyond maxRemembered. d.mu is held.
+// prune forgets what is past DoneTTL or beyond maxRemembered, moving the
+// rest down once half the slice is forgotten (amortized O(1) per release).
+// d.mu is held.
 func (d *doneLog) prune(now time.Time) {
-	drop := max(len(d.runs)-maxRemembered, 0)
-	for drop < len(d.runs) && now.Sub(d.runs[drop].at) >= d.ttl {
-		drop++
+	d.head = max(d.head, len(d.runs)-maxRemembered)
+	for d.head < len(d.runs) && now.Sub(d.runs[d.head].at) >= d.ttl {
+		d.head++
 	}
-	if drop > 0 {
-		d.runs = append(d.runs[:0:0], d.runs[drop:]...)
+	if d.head > 0 && d.head >= len(d.runs)/2 {
+		d.runs = append(d.runs[:0], d.runs[d.head:]...)
+		d.head = 0
 	}
 }
 
@@ -101,7 +105,7 @@ func (d *doneLog) recent() []finished {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.prune(time.Now())
-	return append([]finished(nil), d.runs...)
+	return append([]finished(nil), d.runs[d.head:]...)
 }
 
 func (d *doneLog) launch() {

@@ -1,0 +1,48 @@
+package redis
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// TestDoneLogRemembersTerminalReleasesWithinItsBounds: only terminal
+// releases that succeeded are remembered, none older than DoneTTL and no
+// more than maxRemembered, newest kept.
+func TestDoneLogRemembersTerminalReleasesWithinItsBounds(t *testing.T) {
+	d := newDoneLog(nil, time.Hour)
+	d.start.Do(func() {}) // no watcher: there is no server here
+	at := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+	cl := func(i int) *claim.Claim {
+		return &claim.Claim{Run: claim.Run{Job: "job", At: at.Add(time.Duration(i) * time.Second)}, Token: "t", Holder: "a"}
+	}
+	d.released([]*claim.Claim{cl(0), cl(1), cl(2), cl(3)},
+		[]claim.Outcome{claim.Succeeded, claim.Interrupted, claim.Failed, claim.Succeeded},
+		[]error{nil, nil, nil, errors.New("lost")})
+	got := d.recent()
+	if len(got) != 2 || got[0].run != cl(0).Run || got[1].run != cl(2).Run || got[1].status != claim.StatusFailed {
+		t.Fatalf("remembered %+v, want runs 0 (succeeded) and 2 (failed) only", got)
+	}
+
+	// Past DoneTTL: forgotten.
+	d.mu.Lock()
+	for i := range d.runs {
+		d.runs[i].at = d.runs[i].at.Add(-2 * time.Hour)
+	}
+	d.mu.Unlock()
+	if got := d.recent(); len(got) != 0 {
+		t.Fatalf("remembered %d releases older than DoneTTL, want none", len(got))
+	}
+
+	// Beyond maxRemembered: the oldest go.
+	for i := range maxRemembered + 10 {
+		d.released([]*claim.Claim{cl(i)}, []claim.Outcome{claim.Succeeded}, []error{nil})
+	}
+	got = d.recent()
+	if len(got) != maxRemembered || got[0].run != cl(10).Run || got[len(got)-1].run != cl(maxRemembered+9).Run {
+		t.Fatalf("remembered %d releases from %v to %v, want the newest %d", len(got), got[0].run.At, got[len(got)-1].run.At, maxRemembered)
+	}
+	d.close()
+}
