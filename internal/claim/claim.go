@@ -291,6 +291,21 @@ func CheckReleaseBatch(cls []*Claim, outcomes []Outcome) (errs []error, valid []
 	return errs, valid
 }
 
+// CheckClaimBatch validates a ClaimBatch call's arguments: errs holds
+// CheckClaim's answer for each run, or ctx's error once ctx is done; valid
+// holds the indexes of the runs that passed.
+func CheckClaimBatch(ctx context.Context, runs []Run, lease time.Duration) (errs []error, valid []int) {
+	errs = make([]error, len(runs))
+	for i, run := range runs {
+		if errs[i] = CheckClaim(run, lease); errs[i] == nil {
+			if errs[i] = ctx.Err(); errs[i] == nil {
+				valid = append(valid, i)
+			}
+		}
+	}
+	return errs, valid
+}
+
 // CheckClaim validates a Claim call's arguments.
 func CheckClaim(run Run, lease time.Duration) error {
 	if err := run.Validate(); err != nil {

@@ -1,6 +1,9 @@
 package claim
 
 import (
+	"context"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +80,25 @@ func TestRunIDSeedsAreDistinct(t *testing.T) {
 			}
 			seen[r.ID()] = r
 		}
+	}
+}
+
+// TestCheckClaimBatch: each run gets CheckClaim's answer, and once ctx is
+// done every run that passed gets ctx's error instead of a bid.
+func TestCheckClaimBatch(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+	runs := []Run{{Job: "a", At: at}, {Job: "", At: at}, {Job: "b", At: at}}
+	errs, valid := CheckClaimBatch(context.Background(), runs, time.Second)
+	if len(errs) != 3 || errs[0] != nil || !errors.Is(errs[1], ErrInvalid) || errs[2] != nil || !slices.Equal(valid, []int{0, 2}) {
+		t.Fatalf("CheckClaimBatch = %v, %v; want the empty job invalid and runs 0, 2 valid", errs, valid)
+	}
+	if _, valid := CheckClaimBatch(context.Background(), runs, 0); len(valid) != 0 {
+		t.Fatalf("CheckClaimBatch with a zero lease passed runs %v", valid)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	errs, valid = CheckClaimBatch(ctx, runs, time.Second)
+	if len(valid) != 0 || !errors.Is(errs[0], context.Canceled) || !errors.Is(errs[1], ErrInvalid) {
+		t.Fatalf("CheckClaimBatch after cancel = %v, %v; want context.Canceled for valid runs, ErrInvalid kept", errs, valid)
 	}
 }

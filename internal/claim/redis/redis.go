@@ -212,21 +212,12 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 // ClaimBatch implements claim.BatchClaimer: the claim script of every run,
 // pipelined in one round trip.
 func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
-	var (
-		idx    []int
-		valid  []claim.Run
-		tokens []string
-	)
-	for i, run := range runs {
-		if errs[i] = claim.CheckClaim(run, lease); errs[i] != nil {
-			continue
-		}
-		if errs[i] = ctx.Err(); errs[i] != nil {
-			continue
-		}
-		run.At = run.At.UTC()
-		idx, valid, tokens = append(idx, i), append(valid, run), append(tokens, claim.NewToken())
+	claims := make([]*claim.Claim, len(runs))
+	errs, idx := claim.CheckClaimBatch(ctx, runs, lease)
+	valid, tokens := make([]claim.Run, len(idx)), make([]string, len(idx))
+	for k, i := range idx {
+		valid[k], tokens[k] = runs[i], claim.NewToken()
+		valid[k].At = valid[k].At.UTC()
 	}
 	if len(valid) == 0 {
 		return claims, errs

@@ -222,20 +222,12 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 // aborts), so a batch costs the round trips of one claim. Each run is
 // decided on its own votes, exactly as Claim would decide it.
 func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
-	var (
-		bids []*bid
-		idx  []int
-	)
-	for i, run := range runs {
-		if errs[i] = claim.CheckClaim(run, lease); errs[i] != nil {
-			continue
-		}
-		if errs[i] = ctx.Err(); errs[i] != nil {
-			continue
-		}
-		run.At = run.At.UTC()
-		bids, idx = append(bids, &bid{run: run}), append(idx, i)
+	claims := make([]*claim.Claim, len(runs))
+	errs, idx := claim.CheckClaimBatch(ctx, runs, lease)
+	bids := make([]*bid, len(idx))
+	for k, i := range idx {
+		bids[k] = &bid{run: runs[i]}
+		bids[k].run.At = bids[k].run.At.UTC()
 	}
 	if len(bids) > 0 {
 		c.contend(ctx, bids, lease)
