@@ -65,7 +65,8 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*backen
 	case config.ClaimerMemory:
 		return &backend{Claimer: memory.New(memory.NewStore(nil), instance)}, nil
 	case config.ClaimerSQLite:
-		cl, err := sqlite.Open(ctx, c.SQLite.Path, sqlite.Options{Instance: instance})
+		cl, err := sqlite.Open(ctx, c.SQLite.Path, sqlite.Options{Instance: instance,
+			SyncNormal: c.SQLite.Synchronous == config.SyncNormal})
 		if err != nil {
 			return nil, err
 		}

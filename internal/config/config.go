@@ -157,7 +157,19 @@ type SQLite struct {
 	// Path of the database file, shared by every process on the host.
 	// Default ./scheduler.db.
 	Path string `yaml:"path"`
+	// Synchronous is SQLite's synchronous setting for the claims: full
+	// (the default) syncs the WAL at every commit; normal only at
+	// checkpoints, so a commit costs no disk wait, and a power loss or OS
+	// crash (not a process crash) can forget the last claims and releases:
+	// runs that finished just before it may run again.
+	Synchronous string `yaml:"synchronous"`
 }
+
+// SQLite synchronous settings.
+const (
+	SyncFull   = "full"
+	SyncNormal = "normal"
+)
 
 // TLS configures a client connection to Redis.
 type TLS struct {

@@ -221,6 +221,7 @@ func (c *Config) applyDefaults(present func(string) bool) error {
 	set("claimer.redlock.done_ttl", &cl.Redlock.DoneTTL, defaultDoneTTL)
 	set("claimer.redlock.node_timeout", &cl.Redlock.NodeTimeout, defaultNodeTimeout)
 	cl.SQLite.Path = cmp.Or(cl.SQLite.Path, defaultSQLitePath)
+	cl.SQLite.Synchronous = cmp.Or(cl.SQLite.Synchronous, SyncFull)
 
 	d := &c.Database
 	if d.Kind == "" {

@@ -173,6 +173,9 @@ func (c *Config) validateClaimer(p *problems) {
 	if kind == ClaimerSQLite && cl.SQLite.Path == "" {
 		p.add("claimer.sqlite.path", "", "missing (required when claimer.kind is sqlite)")
 	}
+	if !oneOf(cl.SQLite.Synchronous, SyncFull, SyncNormal) {
+		p.add("claimer.sqlite.synchronous", cl.SQLite.Synchronous, "want full or normal")
+	}
 }
 
 // checkDoneTTL: a done marker must outlive the lease and every run-once

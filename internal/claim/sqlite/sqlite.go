@@ -79,6 +79,13 @@ SELECT run_id, job, status, holder, fence, attempt, started_at, lease_until, fin
 type Options struct {
 	// Instance is the holder id written into claims.
 	Instance string
+	// SyncNormal opens the file with synchronous=NORMAL instead of FULL:
+	// the WAL is synced at checkpoints, not at every commit, so a claim
+	// never waits on the disk. A process crash loses nothing; a power loss
+	// or OS crash can forget the last claims and releases, and runs that
+	// had just finished may then run again. For busy disks and short
+	// leases, where a sync can outlast a claim's timeout.
+	SyncNormal bool
 }
 
 // Claimer grants claims through rows of the scheduler_runs table in one
@@ -115,7 +122,11 @@ func DSN(path string) string {
 // Open opens (creating it if needed) the SQLite file at path, applies the
 // migrations, and returns a Claimer that closes the file on Close.
 func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
-	db, err := sql.Open("sqlite", DSN(path))
+	sync := "FULL"
+	if opts.SyncNormal {
+		sync = "NORMAL"
+	}
+	db, err := sql.Open("sqlite", DSN(path)+"&_pragma=synchronous("+sync+")")
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
