@@ -53,15 +53,20 @@ func (s *syncBuffer) lines() []map[string]any {
 	return out
 }
 
+// observed is a JSON logger at level into a buffer, and the runner's
+// metrics on a fresh registry.
+func observed(level slog.Level) (*syncBuffer, *slog.Logger, *prometheus.Registry, *runner.Metrics) {
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	return logs, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level})), reg, runner.NewMetrics(reg)
+}
+
 // TestLogAndMetricsContract drives one job through every final status and
 // checks every run event's keys (DESIGN.md, "Log events") and the counters'
 // values (DESIGN.md, "Metrics").
 func TestLogAndMetricsContract(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var logs syncBuffer
-		logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		reg := prometheus.NewRegistry()
-		metrics := runner.NewMetrics(reg)
+		logs, logger, reg, metrics := observed(slog.LevelDebug)
 		store := memory.NewStore(nil)
 		cut := &failing{Claimer: memory.New(store, "a"), only: "job.lease_lost"}
 		handlerLogged := make(chan struct{}, 8)
@@ -206,10 +211,7 @@ func (f *forgetful) Claim(ctx context.Context, r claim.Run, l time.Duration) (*c
 // they run once the backend's guard is over.
 func TestDataLossWarnsOncePerLoss(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var logs syncBuffer
-		logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-		reg := prometheus.NewRegistry()
-		metrics := runner.NewMetrics(reg)
+		logs, logger, reg, metrics := observed(slog.LevelInfo)
 		led := newLedger()
 		const lease = 3 * time.Second
 		c := &forgetful{Claimer: memory.New(memory.NewStore(nil), "a")}

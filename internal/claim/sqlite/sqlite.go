@@ -110,10 +110,11 @@ var (
 	_ claim.BatchReleaser = (*Claimer)(nil)
 )
 
-// DSN is the data source name Open uses for the file at path: WAL journal
-// (readers never block the writer), a 5s busy timeout (how long a write
-// waits for another connection's), and explicit transactions that take the
-// write lock at BEGIN (IMMEDIATE), so they cannot fail half-way on a lock.
+// DSN is the data source name for the file at path that Open builds on
+// (adding Options.SyncNormal's synchronous setting): WAL journal (readers
+// never block the writer), a 5s busy timeout (how long a write waits for
+// another connection's), and explicit transactions that take the write
+// lock at BEGIN (IMMEDIATE), so they cannot fail half-way on a lock.
 func DSN(path string) string {
 	return "file:" + (&url.URL{Path: path}).EscapedPath() +
 		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
