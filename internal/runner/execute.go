@@ -52,26 +52,80 @@ type dispatcher struct {
 	spread time.Duration
 }
 
-// dispatch starts the life of one run: claim, stand by, execute.
+// dispatch starts the life of one run: claim, stand by, execute. Only
+// Run's loop calls it (it reads the loop's spread).
 func (d *dispatcher) dispatch(j *jobState, at time.Time, misfired bool) {
+	d.start(j, at, misfired, d.spread)
+}
+
+func (d *dispatcher) start(j *jobState, at time.Time, misfired bool, spread time.Duration) {
 	if at.IsZero() {
 		return
 	}
 	misfired = misfired && d.r.opts.Now().Sub(at) > d.r.lateTolerance()
 	run := claim.Run{Job: j.Name, At: at.UTC()}
-	spread := d.spread
 	j.setLive(at, watching, +1)
 	d.standby.Go(func() {
 		defer j.setLive(at, watching, -1)
 		if j.Overlap == OverlapForbid && d.overlaps(j, at) {
-			d.skip(run, nil, ReasonOverlap, slog.LevelInfo)
+			// Record the skip in the backend, once: whichever replica wins
+			// the run ends it as skipped; the others hear done. A holder
+			// may be a ghost (a grant whose reply was lost) or die: stand
+			// by for it as for any run.
+			d.contend(j, run, misfired, ReasonOverlap)
 			return
 		}
 		if !misfired && !d.hold(run, spread) {
 			return
 		}
-		d.contend(j, run, misfired)
+		d.contend(j, run, misfired, "")
 	})
+}
+
+// recoverProbe bounds how many recent runs the start-up recovery reads.
+const recoverProbe = 1000
+
+// recover finds, at start-up, the runs the backend still records as live
+// (running or interrupted) and contends for each like a standby: their
+// holder may have died while no replica stood by for them (a one-replica
+// deployment, or every standby restarted since), and the look-back at the
+// latest instant alone would leave an older one behind for good. A run
+// still held is waited for; one handed back or expired is taken over,
+// attempt+1, however old it is: a takeover is not a misfire. It retries
+// until the backend answers or Run's ctx ends.
+func (d *dispatcher) recover(h claim.Historian, now time.Time) {
+	r := d.r
+	jobs := map[string]*jobState{}
+	for _, j := range r.jobs {
+		jobs[j.Name] = j
+	}
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(d.ctx, r.opts.Lease)
+		recs, err := h.History(ctx, "", recoverProbe)
+		cancel()
+		if err == nil {
+			for _, rec := range recs {
+				if j := jobs[rec.Job]; j != nil && rec.Status.Live() && !rec.At.After(now) {
+					d.start(j, rec.At, false, 0)
+				}
+			}
+			return
+		}
+		if d.ctx.Err() != nil {
+			return
+		}
+		if attempt == 0 {
+			r.log.WarnContext(d.ctx, "cannot list live runs to recover; retrying", "instance", r.opts.Instance,
+				"claimer", r.opts.ClaimerName, "error", err.Error())
+		}
+		t := time.NewTimer(jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond)))
+		select {
+		case <-d.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // overlaps reports whether an earlier run of j still holds a claim. A run
@@ -140,14 +194,21 @@ func holdFor(runID, instance string, spread time.Duration) time.Duration {
 }
 
 // contend claims run, standing by while another replica holds it, until the
-// run is won, done, or no longer worth waiting for.
-func (d *dispatcher) contend(j *jobState, run claim.Run, misfired bool) {
+// run is won, done, or no longer worth waiting for. With a skip reason, a
+// won run is not executed but ended as skipped for that reason, so that
+// the decision is a fact of the backend (history, status page, the other
+// replicas) rather than a line in each replica's log.
+func (d *dispatcher) contend(j *jobState, run claim.Run, misfired bool, skip string) {
 	r := d.r
 	var unavailable error
 	heldLogged := false
 	for attempt := 0; ; attempt++ {
 		cl, err := d.claim(run)
 		switch {
+		case err == nil && skip != "":
+			d.skip(run, cl, skip, slog.LevelInfo)
+			d.release(cl, claim.Skipped)
+			return
 		case err == nil:
 			if d.granted(j, cl, misfired) {
 				return
@@ -247,15 +308,18 @@ func (d *dispatcher) claim(run claim.Run) (*claim.Claim, error) {
 func (d *dispatcher) granted(j *jobState, cl *claim.Claim, misfired bool) bool {
 	r := d.r
 	now := r.opts.Now()
+	// A run first granted long after its instant (the backend was out of
+	// reach meanwhile) misfired, however it was dispatched: its policy
+	// decides, as for a run found late by the loop. Retention is sized to
+	// that window (config.ClaimWindow), not to how long an outage lasts.
+	misfired = misfired || now.Sub(cl.Run.At) > r.lateTolerance()
 	switch {
 	case d.tooLate(cl):
 		return false
-	case misfired && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
-		d.skip(cl.Run, cl, ReasonMisfire, slog.LevelInfo)
-		d.release(cl, claim.Skipped)
-	case cl.Attempt > 1 && j.Overlap == OverlapForbid && !now.Before(j.Schedule.Next(cl.Run.At)):
-		// A takeover may not start once the next instant has come: that run
-		// owns the job now.
+	case misfired && cl.Attempt == 1 && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
+		// Only a run that never started misfires. A later attempt is a
+		// takeover of a run whose holder died or handed it back: it ran on
+		// time and must finish, however late this replica came to it.
 		d.skip(cl.Run, cl, ReasonMisfire, slog.LevelInfo)
 		d.release(cl, claim.Skipped)
 	case cl.Attempt > j.MaxAttempts:
@@ -267,8 +331,18 @@ func (d *dispatcher) granted(j *jobState, cl *claim.Claim, misfired bool) bool {
 		// instant never sees a gap and overlaps this run.
 		j.setLive(cl.Run.At, executing, +1)
 		d.exec.Go(func() {
-			defer j.setLive(cl.Run.At, executing, -1)
-			d.execute(j, cl)
+			status := d.execute(j, cl)
+			if status != StatusLeaseLost || d.ctx.Err() != nil {
+				j.setLive(cl.Run.At, executing, -1)
+				return
+			}
+			// The run was handed back or taken over, not finished: stand
+			// by for it like any replica, or it may be left to nobody
+			// (the other standbys may have stopped meanwhile).
+			j.setLive(cl.Run.At, watching, +1)
+			j.setLive(cl.Run.At, executing, -1)
+			defer j.setLive(cl.Run.At, watching, -1)
+			d.contend(j, cl.Run, false, "")
 		})
 	}
 	return true
@@ -299,6 +373,12 @@ func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 	if d.tooLate(cl) { // checked again: the exec goroutine may start late too
 		return StatusLeaseLost
 	}
+	// The backend's clock as of the grant, read before keepAlive owns
+	// cl's lease fields: Deadline is backend time, Requested local.
+	grantedAt := cl.Deadline.Add(-cl.Lease)
+	offset := grantedAt.Sub(cl.Requested)
+	backendNow := func() time.Time { return time.Now().Add(offset) }
+
 	ctx, cancel := context.WithCancelCause(d.execCtx)
 	defer cancel(nil)
 	hctx := ctx
@@ -310,13 +390,55 @@ func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 	// The keep-alive outlives the handler: it renews until the release has
 	// landed, so a slow release (a loaded backend, a lost reply retried)
 	// cannot let the lease lapse and the finished run be executed again.
-	keepCtx, stopKeep := context.WithCancel(d.execCtx)
+	// Shutdown does not stop it either: a handler that outlives
+	// ShutdownGrace (it ignores its context) still holds its run.
+	keepCtx, stopKeep := context.WithCancel(context.WithoutCancel(d.execCtx))
 	defer stopKeep()
 	keepDone := make(chan struct{})
 	go func() {
 		defer close(keepDone)
 		d.keepAlive(keepCtx, ctx, cl, cancel)
 	}()
+	settle := func(status string, o claim.Outcome, elapsed time.Duration, err error) string {
+		status, err = d.settle(cl, status, o, err)
+		stopKeep()
+		<-keepDone
+		d.finished(cl, status, elapsed, err)
+		return status
+	}
+
+	// A replica whose wall clock runs ahead claims runs before their
+	// instant; it holds the claim until the instant comes on the
+	// backend's clock, then runs it on time.
+	if early := cl.Run.At.Sub(backendNow()); early > 0 {
+		if early > r.opts.MaxClockSkew {
+			r.opts.Logger.WarnContext(ctx, "replica clock ahead of the backend; holding the run until its instant",
+				append(runAttrs(r, cl.Run, cl), "ahead_ms", early.Milliseconds())...)
+		}
+		t := time.NewTimer(early)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return settle(StatusLeaseLost, claim.Interrupted, 0, context.Cause(ctx))
+		case <-d.ctx.Done(): // shutting down: the run has not started, hand it back
+			t.Stop()
+			return settle(StatusInterrupted, claim.Interrupted, 0, job.ErrShutdown)
+		case <-t.C:
+		}
+	}
+	if j.Overlap == OverlapForbid {
+		owner, err := d.owner(ctx, j, cl, grantedAt, backendNow)
+		switch {
+		case err != nil:
+			return settle(StatusLeaseLost, claim.Interrupted, 0, err)
+		case owner != nil:
+			d.skip(cl.Run, cl, ReasonOverlap, slog.LevelInfo)
+			stopKeep()
+			<-keepDone
+			d.release(cl, claim.Skipped)
+			return string(claim.StatusSkipped)
+		}
+	}
 
 	logger := r.opts.Logger.With(runAttrs(r, cl.Run, cl)...)
 	start := time.Now()
@@ -330,37 +452,111 @@ func (d *dispatcher) execute(j *jobState, cl *claim.Claim) string {
 	cause := context.Cause(hctx)
 	cancel(nil) // the handler is done; the cause recorded above stays
 	elapsed := time.Since(start)
+	r.emit(Event{Kind: EventReturned, Run: cl.Run, Claim: cl, Err: err, Ran: elapsed})
 
 	var status string
 	var outcome claim.Outcome
 	switch {
-	case errors.Is(cause, claim.ErrLeaseLost) && err != nil:
+	case err == nil:
+		// The work is done, whatever happened meanwhile (a shutdown, a lost
+		// lease): handing it back would run it again. If the lease was
+		// lost, the release says so.
+		status, outcome = StatusSucceeded, claim.Succeeded
+	case errors.Is(cause, claim.ErrLeaseLost):
 		// Hand the run back at once in case the claim is still ours; another
 		// replica then takes over without waiting for the lease.
 		status, outcome = StatusLeaseLost, claim.Interrupted
 	case errors.Is(cause, job.ErrShutdown):
 		status, outcome = StatusInterrupted, claim.Interrupted
-	case err == nil:
-		status, outcome = StatusSucceeded, claim.Succeeded
 	case errors.Is(cause, job.ErrTimeout):
 		status, outcome = StatusTimeout, claim.Failed
 	default:
 		status, outcome = StatusFailed, claim.Failed
 	}
-	rerr := d.release(cl, outcome)
-	stopKeep()
-	<-keepDone
-	if errors.Is(rerr, claim.ErrLeaseLost) {
+	return settle(status, outcome, elapsed, err)
+}
+
+// settle releases cl with o and returns the status the run ends with: o's
+// own only if the backend accepted the release. A release refused because
+// the run was taken over, or never confirmed, ends the run as lease_lost,
+// whatever its handler did: another replica may run it again, and only
+// one of them may report success.
+func (d *dispatcher) settle(cl *claim.Claim, status string, o claim.Outcome, err error) (string, error) {
+	rerr := d.release(cl, o)
+	switch {
+	case rerr == nil:
+	case errors.Is(rerr, claim.ErrLeaseLost):
 		status = StatusLeaseLost
 		if err == nil {
-			err = rerr
+			err = fmt.Errorf("release refused, the run was taken over: %w", rerr)
 		}
+	default:
+		status = StatusLeaseLost
+		err = errors.Join(err, fmt.Errorf("release not confirmed: %w", rerr))
 	}
 	if status == StatusLeaseLost && err == nil {
 		err = claim.ErrLeaseLost
 	}
-	d.finished(cl, status, elapsed, err)
-	return status
+	return status, err
+}
+
+// firstChance is when a run granted at granted (backend time) could first
+// execute: not before its instant.
+func firstChance(at, granted time.Time) time.Time {
+	if granted.After(at) {
+		return granted
+	}
+	return at
+}
+
+// ownerProbe bounds how many recent runs of a job the overlap probe reads.
+const ownerProbe = 64
+
+// owner asks the backend whether another run of j owns the job while cl
+// is about to execute (overlap: forbid). Runs are ordered by when they
+// could first execute: the later of their grant (StartedAt, backend time)
+// and their instant, ties broken by fence. cl yields to a live run (status
+// running, lease not expired) that comes first. Every replica reads the
+// same facts, so two runs that see each other agree on which one yields;
+// a run that does not see the other was probed before the other was
+// granted or fell due, so the other comes later and yields to it. A
+// replica's own memory cannot give that: it may have restarted, skipped
+// the earlier instant, or lost its lease on it while paused. cl must not
+// start before its instant (execute waits for it), or a run granted
+// meanwhile would come first by this order and not yield. grantedAt is
+// cl's grant on the backend's clock (keepAlive owns cl's lease fields).
+func (d *dispatcher) owner(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (*claim.Record, error) {
+	h, ok := d.r.opts.Claimer.(claim.Historian)
+	if !ok {
+		return nil, nil // the local checks in dispatch are all there is
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		pctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
+		recs, err := h.History(pctx, j.Name, ownerProbe)
+		cancel()
+		if err == nil {
+			now := backendNow()
+			mine := firstChance(cl.Run.At, grantedAt)
+			for _, rec := range recs {
+				if rec.RunID == cl.ID() || rec.Status != claim.StatusRunning || !rec.LeaseUntil.After(now) {
+					continue
+				}
+				if theirs := firstChance(rec.At, rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
+					return &rec, nil
+				}
+			}
+			return nil, nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done(): // the lease could not be kept meanwhile
+			t.Stop()
+			return nil, fmt.Errorf("overlap probe: %w (%w)", context.Cause(ctx), err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 func callHandler(ctx context.Context, h job.Handler, run job.Run) (err error) {
@@ -432,31 +628,51 @@ func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel
 // its monotonic clock and the backend's.
 func (r *Runner) trustMargin() time.Duration { return r.opts.Lease / 10 }
 
-// release ends cl with o, retrying transient failures for up to a lease
-// (the keep-alive, where one runs, holds the lease meanwhile): a lost
-// release would let the run be executed again. Release compares the token,
-// so a retry past a takeover is refused, never applied.
+// release ends cl with o, retrying transient failures until the backend
+// answers (the keep-alive, where one runs, holds the lease meanwhile): a
+// lost release would let the run be executed again, and a release that
+// lands after an outage still ends the run if nobody took it over.
+// Release compares the token, so a retry past a takeover is refused,
+// never applied. Once Run is shutting down it gives up after a lease.
 func (d *dispatcher) release(cl *claim.Claim, o claim.Outcome) error {
 	r := d.r
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), r.opts.Lease)
-	defer cancel()
 	backoff := 50 * time.Millisecond
-	for {
+	var giveUp <-chan time.Time
+	for logged := false; ; {
 		var err error
 		if d.ends != nil {
 			err = d.ends.release(cl, o)
 		} else {
+			// A whole lease per try: a slow link must not turn every try
+			// into a timeout while the keep-alive holds the lease.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(d.execCtx), r.opts.Lease)
 			err = r.opts.Claimer.Release(ctx, cl, o)
+			cancel()
 		}
 		if err == nil || errors.Is(err, claim.ErrLeaseLost) || errors.Is(err, claim.ErrInvalid) {
 			return err
 		}
+		if !logged {
+			r.log.ErrorContext(d.ctx, "release failed; retrying", append(runAttrs(r, cl.Run, cl), "outcome", string(o), "error", err.Error())...)
+			logged = true
+		}
+		if giveUp == nil && d.ctx.Err() != nil {
+			t := time.NewTimer(r.opts.Lease)
+			defer t.Stop()
+			giveUp = t.C
+		}
+		shutdown := d.ctx.Done()
+		if giveUp != nil {
+			shutdown = nil // already counting down
+		}
 		t := time.NewTimer(backoff)
 		select {
-		case <-ctx.Done():
+		case <-giveUp:
 			t.Stop()
-			r.log.ErrorContext(ctx, "release failed", append(runAttrs(r, cl.Run, cl), "outcome", string(o), "error", err.Error())...)
+			r.log.ErrorContext(d.ctx, "release failed", append(runAttrs(r, cl.Run, cl), "outcome", string(o), "error", err.Error())...)
 			return err
+		case <-shutdown:
+			t.Stop()
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
@@ -480,7 +696,7 @@ func (d *dispatcher) finished(cl *claim.Claim, status string, elapsed time.Durat
 	}
 	r.opts.Logger.Log(context.Background(), level, "run finished", attrs...)
 	r.opts.Metrics.finished(cl.Run.Job, status, elapsed)
-	r.emit(Event{Kind: EventFinished, Run: cl.Run, Claim: cl, Status: status, Err: err})
+	r.emit(Event{Kind: EventFinished, Run: cl.Run, Claim: cl, Status: status, Err: err, Ran: elapsed})
 }
 
 // runAttrs are the keys every run event carries (DESIGN.md, "Log events").

@@ -104,6 +104,7 @@ type Options struct {
 // Event kinds.
 const (
 	EventStarted  = "started"
+	EventReturned = "returned" // the handler returned; its release follows
 	EventFinished = "finished"
 	EventSkipped  = "skipped"
 )
@@ -116,6 +117,9 @@ type Event struct {
 	Status string       // for EventFinished
 	Reason string       // for EventSkipped
 	Err    error
+	// Ran is how long the handler ran (EventFinished; 0 if it never
+	// started). The event itself comes after the release.
+	Ran time.Duration
 }
 
 // Runner schedules and executes jobs on one replica.
@@ -257,6 +261,10 @@ func (r *Runner) Run(ctx context.Context) error {
 			d.dispatch(j, prev, true)
 		}
 		heap.Push(h, due{at: j.Schedule.Next(now), job: j})
+	}
+	if hist, ok := r.opts.Claimer.(claim.Historian); ok {
+		started := now
+		standby.Go(func() { d.recover(hist, started) })
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
