@@ -1,0 +1,311 @@
+// Package explore runs the runner's own logic under seeded, composed
+// faults: several replicas (runner.Runner) over one memory claimer store,
+// each behind a claimer that a nemesis plan (internal/nemesis) crashes,
+// terminates, pauses, partitions one or both ways, cuts off in an outage,
+// slows down, or whose wall clock it steps past the allowed skew. Every
+// fact lands in a history.Log, and history.Check judges it.
+//
+// Run uses the time package throughout: inside a testing/synctest bubble a
+// minute of faults takes milliseconds, which is how the explorer's tests
+// sweep thousands of seeds. The backends' own logic is explored against
+// real servers by `scheduler compare --faults random`, with the same plans
+// and the same checker.
+package explore
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/nemesis"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// Config shapes one exploration. Zero fields take defaults; the seed
+// decides the rest (replica count, batching, the plan).
+type Config struct {
+	Seed     uint64
+	Replicas int           // default 3 to 5, by seed
+	Lease    time.Duration // default 3s
+	MaxSkew  time.Duration // default 1s
+	// Faults is the window in which faults start (default 30s); the
+	// history runs on until every fault has healed and then Quiet more.
+	Faults time.Duration
+	Quiet  time.Duration // default lateTolerance + 4 leases
+	// Extra faults on top of the 5 of distinct classes (default by seed, 0–4).
+	Extra int
+	// Plan, when set, replaces the plan the seed would draw: a regression
+	// test pins the faults that once broke a guarantee.
+	Plan *nemesis.Plan
+	// Batch, when set, fixes whether replicas claim in batches (default:
+	// by seed).
+	Batch *bool
+}
+
+// Result is one exploration's history and verdict.
+type Result struct {
+	Seed       uint64
+	Plan       nemesis.Plan
+	Replicas   int
+	Batch      bool
+	T0         time.Time
+	Events     []history.Event
+	Expected   int
+	Violations []history.Violation
+}
+
+// Report renders the verdict: the plan, and each violation with its trace.
+func (r *Result) Report() string {
+	s := fmt.Sprintf("%s\nreplicas=%d batch=%v expected runs=%d events=%d violations=%d",
+		r.Plan, r.Replicas, r.Batch, r.Expected, len(r.Events), len(r.Violations))
+	for _, v := range r.Violations {
+		s += "\n  " + v.Format(r.T0)
+	}
+	return s
+}
+
+// jobDef is one job of the explored workload.
+type jobDef struct {
+	name, spec string
+	overlap    string
+	misfire    string
+	grace      time.Duration
+	// work is how long a run works, drawn per run from the seed.
+	work func(h uint64) time.Duration
+	// stubborn handlers ignore their context: they finish their work and
+	// return nil whatever happened (a handler that does not check ctx).
+	stubborn bool
+}
+
+func (w *world) workload() []jobDef {
+	l := w.cfg.Lease
+	span := func(lo, hi time.Duration) func(uint64) time.Duration {
+		return func(h uint64) time.Duration { return lo + time.Duration(h%uint64(hi-lo+1)) }
+	}
+	return []jobDef{
+		// Short runs every second: most instants, most contention.
+		{name: "tick", spec: "@every 1s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(20*time.Millisecond, 400*time.Millisecond)},
+		// Runs that outlive the next instant and the lease: only renewal
+		// keeps them, and overlap: forbid must skip the instants they span.
+		{name: "long", spec: "@every 4s", overlap: runner.OverlapForbid, misfire: runner.MisfireRunOnce, grace: 20 * time.Second, work: span(l, 2*l)},
+		// Handlers that never look at their context.
+		{name: "stubborn", spec: "@every 3s", overlap: runner.OverlapAllow, misfire: runner.MisfireRunOnce, grace: 20 * time.Second, work: span(100*time.Millisecond, 2*time.Second), stubborn: true},
+		// Rare runs: a replica that starts long after one must find it.
+		{name: "sparse", spec: "@every 13s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(l/2, 2*l)},
+	}
+}
+
+// world is one exploration: the shared store, the replicas, the log.
+type world struct {
+	cfg    Config
+	plan   nemesis.Plan
+	rng    *rand.Rand
+	store  *memory.Store
+	log    *history.Log
+	t0     time.Time
+	jobs   []jobDef
+	scheds []*schedule.Schedule
+	batch  bool
+	reps   []*replica
+	wg     sync.WaitGroup
+
+	mu          sync.Mutex
+	outageUntil time.Time
+}
+
+// Run explores one seed and checks the history.
+func Run(cfg Config) (*Result, error) {
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0xe1))
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 3 + rng.IntN(3)
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = 3 * time.Second
+	}
+	if cfg.MaxSkew == 0 {
+		cfg.MaxSkew = time.Second
+	}
+	if cfg.Faults == 0 {
+		cfg.Faults = 30 * time.Second
+	}
+	lateTolerance := 2*cfg.MaxSkew + 5*time.Second
+	if cfg.Quiet == 0 {
+		cfg.Quiet = lateTolerance + 4*cfg.Lease
+	}
+	if cfg.Extra == 0 {
+		cfg.Extra = rng.IntN(5)
+	}
+	w := &world{cfg: cfg, rng: rng, store: memory.NewStore(nil), batch: rng.IntN(2) == 0}
+	w.log = history.NewLog(nil)
+	w.jobs = w.workload()
+	for _, j := range w.jobs {
+		s, err := schedule.Parse(j.spec, "UTC")
+		if err != nil {
+			return nil, err
+		}
+		w.scheds = append(w.scheds, s)
+	}
+	if cfg.Batch != nil {
+		w.batch = *cfg.Batch
+	}
+	if cfg.Plan != nil {
+		w.plan = *cfg.Plan
+	} else {
+		w.plan = nemesis.New(cfg.Seed, nemesis.Params{Replicas: cfg.Replicas, Lease: cfg.Lease, MaxSkew: cfg.MaxSkew,
+			From: cfg.Lease, To: cfg.Faults, Extra: cfg.Extra})
+	}
+	w.t0 = time.Now()
+	end := w.t0.Add(w.plan.Heal() + cfg.Quiet)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	for i := range cfg.Replicas {
+		r := &replica{w: w, idx: i, id: fmt.Sprintf("r%d", i+1), restart: make(chan struct{}, 1)}
+		w.reps = append(w.reps, r)
+		w.wg.Go(func() { r.life(ctx) })
+	}
+	w.wg.Go(func() { w.nemesis(ctx) })
+	sleepUntil(ctx, end)
+	cancel()
+	w.wg.Wait()
+
+	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, Batch: w.batch, T0: w.t0, Events: w.log.Events()}
+	// Every replica is up and healthy from heal on: a run granted before
+	// heal+lease has a holder that finishes, or a lease that lapses and
+	// a standby (or a restarted replica's recovery) that takes over.
+	settled := w.t0.Add(w.plan.Heal() + cfg.Lease)
+	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled}
+	for _, j := range w.jobs {
+		if j.overlap == runner.OverlapForbid {
+			spec.Forbid[j.name] = true
+		}
+	}
+	res.Expected = len(spec.Expected)
+	res.Violations = history.Check(res.Events, spec)
+	return res, nil
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// nemesis applies the plan's faults at their times.
+func (w *world) nemesis(ctx context.Context) {
+	for _, op := range w.plan.Ops {
+		if !sleepUntil(ctx, w.t0.Add(op.At)) {
+			return
+		}
+		w.log.Add(history.Event{Kind: history.Fault, Note: op.String()})
+		until := time.Now().Add(op.For)
+		if op.Kind == nemesis.Outage {
+			w.mu.Lock()
+			w.outageUntil = later(w.outageUntil, until)
+			w.mu.Unlock()
+			continue
+		}
+		w.reps[op.Replica].apply(op, until)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func (w *world) outage() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return time.Now().Before(w.outageUntil)
+}
+
+// expected lists the runs that must end in a terminal release: the
+// instants at which some replica was up and healthy (reachable backend,
+// not paused, clock within the skew) from a second before to two seconds
+// after, while some replica stayed up (partitions and pauses allowed) from
+// then until the faults healed, and early enough before the end for the
+// longest run and a takeover to finish.
+func (w *world) expected(end time.Time) []claim.Run {
+	heal := w.t0.Add(w.plan.Heal())
+	last := end.Add(-(2*w.cfg.Lease + 2*w.cfg.Lease + 3*time.Second))
+	var out []claim.Run
+	for i, j := range w.jobs {
+		for at := w.scheds[i].Next(w.t0.Add(time.Second)); at.Before(last); at = w.scheds[i].Next(at) {
+			healthy := slices.ContainsFunc(w.reps, func(r *replica) bool {
+				return r.healthy(w.t0, at.Add(-time.Second), at.Add(2*time.Second))
+			})
+			stays := slices.ContainsFunc(w.reps, func(r *replica) bool {
+				return r.up(w.t0, at.Add(-time.Second), later(heal, at.Add(2*time.Second)))
+			})
+			if healthy && stays {
+				out = append(out, claim.Run{Job: j.name, At: at.UTC()})
+			}
+		}
+	}
+	return out
+}
+
+// hash draws a stable number for a run: the same run works as long on
+// every replica, and the same seed replays the same work.
+func (w *world) hash(runID string) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%d|%s", w.cfg.Seed, runID)
+	return h.Sum64()
+}
+
+func (w *world) runnerJobs(r *replica, gen int) []runner.Job {
+	var out []runner.Job
+	for i, j := range w.jobs {
+		out = append(out, runner.Job{Name: j.name, Schedule: w.scheds[i], Overlap: j.overlap, Misfire: j.misfire,
+			Grace: j.grace, MaxAttempts: 5, Handler: r.handler(j, gen)})
+	}
+	return out
+}
+
+// handler works for the run's drawn time in small steps, frozen while its
+// replica is paused, gone when it crashes, and (unless stubborn) stopping
+// when its context is done.
+func (r *replica) handler(j jobDef, gen int) job.Handler {
+	return func(ctx context.Context, run job.Run) error {
+		end := time.Now().Add(j.work(r.w.hash(run.ID)))
+		for {
+			r.gate()
+			if r.dead(gen) {
+				return errCrashed
+			}
+			left := time.Until(end)
+			if left <= 0 {
+				return nil
+			}
+			t := time.NewTimer(min(left, 50*time.Millisecond))
+			if j.stubborn {
+				<-t.C
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return context.Cause(ctx)
+			case <-t.C:
+			}
+		}
+	}
+}
+
+var errCrashed = fmt.Errorf("%w: replica crashed (simulated)", claim.ErrUnavailable)

@@ -1,0 +1,351 @@
+package explore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/nemesis"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+)
+
+// replica is one simulated process: a runner over its own faulty view of
+// the shared store, restarted after a crash or a termination.
+type replica struct {
+	w       *world
+	idx     int
+	id      string
+	restart chan struct{}
+
+	mu        sync.Mutex
+	gen       int  // incarnation
+	deadGen   int  // incarnations up to this one crashed
+	stopped   chan struct{}
+	cancel    context.CancelFunc
+	downUntil time.Time
+	pauseEnd  time.Time
+	partEnd   time.Time
+	oneWayEnd time.Time
+	latEnd    time.Time
+	delay     time.Duration
+	clockEnd  time.Time
+	shift     time.Duration
+}
+
+// life runs incarnations of the replica until ctx is done.
+func (r *replica) life(ctx context.Context) {
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		r.gen++
+		gen := r.gen
+		stopped := make(chan struct{})
+		r.stopped = stopped
+		rctx, cancel := context.WithCancel(ctx)
+		r.cancel = cancel
+		r.mu.Unlock()
+
+		var c claim.Claimer = &faulty{r: r, gen: gen, inner: memory.New(r.w.store, r.id)}
+		if r.w.batch {
+			c = faultyBatch{c.(*faulty)}
+		}
+		run, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
+			Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, ShutdownGrace: time.Second,
+			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })},
+			r.w.runnerJobs(r, gen))
+		if err != nil {
+			panic(err) // the workload is the harness's own: a bug here is ours
+		}
+		exited := make(chan struct{})
+		r.w.wg.Go(func() {
+			defer close(exited)
+			_ = run.Run(rctx)
+		})
+		r.w.log.Add(history.Event{Kind: history.Up, Replica: r.id})
+		select {
+		case <-ctx.Done():
+			<-exited
+			cancel()
+			return
+		case <-stopped:
+		}
+		if !r.dead(gen) {
+			<-exited // terminated: it shuts down gracefully
+			r.w.log.Add(history.Event{Kind: history.Down, Replica: r.id})
+		}
+		cancel()
+		r.mu.Lock()
+		until := r.downUntil
+		r.mu.Unlock()
+		if !sleepUntil(ctx, until) {
+			return
+		}
+	}
+}
+
+// apply starts op on this replica; until is when it ends.
+func (r *replica) apply(op nemesis.Op, until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch op.Kind {
+	case nemesis.Crash, nemesis.Term:
+		r.downUntil = later(r.downUntil, until)
+		select {
+		case <-r.stopped:
+			return // already down
+		default:
+		}
+		if op.Kind == nemesis.Crash {
+			r.deadGen = r.gen
+			r.w.log.Add(history.Event{Kind: history.Crash, Replica: r.id})
+		}
+		close(r.stopped)
+		r.cancel()
+	case nemesis.Pause:
+		r.pauseEnd = later(r.pauseEnd, until)
+	case nemesis.Partition:
+		r.partEnd = later(r.partEnd, until)
+	case nemesis.OneWay:
+		r.oneWayEnd = later(r.oneWayEnd, until)
+	case nemesis.Latency:
+		r.latEnd, r.delay = later(r.latEnd, until), op.Delay
+	case nemesis.Clock:
+		r.clockEnd, r.shift = until, op.Shift
+	}
+}
+
+func (r *replica) dead(gen int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return gen <= r.deadGen
+}
+
+// gate blocks while the replica is paused, as a stopped process would.
+func (r *replica) gate() {
+	for {
+		r.mu.Lock()
+		wait := time.Until(r.pauseEnd)
+		r.mu.Unlock()
+		if wait <= 0 {
+			return
+		}
+		time.Sleep(wait) // the harness's pause, not a production wait
+	}
+}
+
+// now is the replica's wall clock: frozen while paused, stepped while a
+// clock fault lasts.
+func (r *replica) now() time.Time {
+	r.gate()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := time.Now()
+	if t.Before(r.clockEnd) {
+		return t.Add(r.shift)
+	}
+	return t
+}
+
+// ops yields the plan's faults of this replica (and the outages).
+func (r *replica) ops(kinds ...string) []nemesis.Op {
+	var out []nemesis.Op
+	for _, op := range r.w.plan.Ops {
+		if (op.Replica == r.idx || op.Replica < 0) && contains(kinds, op.Kind) {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if x == y {
+			return true
+		}
+	}
+	return false
+}
+
+func overlaps(t0 time.Time, op nemesis.Op, from, to time.Time) bool {
+	return t0.Add(op.At).Before(to) && t0.Add(op.End()).After(from)
+}
+
+// up reports whether the replica ran (neither crashed nor terminated)
+// throughout [from, to].
+func (r *replica) up(t0, from, to time.Time) bool {
+	for _, op := range r.ops(nemesis.Crash, nemesis.Term) {
+		if overlaps(t0, op, from, to) {
+			return false
+		}
+	}
+	return true
+}
+
+// healthy reports whether the replica could claim and run throughout
+// [from, to]: up, reachable, not paused, its clock within the skew.
+func (r *replica) healthy(t0, from, to time.Time) bool {
+	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock) {
+		if overlaps(t0, op, from, to) {
+			return false
+		}
+	}
+	return true
+}
+
+// faulty is one incarnation's claimer: the shared store as the faults
+// let this replica see it. What reaches the store is logged as a fact,
+// whether or not its reply gets back.
+type faulty struct {
+	r     *replica
+	gen   int
+	inner *memory.Claimer
+}
+
+// call applies the replica's faults around apply, which reaches the store.
+func (f *faulty) call(ctx context.Context, apply func() error) error {
+	r := f.r
+	if r.dead(f.gen) {
+		return errCrashed
+	}
+	r.gate()
+	if r.dead(f.gen) {
+		return errCrashed
+	}
+	r.mu.Lock()
+	delay := time.Duration(0)
+	if time.Now().Before(r.latEnd) {
+		delay = r.delay
+	}
+	partEnd, oneWayEnd := r.partEnd, r.oneWayEnd
+	r.mu.Unlock()
+	if delay > 0 && !waitCtx(ctx, time.Now().Add(delay)) {
+		return fmt.Errorf("slow link: %w", ctx.Err())
+	}
+	switch now := time.Now(); {
+	case f.r.w.outage():
+		return fmt.Errorf("%w: backend down (simulated)", claim.ErrUnavailable)
+	case now.Before(partEnd):
+		// The request is lost: the caller hears nothing until it gives up.
+		if waitCtx(ctx, partEnd) {
+			return fmt.Errorf("%w: request lost (simulated partition)", claim.ErrUnavailable)
+		}
+		return fmt.Errorf("partitioned: %w", ctx.Err())
+	case now.Before(oneWayEnd):
+		_ = apply() // it lands; its reply does not come back
+		if waitCtx(ctx, oneWayEnd) {
+			return fmt.Errorf("%w: reply lost (simulated one-way partition)", claim.ErrUnavailable)
+		}
+		return fmt.Errorf("reply lost: %w", ctx.Err())
+	}
+	return apply()
+}
+
+// waitCtx waits until t; false if ctx ended first.
+func waitCtx(ctx context.Context, t time.Time) bool {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+	var cl *claim.Claim
+	err := f.call(ctx, func() error {
+		sent := time.Now()
+		c, err := f.inner.Claim(ctx, run, lease)
+		f.r.w.log.Claimed(f.r.id, sent, []*claim.Claim{c}, []error{err})
+		cl = c
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cl, nil
+}
+
+func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
+	renewed := *c // the caller's claim changes only if the reply arrives
+	err := f.call(ctx, func() error {
+		err := f.inner.Renew(ctx, &renewed, lease)
+		if err == nil {
+			f.r.w.log.Renewed(f.r.id, &renewed)
+		}
+		return err
+	})
+	if err == nil {
+		c.Deadline, c.Requested, c.Lease = renewed.Deadline, renewed.Requested, renewed.Lease
+	}
+	return err
+}
+
+func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
+	return f.call(ctx, func() error {
+		sent := time.Now()
+		err := f.inner.Release(ctx, c, o)
+		f.r.w.log.Released(f.r.id, sent, []*claim.Claim{c}, []claim.Outcome{o}, []error{err})
+		return err
+	})
+}
+
+func (f *faulty) Ping(ctx context.Context) error {
+	return f.call(ctx, func() error { return nil })
+}
+
+func (f *faulty) Close() error { return nil }
+
+// faultyBatch is faulty for the runner's batch paths: a batch is one call,
+// faulted as a whole, that the store answers run by run.
+type faultyBatch struct{ *faulty }
+
+func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	err := f.call(ctx, func() error {
+		sent := time.Now()
+		for i, run := range runs {
+			cls[i], errs[i] = f.inner.Claim(ctx, run, lease)
+		}
+		f.r.w.log.Claimed(f.r.id, sent, cls, errs)
+		return nil
+	})
+	if err != nil {
+		for i := range errs {
+			cls[i], errs[i] = nil, err
+		}
+	}
+	return cls, errs
+}
+
+func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	errs := make([]error, len(cls))
+	err := f.call(ctx, func() error {
+		sent := time.Now()
+		for i, c := range cls {
+			errs[i] = f.inner.Release(ctx, c, outs[i])
+		}
+		f.r.w.log.Released(f.r.id, sent, cls, outs, errs)
+		return nil
+	})
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	return errs
+}
+
+func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	var recs []claim.Record
+	err := f.call(ctx, func() error {
+		var err error
+		recs, err = f.inner.History(ctx, job, limit)
+		return err
+	})
+	return recs, err
+}

@@ -1,0 +1,344 @@
+package history
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Invariant names, as violations report them.
+const (
+	SucceededTwice  = "succeeded-twice"  // a run reported succeeded more than once
+	GrantOverlap    = "grant-overlap"    // a run granted while its previous holder could still trust its lease
+	RunOverlap      = "run-overlap"      // two handlers of one run executed at once
+	FenceOrder      = "fence-order"      // a later grant of a job carried a fence no higher than an earlier one
+	JobOverlap      = "job-overlap"      // two runs of an overlap-forbidden job executed at once
+	Lost            = "lost"             // a run that fell due was neither executed nor recorded as skipped
+	ReleasedTwice   = "released-twice"   // two grants of one run were both accepted as terminal
+	Abandoned       = "abandoned"        // a run was granted, but never ended, though replicas stayed up
+	TakeoverMisfire = "takeover-misfire" // a run that had started was skipped as a misfire on takeover
+	HandedBackDone  = "handed-back-done" // a handler finished its work, and the run was handed back to run again
+)
+
+// Spec is what a history is checked against.
+type Spec struct {
+	// Forbid holds the jobs whose runs must not overlap (overlap: forbid).
+	Forbid map[string]bool
+	// Expected lists the runs that fell due while some replica could
+	// claim them: each must end in an accepted terminal release.
+	Expected []claim.Run
+	// Settled, when set, is the time by which every run granted before it
+	// must have ended in a terminal release: replicas stayed up and healthy
+	// long enough after it for any holder's lease to lapse and a standby,
+	// or a restarted replica's recovery, to finish the run.
+	Settled time.Time
+}
+
+// Violation is one broken invariant, with the events that show it.
+type Violation struct {
+	Invariant string
+	Run       string
+	Detail    string
+	Trace     []Event
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("%s %s: %s", v.Invariant, v.Run, v.Detail)
+}
+
+// Format renders v with its trace, times relative to t0.
+func (v Violation) Format(t0 time.Time) string {
+	var b strings.Builder
+	b.WriteString(v.String())
+	for _, e := range v.Trace {
+		fmt.Fprintf(&b, "\n    %9.3fs %s", e.At.Sub(t0).Seconds(), e)
+	}
+	return b.String()
+}
+
+// execution is one handler's run on one replica, cut where it could no
+// longer trust its lease: past that, only fencing protects storage.
+type execution struct {
+	run         claim.Run
+	token       string
+	replica     string
+	start, stop time.Time
+}
+
+// holding is one grant and what its holder did with it.
+type holding struct {
+	grant    Event
+	until    time.Time // latest confirmed Sent+lease
+	released time.Time // Sent of the first accepted release
+	outcome  claim.Outcome
+}
+
+// Check judges events against spec and returns every violation found,
+// ordered by invariant and run.
+func Check(events []Event, spec Spec) []Violation {
+	c := &checker{spec: spec, byRun: map[string][]Event{}, holds: map[string]*holding{}}
+	c.index(events)
+	c.successes()
+	c.grants()
+	c.fences()
+	c.executions(events)
+	c.lost()
+	c.settled()
+	c.policy(events)
+	slices.SortStableFunc(c.out, func(a, b Violation) int {
+		return cmp.Or(cmp.Compare(a.Invariant, b.Invariant), cmp.Compare(a.Run, b.Run))
+	})
+	return c.out
+}
+
+type checker struct {
+	spec  Spec
+	byRun map[string][]Event
+	holds map[string]*holding // by token
+	order []*holding          // in grant order (reply time)
+	out   []Violation
+}
+
+func (c *checker) add(inv, run, detail string) {
+	c.out = append(c.out, Violation{Invariant: inv, Run: run, Detail: detail, Trace: trace(c.byRun[run])})
+}
+
+// trace keeps the last events of a run that tell its story.
+func trace(evs []Event) []Event {
+	const max = 16
+	if len(evs) > max {
+		return evs[len(evs)-max:]
+	}
+	return evs
+}
+
+func (c *checker) index(events []Event) {
+	for _, e := range events {
+		if e.Run.Job != "" {
+			id := e.Run.ID()
+			c.byRun[id] = append(c.byRun[id], e)
+		}
+		switch e.Kind {
+		case Grant:
+			if h := c.holds[e.Token]; h != nil {
+				h.until = later(h.until, e.Until) // a retried request answered twice
+				continue
+			}
+			h := &holding{grant: e, until: e.Until}
+			c.holds[e.Token] = h
+			c.order = append(c.order, h)
+		case Renew:
+			if h := c.holds[e.Token]; h != nil {
+				h.until = later(h.until, e.Until)
+			}
+		case Release:
+			if h := c.holds[e.Token]; h != nil && h.released.IsZero() {
+				h.released, h.outcome = e.Sent, e.Outcome
+			}
+		}
+	}
+	slices.SortStableFunc(c.order, func(a, b *holding) int { return a.grant.At.Compare(b.grant.At) })
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// successes: one run, one success, whoever reports it.
+func (c *checker) successes() {
+	for id, evs := range c.byRun {
+		var ended, released []string
+		for _, e := range evs {
+			if e.Kind == End && e.Status == string(claim.Succeeded) {
+				ended = append(ended, e.Replica)
+			}
+			if e.Kind == Release && e.Outcome.Terminal() && !slices.Contains(released, e.Token) {
+				released = append(released, e.Token)
+			}
+		}
+		if len(ended) > 1 {
+			c.add(SucceededTwice, id, fmt.Sprintf("reported succeeded %d times (by %s)", len(ended), strings.Join(ended, ", ")))
+		}
+		if len(released) > 1 {
+			c.add(ReleasedTwice, id, fmt.Sprintf("%d grants were each accepted as terminal", len(released)))
+		}
+	}
+}
+
+// grants: a run is granted anew only once its previous holder can no
+// longer trust its lease (the backend cannot have ended that lease before
+// Sent+lease of the holder's last confirmed request) or handed it back.
+func (c *checker) grants() {
+	byRun := map[string][]*holding{}
+	for _, h := range c.order {
+		id := h.grant.Run.ID()
+		for _, prev := range byRun[id] {
+			handedBack := !prev.released.IsZero() && !prev.released.After(h.grant.At)
+			if !handedBack && h.grant.At.Before(prev.until) {
+				c.add(GrantOverlap, id, fmt.Sprintf("granted to %s (fence %d, attempt %d) %v before %s's lease (fence %d) could end",
+					h.grant.Replica, h.grant.Fence, h.grant.Attempt, prev.until.Sub(h.grant.At).Round(time.Millisecond),
+					prev.grant.Replica, prev.grant.Fence))
+			}
+		}
+		byRun[id] = append(byRun[id], h)
+	}
+}
+
+// fences: a grant whose request left after another grant's reply came
+// back carries a higher fence than it, for the same job.
+func (c *checker) fences() {
+	byJob := map[string][]*holding{}
+	for _, h := range c.order {
+		byJob[h.grant.Run.Job] = append(byJob[h.grant.Run.Job], h)
+	}
+	for _, hs := range byJob {
+		bySent := slices.Clone(hs)
+		slices.SortStableFunc(bySent, func(a, b *holding) int { return a.grant.Sent.Compare(b.grant.Sent) })
+		var top *holding
+		i := 0
+		for _, h := range bySent {
+			for ; i < len(hs) && hs[i].grant.At.Before(h.grant.Sent); i++ {
+				if top == nil || hs[i].grant.Fence > top.grant.Fence {
+					top = hs[i]
+				}
+			}
+			if top != nil && h.grant.Fence <= top.grant.Fence {
+				c.add(FenceOrder, h.grant.Run.ID(), fmt.Sprintf("fence %d granted to %s after fence %d (%s, %s) was already granted",
+					h.grant.Fence, h.grant.Replica, top.grant.Fence, top.grant.Replica, top.grant.Run.ID()))
+			}
+		}
+	}
+}
+
+// executions pairs starts with ends, cuts each at its lease's trust and
+// at its replica's crash, then looks for overlaps within a run and, where
+// overlap is forbidden, within a job.
+func (c *checker) executions(events []Event) {
+	var end time.Time
+	if len(events) > 0 {
+		end = events[len(events)-1].At
+	}
+	open := map[string]*execution{} // by token
+	var done []*execution
+	for _, e := range events {
+		switch e.Kind {
+		case Start:
+			open[e.Token] = &execution{run: e.Run, token: e.Token, replica: e.Replica, start: e.At}
+		case Return, End:
+			if x := open[e.Token]; x != nil {
+				x.stop = e.At
+				if e.Ran > 0 && x.start.Add(e.Ran).Before(x.stop) {
+					x.stop = x.start.Add(e.Ran)
+				}
+				done = append(done, x)
+				delete(open, e.Token)
+			}
+		case Crash:
+			for tok, x := range open {
+				if x.replica == e.Replica {
+					x.stop = e.At
+					done = append(done, x)
+					delete(open, tok)
+				}
+			}
+		}
+	}
+	for _, x := range open {
+		x.stop = end
+		done = append(done, x)
+	}
+	for _, x := range done {
+		if h := c.holds[x.token]; h != nil && h.until.Before(x.stop) {
+			x.stop = h.until
+		}
+	}
+	// An execution that began only after its lease could have ended (its
+	// replica paused between grant and start) never ran trusted.
+	done = slices.DeleteFunc(done, func(x *execution) bool { return !x.stop.After(x.start) })
+	slices.SortFunc(done, func(a, b *execution) int { return a.start.Compare(b.start) })
+	c.overlaps(done, func(x *execution) string { return x.run.ID() }, RunOverlap)
+	var forbidden []*execution
+	for _, x := range done {
+		if c.spec.Forbid[x.run.Job] {
+			forbidden = append(forbidden, x)
+		}
+	}
+	c.overlaps(forbidden, func(x *execution) string { return x.run.Job }, JobOverlap)
+}
+
+// overlaps reports executions, sorted by start, that overlap another of the
+// same group (key) but of a different grant (same run) or run (same job).
+func (c *checker) overlaps(xs []*execution, key func(*execution) string, inv string) {
+	last := map[string]*execution{} // the execution of each group that ends last so far
+	for _, x := range xs {
+		k := key(x)
+		p := last[k]
+		if p != nil && x.start.Before(p.stop) && p.token != x.token && (inv == RunOverlap || p.run != x.run) {
+			c.add(inv, x.run.ID(), fmt.Sprintf("%s (%s) started %v before %s (%s, %s) stopped",
+				x.replica, x.token[:min(6, len(x.token))], p.stop.Sub(x.start).Round(time.Millisecond),
+				p.replica, p.token[:min(6, len(p.token))], p.run.ID()))
+			if inv == JobOverlap {
+				c.out[len(c.out)-1].Trace = trace(append(slices.Clone(c.byRun[p.run.ID()]), c.byRun[x.run.ID()]...))
+			}
+		}
+		if p == nil || x.stop.After(p.stop) {
+			last[k] = x
+		}
+	}
+}
+
+// lost: every expected run ends in an accepted terminal release (executed,
+// failed, or skipped by a recorded policy decision).
+func (c *checker) lost() {
+	for _, run := range c.spec.Expected {
+		id := run.ID()
+		ok := slices.ContainsFunc(c.byRun[id], func(e Event) bool { return e.Kind == Release && e.Outcome.Terminal() })
+		if !ok {
+			c.add(Lost, id, "fell due while a replica could claim it, but no terminal release was accepted")
+		}
+	}
+}
+
+// settled: a run granted before spec.Settled ends in a terminal release.
+func (c *checker) settled() {
+	if c.spec.Settled.IsZero() {
+		return
+	}
+	seen := map[string]bool{}
+	for _, h := range c.order {
+		id := h.grant.Run.ID()
+		if seen[id] || !h.grant.At.Before(c.spec.Settled) {
+			continue
+		}
+		seen[id] = true
+		ok := slices.ContainsFunc(c.byRun[id], func(e Event) bool { return e.Kind == Release && e.Outcome.Terminal() })
+		if !ok {
+			c.add(Abandoned, id, "granted, but no terminal release was accepted by the end, though replicas stayed up")
+		}
+	}
+}
+
+// policy: a run's policy is applied to what happened to it. A takeover
+// (attempt > 1) is of a run that started on time: the misfire policy is
+// for runs that never started. And a handler that returned nil did the
+// work: handing its run back (interrupted) would have it done again.
+func (c *checker) policy(events []Event) {
+	completed := map[string]bool{} // tokens whose handler returned nil
+	for _, e := range events {
+		switch {
+		case e.Kind == Skip && e.Reason == "misfire" && e.Attempt > 1:
+			c.add(TakeoverMisfire, e.Run.ID(), fmt.Sprintf("%s skipped attempt %d as a misfire", e.Replica, e.Attempt))
+		case e.Kind == Return && e.Status == ReturnedNil:
+			completed[e.Token] = true
+		case e.Kind == Release && e.Outcome == claim.Interrupted && completed[e.Token]:
+			c.add(HandedBackDone, e.Run.ID(), fmt.Sprintf("%s's handler returned nil, then the run was released as interrupted", e.Replica))
+		}
+	}
+}

@@ -1,0 +1,191 @@
+// Package history records what every replica did to every run, and checks
+// the record against the guarantees users buy: at most one success per run,
+// no new holder while the previous one may still trust its lease, fences
+// that grow in grant order, no overlap of a job's runs where overlap is
+// forbidden, and no run that fell due silently dropped.
+//
+// The fault explorer (internal/explore) and `scheduler compare` feed the
+// same Log and run the same Check, so staging and CI judge a history by one
+// set of rules. Every time in a Log is read on one process's clock, with its
+// monotonic reading: the checker compares times across replicas, so every
+// replica it judges runs in the recording process (or in a synctest bubble).
+package history
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+)
+
+// Kind is what an Event reports.
+type Kind string
+
+// Event kinds.
+const (
+	// Grant: a claim call returned a claim. Sent is when the request left,
+	// At when the reply arrived; the backend granted in between. Until is
+	// Sent+lease: the backend's lease cannot end before it.
+	Grant Kind = "grant"
+	// Renew: a renewal was confirmed. Until is its Sent+lease.
+	Renew Kind = "renew"
+	// Start and Return bracket a handler's execution; End, after its
+	// release, carries the run's Status on that replica.
+	Start  Kind = "start"
+	Return Kind = "return"
+	End    Kind = "end"
+	// Release: the backend accepted a release (Outcome). Sent is when the
+	// accepted request left.
+	Release Kind = "release"
+	// Skip: a replica decided not to execute a run (Reason); Token is set
+	// when it held a claim, i.e. the skip was recorded in the backend.
+	Skip Kind = "skip"
+	// Up, Down and Crash: a replica started, stopped gracefully, or died
+	// (after a Crash its handlers count as stopped, whatever else it logs).
+	Up    Kind = "up"
+	Down  Kind = "down"
+	Crash Kind = "crash"
+	// Fault: the nemesis did something (Note says what).
+	Fault Kind = "fault"
+)
+
+// ReturnedNil is the Status of a Return whose handler returned nil.
+const ReturnedNil = "nil"
+
+// Event is one fact of a history.
+type Event struct {
+	Seq     int
+	At      time.Time
+	Kind    Kind
+	Replica string
+	Run     claim.Run
+	Token   string
+	Fence   int64
+	Attempt int
+	Sent    time.Time
+	Until   time.Time
+	Status  string
+	Outcome claim.Outcome
+	Reason  string
+	Note    string
+	// Ran is, on an End, how long the handler ran: it stopped at
+	// the Start's time plus Ran, before its release was settled.
+	Ran time.Duration
+}
+
+func (e Event) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "#%d %s %s", e.Seq, e.Kind, e.Replica)
+	if e.Run.Job != "" {
+		fmt.Fprintf(&b, " %s", e.Run.ID())
+	}
+	if e.Token != "" {
+		fmt.Fprintf(&b, " fence=%d attempt=%d tok=%.6s", e.Fence, e.Attempt, e.Token)
+	}
+	for _, kv := range [][2]string{{"status", e.Status}, {"outcome", string(e.Outcome)}, {"reason", e.Reason}, {"note", e.Note}} {
+		if kv[1] != "" {
+			fmt.Fprintf(&b, " %s=%s", kv[0], kv[1])
+		}
+	}
+	return b.String()
+}
+
+// Log collects events from many goroutines. The zero value is not usable;
+// use NewLog.
+type Log struct {
+	now func() time.Time
+	mu  sync.Mutex
+	evs []Event
+}
+
+// NewLog returns an empty log stamping events with now (default time.Now).
+func NewLog(now func() time.Time) *Log {
+	if now == nil {
+		now = time.Now
+	}
+	return &Log{now: now}
+}
+
+// Add appends e, stamping At when it is zero.
+func (l *Log) Add(e Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e.At.IsZero() {
+		e.At = l.now()
+	}
+	e.Seq = len(l.evs) + 1
+	l.evs = append(l.evs, e)
+}
+
+// Events returns a copy of what was logged so far, in order.
+func (l *Log) Events() []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Event(nil), l.evs...)
+}
+
+// Claimed logs a claim call's grants: the request left at sent, the reply
+// came back now.
+func (l *Log) Claimed(replica string, sent time.Time, cls []*claim.Claim, errs []error) {
+	at := l.now()
+	for i, c := range cls {
+		if c == nil || (i < len(errs) && errs[i] != nil) {
+			continue
+		}
+		l.Add(Event{At: at, Kind: Grant, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence,
+			Attempt: c.Attempt, Sent: c.Requested, Until: c.Requested.Add(c.Lease)})
+	}
+}
+
+// Renewed logs a confirmed renewal of c.
+func (l *Log) Renewed(replica string, c *claim.Claim) {
+	l.Add(Event{Kind: Renew, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence, Attempt: c.Attempt,
+		Sent: c.Requested, Until: c.Requested.Add(c.Lease)})
+}
+
+// Released logs the accepted releases among cls (errs[i] == nil).
+func (l *Log) Released(replica string, sent time.Time, cls []*claim.Claim, outs []claim.Outcome, errs []error) {
+	for i, c := range cls {
+		if c == nil || i >= len(errs) || errs[i] != nil {
+			continue
+		}
+		l.Add(Event{Kind: Release, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence,
+			Attempt: c.Attempt, Sent: sent, Outcome: outs[i]})
+	}
+}
+
+// Observer returns a runner Observe hook that logs replica's run events
+// while keep reports true (a crashed replica's late words are not facts).
+func (l *Log) Observer(replica string, keep func() bool) func(runner.Event) {
+	return func(e runner.Event) {
+		if keep != nil && !keep() {
+			return
+		}
+		h := Event{Replica: replica, Run: e.Run}
+		if e.Claim != nil {
+			h.Token, h.Fence, h.Attempt = e.Claim.Token, e.Claim.Fence, e.Claim.Attempt
+		}
+		switch e.Kind {
+		case runner.EventStarted:
+			h.Kind = Start
+		case runner.EventReturned:
+			h.Kind, h.Ran = Return, e.Ran
+			if e.Err == nil {
+				h.Status = ReturnedNil
+			}
+		case runner.EventFinished:
+			h.Kind, h.Status, h.Ran = End, e.Status, e.Ran
+			if e.Err != nil {
+				h.Note = e.Err.Error()
+			}
+		case runner.EventSkipped:
+			h.Kind, h.Reason = Skip, e.Reason
+		default:
+			return
+		}
+		l.Add(h)
+	}
+}
