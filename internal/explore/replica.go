@@ -22,8 +22,8 @@ type replica struct {
 	restart chan struct{}
 
 	mu        sync.Mutex
-	gen       int  // incarnation
-	deadGen   int  // incarnations up to this one crashed
+	gen       int // incarnation
+	deadGen   int // incarnations up to this one crashed
 	stopped   chan struct{}
 	cancel    context.CancelFunc
 	downUntil time.Time
