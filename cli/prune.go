@@ -6,26 +6,31 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
-// minRetention keeps prune from forgetting runs replicas may still claim:
-// a forgotten run would be granted again as attempt 1.
-const minRetention = 48 * time.Hour
+// pruneFloor is the least --older-than whatever the config says: prune
+// often runs from a CronJob with a config of its own, which may not list
+// every job, or every grace, that the replicas run.
+const pruneFloor = 48 * time.Hour
 
 // prune deletes finished runs older than --older-than: the retention story
-// for the SQL backends, meant for a daily cron or a Kubernetes CronJob.
+// for the SQL backends, meant for a daily cron or a Kubernetes CronJob. It
+// refuses an age at which a replica could still claim a run (see
+// config.ClaimWindow): a forgotten run would be granted again as attempt 1.
 func (e *env) prune(args []string) int {
 	fs, path := e.flags("prune", "[--config FILE] [--older-than DURATION]")
-	older := fs.Duration("older-than", 30*24*time.Hour, "delete finished runs older than `DURATION` (at least 48h)")
+	older := fs.Duration("older-than", 30*24*time.Hour,
+		"delete finished runs older than `DURATION` (at least 48h, and every job's claim window)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	if *older < minRetention {
-		fmt.Fprintf(e.stderr, "scheduler prune: --older-than %v: must be at least %v, beyond any misfire grace\n", *older, minRetention)
-		return ExitUsage
-	}
 	cfg, ok := e.load(*path)
 	if !ok {
+		return ExitUsage
+	}
+	if err := checkPruneAge(cfg, *older); err != nil {
+		fmt.Fprintf(e.stderr, "scheduler prune: --older-than %v: %v\n", *older, err)
 		return ExitUsage
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -46,4 +51,16 @@ func (e *env) prune(args []string) int {
 	}
 	fmt.Fprintf(e.stdout, "pruned %d finished runs older than %v\n", n, *older)
 	return ExitOK
+}
+
+// checkPruneAge refuses an age below the config's MinRetention (naming the
+// job that needs more) or below the floor.
+func checkPruneAge(cfg *config.Config, older time.Duration) error {
+	if err := cfg.CheckRetention(older); err != nil {
+		return err
+	}
+	if older < pruneFloor {
+		return fmt.Errorf("must be at least %v whatever the config says: the replicas may run jobs, or a misfire grace, that this config lacks", pruneFloor)
+	}
+	return nil
 }

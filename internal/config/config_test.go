@@ -103,6 +103,8 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 		{"PasswordFileMissing", "claimer:\n  kind: redis\n  redis:\n    addr: h:1\n    password_file: /nonexistent/pw\n", "claimer.redis.password_file", "/nonexistent/pw", "no such file"},
 		{"SecretOfWrongType", "claimer:\n  redis:\n    password: [" + secret + "]\n", "claimer.redis.password", "", "want a string"},
 		{"DoneTTLShorterThanGrace", "claimer:\n  kind: redis\n" + rd + "    done_ttl: 2h\n" + job("    schedule: '@daily'\n    misfire: {policy: run-once, grace: 6h}\n"), "claimer.redis.done_ttl", "2h0m0s", "misfire.grace"},
+		{"DoneTTLWithinSkipJobsWindow", "claimer:\n  kind: redis\n" + rd + "    done_ttl: 1h\n" + job("    schedule: '@daily'\n"), "claimer.redis.done_ttl", "1h0m0s", "at least 1h1m4s, the longest a replica may still claim a finished run of jobs.billing.nightly"},
+		{"RedlockDoneTTLEqualToGrace", "claimer:\n  kind: redlock\n  redlock:\n    password: " + secret + "\n    addrs: [a:1, b:1, c:1]\n    done_ttl: 6h\n" + job("    schedule: '@daily'\n    misfire: {policy: run-once, grace: 6h}\n"), "claimer.redlock.done_ttl", "6h0m0s", "at least 6h1m4s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

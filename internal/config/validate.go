@@ -178,19 +178,11 @@ func (c *Config) validateClaimer(p *problems) {
 	}
 }
 
-// checkDoneTTL: a done marker must outlive the lease and every run-once
-// grace window, or a late or restarting replica could execute a finished
-// run again.
+// checkDoneTTL: a done marker must outlive every window in which a replica
+// may still claim the run (MinRetention), or the run could execute again.
 func (c *Config) checkDoneTTL(p *problems, key string, ttl Duration) {
-	if ttl <= c.Claimer.Lease {
-		p.add(key, ttl.String(), "must be longer than claimer.lease (%s)", c.Claimer.Lease)
-		return
-	}
-	for _, name := range c.JobNames() {
-		if m := c.Jobs[name].Misfire; m.Policy == MisfireRunOnce && m.Grace > ttl {
-			p.add(key, ttl.String(), "shorter than jobs.%s.misfire.grace (%s): a finished run could execute again at start-up", name, m.Grace)
-			return
-		}
+	if err := c.CheckRetention(ttl.Duration()); err != nil {
+		p.add(key, ttl.String(), "%v; once the marker expires the run could execute again", err)
 	}
 }
 

@@ -446,8 +446,9 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 // the retention policy: call it periodically from one place.
 //
 // A pruned run is forgotten: a replica that later claims the same run would
-// be granted it again as attempt 1. Keep olderThan well above the longest
-// window in which replicas still claim past runs (misfire grace, clock skew).
+// be granted it again as attempt 1. olderThan must be at least the longest
+// window in which replicas still claim a finished run (config.ClaimWindow
+// over every job; `scheduler prune` refuses less).
 // Interrupted runs and expired leases are kept: they are not finished, and
 // deleting them would lose the attempt count and let a stale run restart.
 func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
