@@ -37,7 +37,7 @@ type Config struct {
 	Replicas int           // default 3 to 5, by seed
 	Lease    time.Duration // default 3s
 	MaxSkew  time.Duration // default 1s
-	// Faults is the window in which faults start (default 30s); the
+	// Faults is the window in which faults start (default 20s); the
 	// history runs on until every fault has healed and then Quiet more.
 	Faults time.Duration
 	Quiet  time.Duration // default lateTolerance + 4 leases
@@ -92,8 +92,8 @@ func (w *world) workload() []jobDef {
 		return func(h uint64) time.Duration { return lo + time.Duration(h%uint64(hi-lo+1)) }
 	}
 	return []jobDef{
-		// Short runs every second: most instants, most contention.
-		{name: "tick", spec: "@every 1s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(20*time.Millisecond, 400*time.Millisecond)},
+		// Short runs every other second: most instants, most contention.
+		{name: "tick", spec: "@every 2s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(20*time.Millisecond, 400*time.Millisecond)},
 		// Runs that outlive the next instant and the lease: only renewal
 		// keeps them, and overlap: forbid must skip the instants they span.
 		{name: "long", spec: "@every 4s", overlap: runner.OverlapForbid, misfire: runner.MisfireRunOnce, grace: 20 * time.Second, work: span(l, 2*l)},
@@ -135,7 +135,7 @@ func Run(cfg Config) (*Result, error) {
 		cfg.MaxSkew = time.Second
 	}
 	if cfg.Faults == 0 {
-		cfg.Faults = 30 * time.Second
+		cfg.Faults = 20 * time.Second
 	}
 	lateTolerance := 2*cfg.MaxSkew + 5*time.Second
 	if cfg.Quiet == 0 {

@@ -8,7 +8,7 @@ import (
 )
 
 var (
-	seeds = flag.Int("explore.seeds", 300, "how many seeds TestExplore sweeps")
+	seeds = flag.Int("explore.seeds", 200, "how many seeds TestExplore sweeps")
 	first = flag.Uint64("explore.first", 1, "the first seed TestExplore sweeps (replay one: -explore.first=N -explore.seeds=1)")
 	show  = flag.Bool("explore.show", false, "log every seed's plan and verdict")
 )
