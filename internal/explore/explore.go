@@ -47,8 +47,22 @@ type Config struct {
 	// test pins the faults that once broke a guarantee.
 	Plan *nemesis.Plan
 	// Batch, when set, fixes whether replicas claim in batches (default:
-	// by seed).
+	// by seed). With Open it is ignored: replicas use the claimer's own
+	// batch interfaces, as the runner would.
 	Batch *bool
+
+	// Open, when set, opens one replica incarnation's claimer over the
+	// backend under test (a new client each time: a restarted process
+	// reconnects); the harness closes it when the incarnation ends. Nil:
+	// one in-process memory store for every replica.
+	Open func(replica string) (claim.Claimer, error)
+	// Restart, when set, restarts backend server node (of Nodes) and keeps
+	// it down for down first: the Restart fault class. What a restart
+	// loses is the backend's business (no persistence, a snapshot, an AOF).
+	Restart func(node int, down time.Duration) error
+	Nodes   int
+	// Classes limits the fault classes drawn (default: all that apply).
+	Classes []string
 }
 
 // Result is one exploration's history and verdict.
@@ -145,6 +159,12 @@ func Run(cfg Config) (*Result, error) {
 		cfg.Extra = rng.IntN(5)
 	}
 	w := &world{cfg: cfg, rng: rng, store: memory.NewStore(nil), batch: rng.IntN(2) == 0}
+	if cfg.Open == nil {
+		cfg.Open = func(replica string) (claim.Claimer, error) { return memory.New(w.store, replica), nil }
+	} else {
+		w.batch = false // the claimer's own interfaces decide
+	}
+	w.cfg = cfg
 	w.log = history.NewLog(nil)
 	w.jobs = w.workload()
 	for _, j := range w.jobs {
@@ -160,8 +180,16 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.Plan != nil {
 		w.plan = *cfg.Plan
 	} else {
+		classes := cfg.Classes
+		if len(classes) == 0 {
+			for _, c := range nemesis.Classes {
+				if c != nemesis.Restart || cfg.Restart != nil {
+					classes = append(classes, c)
+				}
+			}
+		}
 		w.plan = nemesis.New(cfg.Seed, nemesis.Params{Replicas: cfg.Replicas, Lease: cfg.Lease, MaxSkew: cfg.MaxSkew,
-			From: cfg.Lease, To: cfg.Faults, Extra: cfg.Extra})
+			From: cfg.Lease, To: cfg.Faults, Extra: cfg.Extra, Classes: classes, Nodes: cfg.Nodes})
 	}
 	w.t0 = time.Now()
 	end := w.t0.Add(w.plan.Heal() + cfg.Quiet)
@@ -212,6 +240,12 @@ func (w *world) nemesis(ctx context.Context) {
 		}
 		w.log.Add(history.Event{Kind: history.Fault, Note: op.String()})
 		until := time.Now().Add(op.For)
+		if op.Kind == nemesis.Restart {
+			if err := w.cfg.Restart(op.Node, op.For); err != nil {
+				w.log.Add(history.Event{Kind: history.Fault, Note: "restart failed: " + err.Error()})
+			}
+			continue
+		}
 		if op.Kind == nemesis.Outage {
 			w.mu.Lock()
 			w.outageUntil = later(w.outageUntil, until)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
 	"github.com/scheduler-dev/scheduler/internal/runner"
@@ -48,8 +47,17 @@ func (r *replica) life(ctx context.Context) {
 		r.cancel = cancel
 		r.mu.Unlock()
 
-		var c claim.Claimer = &faulty{r: r, gen: gen, inner: memory.New(r.w.store, r.id)}
-		if r.w.batch {
+		inner, err := r.w.cfg.Open(r.id)
+		if err != nil {
+			r.w.log.Add(history.Event{Kind: history.Fault, Replica: r.id, Note: "cannot open claimer: " + err.Error()})
+			if !sleepUntil(ctx, time.Now().Add(r.w.cfg.Lease)) {
+				return
+			}
+			continue
+		}
+		var c claim.Claimer = &faulty{r: r, gen: gen, inner: inner}
+		_, batches := inner.(claim.BatchClaimer)
+		if r.w.batch || batches {
 			c = faultyBatch{c.(*faulty)}
 		}
 		run, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
@@ -62,6 +70,7 @@ func (r *replica) life(ctx context.Context) {
 		exited := make(chan struct{})
 		r.w.wg.Go(func() {
 			defer close(exited)
+			defer inner.Close()
 			_ = run.Run(rctx)
 		})
 		r.w.log.Add(history.Event{Kind: history.Up, Replica: r.id})
@@ -170,8 +179,16 @@ func contains(xs []string, x string) bool {
 }
 
 func overlaps(t0 time.Time, op nemesis.Op, from, to time.Time) bool {
-	return t0.Add(op.At).Before(to) && t0.Add(op.End()).After(from)
+	end := op.End()
+	if op.Kind == nemesis.Restart {
+		end += restartSlack // the server takes a while to come back and load
+	}
+	return t0.Add(op.At).Before(to) && t0.Add(end).After(from)
 }
+
+// restartSlack is how long, past its planned downtime, a restarted server
+// counts as unreachable.
+const restartSlack = 2 * time.Second
 
 // up reports whether the replica ran (neither crashed nor terminated)
 // throughout [from, to].
@@ -187,7 +204,7 @@ func (r *replica) up(t0, from, to time.Time) bool {
 // healthy reports whether the replica could claim and run throughout
 // [from, to]: up, reachable, not paused, its clock within the skew.
 func (r *replica) healthy(t0, from, to time.Time) bool {
-	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock) {
+	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock, nemesis.Restart) {
 		if overlaps(t0, op, from, to) {
 			return false
 		}
@@ -201,7 +218,7 @@ func (r *replica) healthy(t0, from, to time.Time) bool {
 type faulty struct {
 	r     *replica
 	gen   int
-	inner *memory.Claimer
+	inner claim.Claimer
 }
 
 // call applies the replica's faults around apply, which reaches the store.
@@ -308,8 +325,12 @@ func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease tim
 	cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
 	err := f.call(ctx, func() error {
 		sent := time.Now()
-		for i, run := range runs {
-			cls[i], errs[i] = f.inner.Claim(ctx, run, lease)
+		if b, ok := f.inner.(claim.BatchClaimer); ok {
+			cls, errs = b.ClaimBatch(ctx, runs, lease)
+		} else {
+			for i, run := range runs {
+				cls[i], errs[i] = f.inner.Claim(ctx, run, lease)
+			}
 		}
 		f.r.w.log.Claimed(f.r.id, sent, cls, errs)
 		return nil
@@ -326,8 +347,12 @@ func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs 
 	errs := make([]error, len(cls))
 	err := f.call(ctx, func() error {
 		sent := time.Now()
-		for i, c := range cls {
-			errs[i] = f.inner.Release(ctx, c, outs[i])
+		if b, ok := f.inner.(claim.BatchReleaser); ok {
+			errs = b.ReleaseBatch(ctx, cls, outs)
+		} else {
+			for i, c := range cls {
+				errs[i] = f.inner.Release(ctx, c, outs[i])
+			}
 		}
 		f.r.w.log.Released(f.r.id, sent, cls, outs, errs)
 		return nil
@@ -344,7 +369,11 @@ func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Re
 	var recs []claim.Record
 	err := f.call(ctx, func() error {
 		var err error
-		recs, err = f.inner.History(ctx, job, limit)
+		h, ok := f.inner.(claim.Historian)
+		if !ok {
+			return fmt.Errorf("%w: no history", claim.ErrUnavailable)
+		}
+		recs, err = h.History(ctx, job, limit)
 		return err
 	})
 	return recs, err

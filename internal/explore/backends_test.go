@@ -1,0 +1,104 @@
+package explore
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/nemesis"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+)
+
+// realSeeds are the nemesis seeds CI pins for every claimer; the long
+// exploration (docs/explore.md) draws fresh ones.
+var realSeeds = []uint64{101, 102, 103, 104, 105}
+
+// TestNemesisOnRealBackends runs the explorer's replicas over every
+// claimer's real backend, in real time, under seeded plans that compose at
+// least 5 fault classes each: for redis a private server with an AOF
+// (appendfsync everysec) that the plan restarts, so it comes back with
+// part of its data; for redlock five private nodes restarted one at a
+// time, empty. The history checker must find nothing.
+func TestNemesisOnRealBackends(t *testing.T) {
+	testenv.WallClock(t)
+	// Every claimer at once, its seeds one after another: five seeds of
+	// ~15s each, so the whole sweep takes about 80s.
+	type outcome struct {
+		res *Result
+		err error
+	}
+	results := map[string][]outcome{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, kind := range backends.Kinds {
+		cfgs := make([]Config, len(realSeeds))
+		for i, seed := range realSeeds {
+			cfgs[i] = realConfig(t, kind, seed)
+		}
+		wg.Go(func() {
+			for _, cfg := range cfgs {
+				res, err := Run(cfg)
+				mu.Lock()
+				results[kind] = append(results[kind], outcome{res, err})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, kind := range backends.Kinds {
+		for i, o := range results[kind] {
+			t.Run(fmt.Sprintf("%s/%d", kind, realSeeds[i]), func(t *testing.T) {
+				if o.err != nil {
+					t.Fatal(o.err)
+				}
+				res := o.res
+				if n := len(res.Plan.Classes()); n < 5 {
+					t.Errorf("plan composes %d fault classes, want at least 5: %s", n, res.Plan)
+				}
+				if len(res.Violations) > 0 {
+					t.Errorf("%s seed %d: %d violations\n%s", kind, res.Seed, len(res.Violations), res.Report())
+				} else {
+					t.Logf("%s: %d runs expected, %d events, 0 violations", res.Plan, res.Expected, len(res.Events))
+				}
+			})
+		}
+	}
+}
+
+// realConfig sizes a real-time exploration: a 1s lease keeps a seed near
+// 15s of wall time.
+func realConfig(t *testing.T, kind string, seed uint64) Config {
+	cfg := Config{Seed: seed, Lease: time.Second, MaxSkew: 250 * time.Millisecond, Faults: 5 * time.Second,
+		Quiet: 8 * time.Second, Extra: 2}
+	var opts backends.Options
+	var nodes []*testenv.Redis
+	switch kind {
+	case "redis":
+		nodes = append(nodes, testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "everysec"))
+	case "redlock":
+		for range 5 {
+			nodes = append(nodes, testenv.StartRedis(t))
+		}
+	}
+	for _, n := range nodes {
+		opts.Servers = append(opts.Servers, n.Addr())
+	}
+	ns := backends.Prepare(t, kind, opts)
+	cfg.Open = func(replica string) (claim.Claimer, error) { return ns.Open(replica), nil }
+	if len(nodes) > 0 {
+		cfg.Nodes = len(nodes)
+		cfg.Restart = func(node int, down time.Duration) error {
+			nodes[node].Stop()
+			time.Sleep(down) // the server is down for the plan's time
+			nodes[node].Start()
+			return nil
+		}
+	} else {
+		cfg.Classes = slices.DeleteFunc(slices.Clone(nemesis.Classes), func(c string) bool { return c == nemesis.Restart })
+	}
+	return cfg
+}
