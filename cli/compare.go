@@ -29,7 +29,9 @@ func (e *env) compare(args []string) int {
 		fmt.Fprintf(fs.Output(), "Usage: scheduler compare [flags]\n\n"+
 			"Runs claim strategies side by side, as in-process replicas under injected faults,\n"+
 			"and reports duplicates, missed runs, stale writes and latencies (docs/compare.md).\n\n"+
-			"Faults: %s; join with + to combine in one cell (pause+skew).\n\nFlags:\n",
+			"Faults: %s; join with + to combine in one cell (pause+skew).\n"+
+			"random: the fault explorer's nemesis, at least five fault classes composed over\n"+
+			"time from --seed, judged by its history checker (the engine CI runs).\n\nFlags:\n",
 			strings.Join(compare.AllFaults, ", "))
 		fs.PrintDefaults()
 	}
@@ -118,7 +120,41 @@ func openClaimer(ctx context.Context, cfg *config.Config) (claim.Claimer, error)
 	if err != nil {
 		return nil, err
 	}
-	return b, nil
+	// The cells' runners must see what `scheduler run` gives its runner,
+	// the backend's own claimer with its optional interfaces (history for
+	// the overlap probe and start-up recovery, batches), not the backend
+	// wrapper, which hides them; Close still closes what the backend
+	// opened beside the claimer.
+	c := owned{Claimer: b.Claimer, b: b}
+	bc, batches := b.Claimer.(claim.BatchClaimer)
+	br, releases := b.Claimer.(claim.BatchReleaser)
+	if batches && releases {
+		return ownedBatches{owned: c, BatchClaimer: bc, BatchReleaser: br}, nil
+	}
+	return c, nil
+}
+
+// owned is a backend's claimer whose Close closes the whole backend.
+type owned struct {
+	claim.Claimer
+	b *backend
+}
+
+func (o owned) Close() error { return o.b.Close() }
+
+// History forwards to the claimer's own (every kind keeps one).
+func (o owned) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	h, ok := o.Claimer.(claim.Historian)
+	if !ok {
+		return nil, nil
+	}
+	return h.History(ctx, job, limit)
+}
+
+type ownedBatches struct {
+	owned
+	claim.BatchClaimer
+	claim.BatchReleaser
 }
 
 func splitList(s string) []string {

@@ -47,6 +47,9 @@ func (t *trigger) take() bool {
 
 // runCell runs kind under scenario and returns its report cell.
 func runCell(ctx context.Context, o *Options, kind, scenario string) *Cell {
+	if scenario == FaultRandom {
+		return runRandom(ctx, o, kind)
+	}
 	res := &Cell{Claimer: kind, Fault: scenario}
 	f := faultSet(strings.Split(scenario, "+"))
 	if why := unsupported(o, kind, f); why != "" {

@@ -81,7 +81,7 @@ func TestGameDay(t *testing.T) {
 	var wg sync.WaitGroup
 	good = compareCLI(t, dir, "real", real...)
 	wg.Go(func() {
-		bad = compareCLI(t, dir, "broken", append([]string{"--claimers", "broken", "--faults", "none,pause"}, common...)...)
+		bad = compareCLI(t, dir, "broken", append([]string{"--claimers", "broken", "--faults", "none,pause,random"}, common...)...)
 	})
 	wg.Go(func() { restarts = compareCLI(t, dir, "restarts", restartArgs...) })
 	wg.Wait()
@@ -264,6 +264,9 @@ func TestParseScenarios(t *testing.T) {
 		{in: "crash+crash", bad: true},
 		{in: "", bad: true},
 		{in: "gc", bad: true},
+		{in: "random, pause", want: []string{"random", "pause"}},
+		{in: "random+pause", bad: true},
+		{in: "random,random", bad: true},
 	} {
 		got, err := compare.ParseScenarios(tc.in)
 		if (err != nil) != tc.bad || strings.Join(got, ",") != strings.Join(tc.want, ",") {

@@ -45,11 +45,24 @@ func ParseScenarios(s string) ([]string, error) {
 			continue
 		}
 		parts := strings.Split(sc, "+")
+		for i := range parts {
+			parts[i] = strings.TrimSpace(parts[i])
+		}
+		if sc == FaultRandom {
+			if slices.Contains(out, sc) {
+				return nil, fmt.Errorf("scenario %q listed twice", sc)
+			}
+			out = append(out, sc)
+			continue
+		}
 		for i, f := range parts {
 			f = strings.TrimSpace(f)
 			parts[i] = f
+			if f == FaultRandom {
+				return nil, fmt.Errorf("%q: random composes faults itself and cannot be combined", sc)
+			}
 			if !slices.Contains(AllFaults, f) {
-				return nil, fmt.Errorf("unknown fault %q (want one of %s)", f, strings.Join(AllFaults, ", "))
+				return nil, fmt.Errorf("unknown fault %q (want one of %s, or random)", f, strings.Join(AllFaults, ", "))
 			}
 			if slices.Index(parts, f) != i {
 				return nil, fmt.Errorf("fault %q listed twice in %q", f, sc)

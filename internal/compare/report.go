@@ -97,7 +97,10 @@ type Cell struct {
 	DuplicateDetails       []string           `json:"duplicate_details"`
 	MissedRunIDs           []string           `json:"missed_run_ids"`
 	StaleAcceptedResources []string           `json:"stale_accepted_resources"`
-	Notes                  []string           `json:"notes"`
+	// Violations are the history checker's findings (--faults random),
+	// each with its trace.
+	Violations []string `json:"violations,omitempty"`
+	Notes      []string `json:"notes"`
 
 	spans    []span          // HTML timeline
 	claimLat []time.Duration // HTML latency chart
@@ -138,6 +141,9 @@ func (r *Report) summarize() {
 			}
 			if n := c.MissedRuns; n > 0 {
 				what = append(what, plural(n, "missed run"))
+			}
+			if n := len(c.Violations); n > 0 {
+				what = append(what, plural(n, "violation")+" of the history checker")
 			}
 		}
 		if len(what) > 0 {

@@ -371,7 +371,7 @@ func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Re
 		var err error
 		h, ok := f.inner.(claim.Historian)
 		if !ok {
-			return fmt.Errorf("%w: no history", claim.ErrUnavailable)
+			return nil // as if the claimer kept none: the runner's probes find nothing
 		}
 		recs, err = h.History(ctx, job, limit)
 		return err

@@ -1,0 +1,103 @@
+package compare
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/explore"
+	"github.com/scheduler-dev/scheduler/internal/history"
+)
+
+// FaultRandom is the scenario `--faults random`: the fault explorer's
+// nemesis (internal/nemesis) composes seeded faults of at least five
+// classes over the cell, on the explorer's replicas and workload, and the
+// history checker (internal/history) judges what every replica did. It is
+// the same engine CI runs (internal/explore): a failure here replays with
+// the same --seed there, and the other way round.
+const FaultRandom = "random"
+
+// duplicateInvariants and missedInvariants map the checker's violations
+// onto the report's columns.
+var (
+	duplicateInvariants = []string{history.SucceededTwice, history.GrantOverlap, history.RunOverlap,
+		history.ReleasedTwice, history.JobOverlap, history.HandedBackDone}
+	missedInvariants = []string{history.Lost, history.Abandoned, history.TakeoverMisfire}
+)
+
+// runRandom runs kind under the nemesis drawn from o.Seed.
+func runRandom(ctx context.Context, o *Options, kind string) *Cell {
+	res := &Cell{Claimer: kind, Fault: FaultRandom}
+	ns, err := openNamespace(ctx, o, kind, faultSet{FaultRandom})
+	if err != nil {
+		res.Status, res.Reason = StatusError, err.Error()
+		if s := (errSkip{}); errors.As(err, &s) {
+			res.Status = StatusSkipped
+		}
+		return res
+	}
+	defer ns.close()
+	cfg := explore.Config{Seed: o.Seed, Replicas: o.Replicas, Lease: o.Lease, MaxSkew: o.MaxClockSkew,
+		Faults: max(o.Duration/2, 2*o.Lease), Extra: 2,
+		Open: func(id string) (claim.Claimer, error) { return ns.open(ctx, id, ns.targets) }}
+	if len(ns.servers) > 0 {
+		cfg.Nodes = len(ns.servers)
+		cfg.Restart = func(node int, down time.Duration) error {
+			s := ns.servers[node]
+			s.crash()
+			time.Sleep(down) // the server stays down for the plan's time
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 40*time.Second)
+			defer cancel()
+			return s.start(sctx)
+		}
+	}
+	start := time.Now()
+	r, err := explore.Run(cfg)
+	if err != nil {
+		res.Status, res.Reason = StatusError, err.Error()
+		return res
+	}
+	res.DurationMS = ms(time.Since(start))
+	res.RunsExpected = r.Expected
+	for _, e := range r.Events {
+		if e.Kind == history.Start {
+			res.Executions++
+			if e.Attempt > 1 {
+				res.Takeovers++
+			}
+		}
+		if e.Kind == history.End && e.Status == "lease_lost" {
+			res.LeaseLost++
+		}
+	}
+	for _, op := range r.Plan.Ops {
+		who := ""
+		if op.Replica >= 0 {
+			who = fmt.Sprintf("r%d", op.Replica+1)
+		}
+		res.FaultEvents = append(res.FaultEvents, FaultEvent{Kind: op.Kind, Replica: who, AtMS: ms(op.At),
+			DurationMS: ms(op.For), Note: op.String()})
+	}
+	res.Notes = append(res.Notes, fmt.Sprintf("nemesis %s (%d classes: %v); %d replicas", r.Plan, len(r.Plan.Classes()),
+		r.Plan.Classes(), r.Replicas), fmt.Sprintf("replay: scheduler compare --claimers %s --faults random --seed %d", kind, o.Seed))
+	for _, v := range r.Violations {
+		switch {
+		case slices.Contains(duplicateInvariants, v.Invariant):
+			res.DuplicateExecutions++
+			res.DuplicateRuns = append(res.DuplicateRuns, v.Run)
+		case slices.Contains(missedInvariants, v.Invariant):
+			res.MissedRuns++
+			res.MissedRunIDs = append(res.MissedRunIDs, v.Run)
+		}
+		res.Violations = append(res.Violations, v.Format(r.T0))
+	}
+	res.Status = StatusOK
+	if len(r.Violations) > 0 {
+		res.Status = StatusFailed
+	}
+	return res
+}
+
