@@ -100,4 +100,3 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 	}
 	return res
 }
-
