@@ -136,8 +136,9 @@ func dial(addr string) error {
 	return c.Close()
 }
 
-// Redis is a redis-server process started by a test, without persistence.
-// It is stopped (by pid) when the test ends.
+// Redis is a redis-server process started by a test, without persistence
+// unless its extra arguments turn it on. It is stopped (by pid) when the
+// test ends.
 type Redis struct {
 	t    testing.TB
 	port int
@@ -163,7 +164,13 @@ func StartRedis(t testing.TB, extra ...string) *Redis {
 // Addr is the node's host:port.
 func (r *Redis) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
 
-// Start (re)starts the process on the same port, empty: no persistence.
+// Dir is the node's working directory, where it keeps an RDB snapshot or
+// an AOF when started with persistence ("--appendonly", "yes"); a restart
+// loads what is there, as a server restarted from disk would.
+func (r *Redis) Dir() string { return r.dir }
+
+// Start (re)starts the process on the same port: empty, unless extra
+// arguments turned persistence on or the test saved a snapshot (SAVE).
 func (r *Redis) Start() {
 	r.t.Helper()
 	if r.cmd != nil {
@@ -216,7 +223,8 @@ func (r *Redis) Stop() {
 	r.cmd = nil
 }
 
-// Restart kills the node and starts it again, empty, on the same port.
+// Restart kills the node and starts it again on the same port: empty, unless
+// it persists its data (see Start).
 func (r *Redis) Restart() {
 	r.Stop()
 	r.Start()

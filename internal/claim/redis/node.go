@@ -26,11 +26,14 @@ type Node struct {
 	historyLimit  int
 	allowEviction bool
 	slot, slots   int64
-	// guard turns on the restart guard (see the package comment, Claimer
-	// only); seen records that this node's server had the namespace's
-	// epoch marker when a claim script last ran here.
-	guard bool
-	seen  atomic.Bool
+	addr          string // the server's address, where the client tells it
+	// seen is the run_id of the server incarnation a claim script last ran
+	// on: the script tells a marker that vanished under it (keys deleted)
+	// from a new namespace by it.
+	seen atomic.Pointer[string]
+	// changed, if set, is called when a script reports another run_id
+	// than the last one: the server restarted (Claimer's write-back).
+	changed func()
 }
 
 // NewNode returns a Node over client. Fences this node grants are congruent
@@ -45,12 +48,19 @@ func NewNode(client goredis.UniversalClient, opts Options, slot, slots int) *Nod
 		panic(fmt.Sprintf("redis: fence slot %d of %d", slot, slots))
 	}
 	opts = opts.withDefaults()
-	return &Node{
+	n := &Node{
 		client: client, keys: keys{opts.Prefix}, doneTTL: opts.DoneTTL,
 		historyLimit: opts.HistoryLimit, allowEviction: opts.AllowEviction,
 		slot: int64(slot), slots: int64(slots),
 	}
+	if cl, ok := client.(*goredis.Client); ok {
+		n.addr = cl.Options().Addr
+	}
+	return n
 }
+
+// Addr is the server's address, or "" if the client does not tell.
+func (n *Node) Addr() string { return n.addr }
 
 // keys builds the key layout. Run ids are injective (claim.Run.ID), and the
 // four namespaces differ before the variable part ("run:" vs "runs:"), so
@@ -61,7 +71,7 @@ func (k keys) run(id string) string    { return k.prefix + "run:" + id }
 func (k keys) fence(job string) string { return k.prefix + "fence:" + job }
 func (k keys) runs(job string) string  { return k.prefix + "runs:" + job }
 func (k keys) jobs() string            { return k.prefix + "jobs" }
-func (k keys) epoch() string           { return k.prefix + "epoch" }
+func (k keys) marker() string          { return k.prefix + "server" }
 
 // Vote is a node's answer to a claim.
 type Vote int
@@ -82,6 +92,11 @@ type Reply struct {
 	Holder     string       // Held: the holder's instance
 	HolderKey  string       // Held: TokenKey of the holder's token
 	Status     claim.Status // Done
+	// Restarted is set on a Held reply given because the server lost its
+	// data: the restart guard began at LostAt and holds every run until
+	// LeaseUntil.
+	Restarted bool
+	LostAt    time.Time
 }
 
 // TokenKey is the digest a Held reply carries for the holder's token (the
@@ -99,37 +114,42 @@ func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, l
 	if err != nil {
 		return Reply{}, translate(ctx, err)
 	}
-	n.ran()
-	return claimReply(vals)
+	return n.claimReply(vals)
 }
 
 func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duration) ([]string, []any) {
 	id := run.ID()
-	guard := ""
-	switch {
-	case n.guard && n.seen.Load():
-		guard = "1"
-	case n.guard:
-		guard = "0"
-	}
-	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs(), n.keys.epoch()},
+	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs(), n.keys.marker()},
 		[]any{token, holder, lease.Milliseconds(), n.doneTTL.Milliseconds(), run.At.UnixMilli(), id, run.Job,
-			n.historyLimit, n.slot, n.slots, guard}
+			n.historyLimit, n.slot, n.slots, n.seenID()}
 }
 
-// ran records that a claim script ran on the server: with the guard on, it
-// left the epoch marker there, which the server now has unless it loses
-// its data.
-func (n *Node) ran() {
-	if n.guard {
-		n.seen.Store(true)
+func (n *Node) seenID() string {
+	if p := n.seen.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// ran records the run_id a script reported: the namespace's marker now
+// names it, unless the server loses its data.
+func (n *Node) ran(id string) {
+	if old := n.seen.Swap(&id); old != nil && *old != id && n.changed != nil {
+		n.changed()
 	}
 }
 
-func claimReply(vals []any) (Reply, error) {
+func (n *Node) claimReply(vals []any) (Reply, error) {
 	r := reply(vals)
+	if len(vals) > 0 {
+		if id := r.str(len(vals) - 1); r.err == nil {
+			n.ran(id)
+		}
+	}
 	var out Reply
 	switch r.str(0) {
+	case "restarted":
+		out = Reply{Vote: Held, Restarted: true, LostAt: ms(r.int(1)), LeaseUntil: ms(r.int(2))}
 	case "granted":
 		out = Reply{Vote: Granted, Fence: r.int(1), Attempt: int(r.int(2)), LeaseUntil: ms(r.int(3))}
 	case "held":
@@ -156,8 +176,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 		if err != nil {
 			return translate(ctx, err)
 		}
-		n.ran()
-		replies[i], err = claimReply(vals)
+		replies[i], err = n.claimReply(vals)
 		return err
 	})
 	return replies, errs
@@ -217,12 +236,23 @@ func (n *Node) AbortBatch(ctx context.Context, runs []claim.Run, tokens []string
 	_, _ = pipe.Exec(ctx)
 }
 
-// Renew extends the lease token holds on runID to lease from now on the
+// Renew extends the lease cl holds on the node to lease from now on the
 // node's clock and returns the new deadline. It returns an error wrapping
-// claim.ErrLeaseLost if token no longer holds a live lease there.
-func (n *Node) Renew(ctx context.Context, runID, token string, lease time.Duration) (time.Time, error) {
-	vals, err := renewScript.Run(ctx, n.client, []string{n.keys.run(runID)},
-		token, lease.Milliseconds(), n.doneTTL.Milliseconds()).Slice()
+// claim.ErrLeaseLost if cl's token no longer holds a live lease there, or
+// holds one the server granted before it last restarted. With repair, a
+// node that lost cl (or has it only from before a restart) is given it
+// back, and Renew still returns ErrLeaseLost for that node: see
+// package redlock.
+func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, repair bool) (time.Time, error) {
+	id, job := cl.ID(), cl.Run.Job
+	fix := ""
+	if repair {
+		fix = "1"
+	}
+	vals, err := renewScript.Run(ctx, n.client,
+		[]string{n.keys.run(id), n.keys.fence(job), n.keys.runs(job), n.keys.jobs()},
+		cl.Token, lease.Milliseconds(), n.doneTTL.Milliseconds(), fix, cl.Holder, cl.Fence, cl.Attempt,
+		cl.Run.At.UTC().UnixMilli(), id, job).Slice()
 	if err != nil {
 		return time.Time{}, translate(ctx, err)
 	}
@@ -231,6 +261,8 @@ func (n *Node) Renew(ctx context.Context, runID, token string, lease time.Durati
 	case "renewed":
 		until := ms(r.int(1))
 		return until, r.err
+	case "repaired":
+		return time.Time{}, fmt.Errorf("the node had lost the claim (given back): %w", claim.ErrLeaseLost)
 	case "lost":
 		return time.Time{}, fmt.Errorf("%s: %w", r.str(1), claim.ErrLeaseLost)
 	}

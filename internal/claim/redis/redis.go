@@ -5,11 +5,15 @@
 // Keys start with Options.Prefix (default "scheduler:"):
 //
 //	run:<run id>   hash: token, holder, fence, attempt, status, started_at,
-//	               lease_until, finished_at (ms on the Redis server's clock)
+//	               lease_until, finished_at (ms on the Redis server's clock),
+//	               server (the run_id of the server incarnation that granted)
 //	fence:<job>    the job's last fence
 //	runs:<job>     sorted set of run ids scored by scheduled instant (ms),
 //	               trimmed to HistoryLimit
 //	jobs           set of job names
+//	server         the marker: hash of run_id (the server incarnation the
+//	               namespace last saw) and since (when the restart guard
+//	               began, ms; 0 for none)
 //
 // # Claims
 //
@@ -37,34 +41,59 @@
 //
 // # Restarts
 //
-// A server without persistence that restarts comes back empty: the live
-// claims and done markers of its past are gone, and a run still executing
-// on a replica could be granted again at once. The claim script therefore
-// keeps an epoch marker (key "epoch") in the namespace. A Claimer whose
-// claims have run on the server before sends that it expects the marker;
-// a script that finds it missing then knows the server lost its data,
-// writes the marker with the server's time, and answers held for every run
-// until a lease has passed from then; that ErrHeld carries a
-// claim.DataLossError, so the runner warns and counts it. Every holder
-// from before the restart has by then seen its renewal refused (no such
-// run) and cancelled its handler, so no run executes twice at once. A
-// marker written by a Claimer that never saw the server before (a fresh
-// deployment) says 0: no wait.
+// A server restarts empty (no persistence), or with some of its keys (an
+// RDB snapshot, an AOF with appendfsync everysec after a crash of the
+// host, a replica promoted after a failover): either way live claims,
+// renewals and done markers written after the last save are gone, and a
+// run still executing on a replica could be granted again at once.
+// Whether that happened is not left to what a replica remembers: Redis
+// draws a new run_id at every start, and every claim script reads it (INFO
+// server) and compares it with the one in the namespace's marker. A
+// different run_id, or a missing marker, means the data may be partial,
+// and the script starts the restart guard: it rewrites the marker with the
+// new run_id and the server's time and answers held for every run until a
+// lease has passed from then; that ErrHeld carries a claim.DataLossError,
+// so the runner warns and counts it. A run hash records the run_id that
+// granted it, and a renewal of a claim granted before the restart is
+// refused (ErrLeaseLost), restored from disk or not; a holder whose
+// renewal is refused, or who cannot reach the server, stops trusting its
+// claim within a lease of its last renewal, which was before the guard
+// began. So no run executes on two replicas at once. A run restored as
+// running is taken over after the guard with attempt+1.
 //
-// The done markers of finished runs went too. Each Claimer remembers its
-// own terminal releases of the last DoneTTL (at most 50,000) and, once it
-// has made one, reads the epoch marker every lease/4; when the marker
-// changes it writes those done markers back wherever the server has no
-// record of the run, within the guard (restore.go). A run that finished
-// just before the restart therefore stays done while the replica that
-// finished it is up.
+// A missing marker is also what a new namespace looks like, and nothing
+// tells the two apart, so a new deployment waits out the guard too, once,
+// unless its server has been up for longer than a lease: by then every
+// claim of an earlier incarnation has expired for its holder, and a
+// missing marker needs no guard (unless the caller saw the marker on this
+// same incarnation: then the keys were deleted, and the guard starts).
+// MarkNew declares a namespace new where one is created on purpose (tests).
+// The guard lasts the caller's lease: every replica must use the same one.
 //
-// Two cases remain exposed: replicas that all start after the restart and
-// before any old one claims (they cannot tell an emptied server from a new
-// one), and a run that finished just before the restart on a replica that
-// is gone too (nobody remembers it, so a replica that stood by for it runs
-// it again after the wait). Run Redis with persistence (appendonly) where
-// that matters, or use redlock.
+// The done markers of finished runs went too, or came back as running.
+// Each Claimer remembers its own terminal releases of the last DoneTTL (at
+// most 50,000) and, once it has made one, reads the marker every lease/4
+// (at once when a claim sees the run_id change); when it changes it writes
+// those done markers back over whatever the restart left of each run,
+// nothing or a live record from before the restart, but never over a grant
+// made since. It writes 500 runs to a script call, and each call made
+// while the guard holds extends the guard to a lease from then
+// (restore.go): the guard ends a lease after the last write-back, however
+// long a loaded server takes, never before. A run that finished before
+// the restart therefore stays done while the replica that finished it is
+// up. DataLossError.Until is the guard's first end, so that the runner
+// reports one loss once.
+//
+// What remains exposed: a run that finished just before the restart on a
+// replica that is gone too (nobody remembers it, so a replica that stood by
+// for it runs it again after the guard); a release that never reached the
+// server (the run finished while it was down: the release is refused
+// afterwards, and the run is executed again after the guard); keys deleted
+// under a long-running server (FLUSHDB) seen first by a replica that never
+// claimed there; and a write-back by a replica that notices the restart
+// only after the guard ended (it was cut off from the server for a lease).
+// Run Redis with persistence (appendonly) where that matters,
+// or use redlock.
 //
 // # Limits
 //
@@ -141,13 +170,14 @@ var (
 // closes it. It panics on a nil client. Call Check before use, or use Open.
 func New(client goredis.UniversalClient, opts Options) *Claimer {
 	n := NewNode(client, opts, 0, 1)
-	n.guard = true
 	server := "the Redis server"
-	if cl, ok := client.(*goredis.Client); ok {
-		server += " at " + cl.Options().Addr
+	if n.Addr() != "" {
+		server += " at " + n.Addr()
 	}
-	return &Claimer{node: n, client: client, instance: opts.Instance, server: server,
+	c := &Claimer{node: n, client: client, instance: opts.Instance, server: server,
 		done: newDoneLog(n, opts.withDefaults().DoneTTL)}
+	n.changed = c.done.poke // a claim saw the server restart: write back now
+	return c
 }
 
 // Open is New followed by Check; on error it closes nothing.
@@ -193,9 +223,15 @@ func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration)
 func (c *Claimer) granted(run claim.Run, token string, requested time.Time, lease time.Duration, r Reply) (*claim.Claim, error) {
 	switch r.Vote {
 	case Held:
-		if r.Holder == restartedHolder && c.node.guard {
+		if r.Restarted {
 			c.done.poke() // write back this replica's done markers now
-			loss := &claim.DataLossError{Backend: c.server, Until: r.LeaseUntil}
+			// Until stays the same for one loss, so that it is reported
+			// once; a write-back may hold runs a little longer.
+			loss := &claim.DataLossError{Backend: c.server, Until: r.LostAt.Add(lease)}
+			if r.LeaseUntil.After(loss.Until) {
+				return nil, fmt.Errorf("claim %s: %w (and while done markers are written back, until %s): %w",
+					run.ID(), loss, r.LeaseUntil.Format(time.RFC3339Nano), claim.ErrHeld)
+			}
 			return nil, fmt.Errorf("claim %s: %w: %w", run.ID(), loss, claim.ErrHeld)
 		}
 		return nil, fmt.Errorf("claim %s: holder %s until %s: %w", run.ID(), r.Holder,
@@ -255,7 +291,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 		return err
 	}
 	requested := time.Now()
-	until, err := c.node.Renew(ctx, cl.ID(), cl.Token, lease)
+	until, err := c.node.Renew(ctx, cl, lease, false)
 	if err != nil {
 		return fmt.Errorf("renew %s: %w", cl.ID(), err)
 	}

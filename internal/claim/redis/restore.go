@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,22 +13,25 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
-// A server restarted empty forgets the done markers of finished runs, and
+// A server that lost its data forgets the done markers of finished runs,
+// or (restored from disk) remembers some of them as still running, and
 // the restart guard (see the package comment) only holds runs for a lease:
 // a replica that stood by for a run finished just before the restart would
 // be granted it afterwards and run it again. The replica that finished it
 // still knows. So each Claimer remembers its own recent terminal releases
-// and, once it has made one, watches the namespace's epoch marker; when
-// the marker changes (the server lost its data), it writes those done
-// markers back where the server has no record of the run, well within the
-// guard's lease. What remains exposed is a run whose finishing replica is
-// gone too.
+// and, once it has made one, watches the namespace's marker; when the
+// marker changes (the server restarted), it writes those done markers back
+// over any record the restart left of the run but a newer grant, within
+// the guard's lease. What remains exposed is a run whose finishing replica
+// is gone too.
 
 const (
 	// maxRemembered bounds the releases a Claimer remembers.
 	maxRemembered = 50_000
-	// restoreChunk is how many done markers one pipeline writes back.
-	restoreChunk = 1000
+	// restoreChunk is how many done markers one script call writes back:
+	// 50,000 markers cost a hundred round trips, and each call blocks the
+	// server for a few milliseconds at most.
+	restoreChunk = 500
 )
 
 // finished is a run this Claimer released with a terminal outcome.
@@ -140,8 +144,11 @@ func (d *doneLog) every() time.Duration {
 	return min(max(time.Duration(d.lease.Load())/4, 50*time.Millisecond), 10*time.Second)
 }
 
-// watch reads the epoch marker every lease/4 and writes the remembered
-// done markers back when it changes. The first reading is the baseline.
+// watch reads the marker every lease/4, or at once when a claim saw the
+// server change, and writes the remembered done markers back when it
+// changes. The first reading is the baseline. Reading the marker starts
+// the restart guard if nothing has yet, so the write-back has most of a
+// lease; it is bounded by one.
 func (d *doneLog) watch(ctx context.Context) {
 	var epoch string
 	t := time.NewTimer(0)
@@ -153,13 +160,17 @@ func (d *doneLog) watch(ctx context.Context) {
 		case <-t.C:
 		case <-d.check:
 		}
-		every := d.every()
+		every, lease := d.every(), time.Duration(d.lease.Load())
 		cctx, cancel := context.WithTimeout(ctx, every)
-		now, err := d.node.epochOf(cctx)
-		if err == nil && epoch != "" && now != epoch {
-			d.node.restore(cctx, d.recent(), d.ttl)
-		}
+		now, err := d.node.epochOf(cctx, lease)
 		cancel()
+		if err == nil && epoch != "" && now != epoch {
+			// Each script call extends the guard by a lease (restoreScript):
+			// the bound is for a server that stopped answering.
+			rctx, cancel := context.WithTimeout(ctx, max(4*lease, 10*time.Second))
+			d.node.restore(rctx, d.recent(), d.ttl, lease)
+			cancel()
+		}
 		if errors.Is(err, goredis.ErrClosed) {
 			return // the client was closed without Close: nothing left to watch
 		}
@@ -170,68 +181,117 @@ func (d *doneLog) watch(ctx context.Context) {
 	}
 }
 
-// epochScript reads the namespace's epoch marker. A Claimer asks only once
-// its claims have run on the server, so a missing marker means the server
-// lost its data: the script writes it with the server's time, which starts
-// the restart guard exactly as a claim that found it missing would.
+// epochScript checks the namespace's marker against the server, as a
+// claim does (starting the restart guard if the server lost its data),
+// and returns it.
 //
-// KEYS: epoch marker. Reply: the marker.
-var epochScript = goredis.NewScript(`
-local born = redis.call('GET', KEYS[1])
-if not born then
-  local t = redis.call('TIME')
-  born = string.format('%.0f', math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000))
-  redis.call('SET', KEYS[1], born)
-end
-return born
+// KEYS: marker. ARGV: the run_id last seen, lease ms.
+// Reply: "<run_id> <guard start ms>".
+var epochScript = goredis.NewScript(incarnationLua + `
+local id, since = incarnation(KEYS[1], ARGV[1], tonumber(ARGV[2]), math.floor(clock() / 1000))
+return id .. ' ' .. s(since)
 `)
 
-// restoreScript writes a finished run's done marker back if the server has
-// no record of the run. It never overwrites: a run granted again in the
-// meantime keeps its new record.
+// restoreScript writes finished runs' done markers back. It overwrites no
+// record of a run but one the restart left behind: none, or a live one
+// that is this replica's own grant or from an earlier incarnation of the
+// server (a snapshot taken before the release). A run granted again since
+// the restart keeps its new record. While the restart guard holds, each
+// call extends it to a lease from now, so that a write-back that has
+// begun lands before anyone can claim: a large one on a loaded server
+// delays the guard's end rather than racing it.
 //
-// KEYS: run hash, job history zset, jobs set. ARGV: token, holder, fence,
-// attempt, status, finished ms (the releasing replica's clock), TTL ms,
-// scheduled ms, run id, job.
-var restoreScript = goredis.NewScript(`
+// KEYS: jobs set, marker, then per run: run hash, job history zset.
+// ARGV: lease ms, then per run: token, holder, fence, attempt, status,
+// finished ms (the releasing replica's clock), TTL ms, scheduled ms, run
+// id, job.
+// Reply: how many markers were written.
+var restoreScript = goredis.NewScript(incarnationLua + `
+local id = server()
+local now = math.floor(clock() / 1000)
+local lease = tonumber(ARGV[1])
+local m = redis.call('HMGET', KEYS[2], 'run_id', 'since', 'hold')
+local since, hold = tonumber(m[2]) or 0, tonumber(m[3]) or 0
+if m[1] == id and since > 0 and now < math.max(since + lease, hold) then
+  redis.call('HSET', KEYS[2], 'hold', s(math.max(hold, now + lease)))
+end
+local written = 0
+for i = 0, (#KEYS - 2) / 2 - 1 do
+  local run, a = KEYS[3 + 2 * i], 1 + 10 * i
+  local h = redis.call('HMGET', run, 'token', 'status', 'server')
+  local stale = (h[2] == 'running' or h[2] == 'interrupted') and (h[1] == ARGV[a + 1] or h[3] ~= id)
+  if not h[2] or stale then
+    redis.call('DEL', run)
+    redis.call('HSET', run, 'token', ARGV[a + 1], 'holder', ARGV[a + 2], 'fence', ARGV[a + 3],
+      'attempt', ARGV[a + 4], 'status', ARGV[a + 5], 'started_at', ARGV[a + 6], 'lease_until', ARGV[a + 6],
+      'finished_at', ARGV[a + 6])
+    redis.call('PEXPIRE', run, ARGV[a + 7])
+    redis.call('ZADD', KEYS[4 + 2 * i], ARGV[a + 8], ARGV[a + 9])
+    redis.call('SADD', KEYS[1], ARGV[a + 10])
+    written = written + 1
+  end
+end
+return written
+`)
+
+// markNewScript writes the marker of a namespace declared new.
+//
+// KEYS: marker. Reply: 1 if written, 0 if the namespace had one.
+var markNewScript = goredis.NewScript(incarnationLua + `
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'fence', ARGV[3], 'attempt', ARGV[4],
-  'status', ARGV[5], 'started_at', ARGV[6], 'lease_until', ARGV[6], 'finished_at', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[7])
-redis.call('ZADD', KEYS[2], ARGV[8], ARGV[9])
-redis.call('SADD', KEYS[3], ARGV[10])
+redis.call('HSET', KEYS[1], 'run_id', server(), 'since', '0')
 return 1
 `)
 
-// epochOf reads (and, if it is missing, writes) the epoch marker.
-func (n *Node) epochOf(ctx context.Context) (string, error) {
-	v, err := epochScript.Run(ctx, n.client, []string{n.keys.epoch()}).Text()
+// MarkNew declares that the namespace under prefix ("" for DefaultPrefix)
+// is new on the server behind client: nothing was ever claimed in it, so
+// its first claims need not wait out the restart guard that a missing
+// marker otherwise starts on a server up for less than a lease (see the
+// package comment). It does nothing to a namespace that has a marker.
+// Call it only where a namespace is created, as tests do: on a namespace
+// whose server restarted empty it would let a run still held by a replica
+// be granted again.
+func MarkNew(ctx context.Context, client goredis.UniversalClient, prefix string) error {
+	k := keys{Options{Prefix: prefix}.withDefaults().Prefix}
+	return translate(ctx, markNewScript.Run(ctx, client, []string{k.marker()}).Err())
+}
+
+// epochOf reads the marker, checked against the server as a claim under
+// lease would check it.
+func (n *Node) epochOf(ctx context.Context, lease time.Duration) (string, error) {
+	v, err := epochScript.Run(ctx, n.client, []string{n.keys.marker()}, n.seenID(), lease.Milliseconds()).Text()
 	if errors.Is(err, goredis.ErrClosed) {
 		return "", err
+	}
+	if err == nil {
+		id, _, _ := strings.Cut(v, " ")
+		n.ran(id)
 	}
 	return v, translate(ctx, err)
 }
 
-// restore writes back the done markers of runs, best effort, in pipelines
-// of restoreChunk; each marker lives what is left of ttl since its release.
-func (n *Node) restore(ctx context.Context, runs []finished, ttl time.Duration) {
+// restore writes back the done markers of runs, best effort, restoreChunk
+// to a script call, one call after another so that each extends the guard
+// as it lands; each marker lives what is left of ttl since its release.
+func (n *Node) restore(ctx context.Context, runs []finished, ttl, lease time.Duration) {
 	now := time.Now()
-	var live []finished
-	for _, f := range runs {
-		if ttl-now.Sub(f.at) > 0 {
-			live = append(live, f)
-		}
-	}
-	for len(live) > 0 && ctx.Err() == nil {
-		chunk := live[:min(restoreChunk, len(live))]
-		live = live[len(chunk):]
-		_ = n.pipeline(ctx, restoreScript, len(chunk), func(i int) ([]string, []any) {
-			f := chunk[i]
-			id := f.run.ID()
+	for len(runs) > 0 && ctx.Err() == nil {
+		chunk := runs[:min(restoreChunk, len(runs))]
+		runs = runs[len(chunk):]
+		keys := []string{n.keys.jobs(), n.keys.marker()}
+		args := []any{lease.Milliseconds()}
+		for _, f := range chunk {
 			left := ttl - now.Sub(f.at)
-			return []string{n.keys.run(id), n.keys.runs(f.run.Job), n.keys.jobs()},
-				[]any{f.token, f.holder, f.fence, f.attempt, string(f.status), f.at.UnixMilli(),
-					left.Milliseconds() + 1, f.run.At.UnixMilli(), id, f.run.Job}
-		}, func(int, *goredis.Cmd) error { return nil })
+			if left <= 0 {
+				continue
+			}
+			id := f.run.ID()
+			keys = append(keys, n.keys.run(id), n.keys.runs(f.run.Job))
+			args = append(args, f.token, f.holder, f.fence, f.attempt, string(f.status), f.at.UnixMilli(),
+				left.Milliseconds()+1, f.run.At.UnixMilli(), id, f.run.Job)
+		}
+		if len(args) > 1 {
+			_ = restoreScript.Run(ctx, n.client, keys, args...).Err() // what did not land is exposed as if unremembered
+		}
 	}
 }

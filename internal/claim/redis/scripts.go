@@ -9,51 +9,78 @@ import goredis "github.com/redis/go-redis/v9"
 // numbers are doubles, exact below 2^53 (µs since 1970 stay below that until
 // the year 2255).
 
-// restartedHolder is the holder the claim script names while the restart
-// guard holds every run. No instance id has this form.
-const restartedHolder = "(server restarted empty)"
+// incarnationLua is the prelude of every script that must know which
+// server incarnation it runs on. server() reads the run_id Redis draws at
+// every start, from INFO in the script itself, so no replica's memory is
+// trusted for it. incarnation() compares it with the namespace's marker
+// (a hash: run_id, since, hold) and returns the run_id, when the restart
+// guard began (0: no guard) and until when a write-back of done markers
+// extends it (restore.go). A marker naming another run_id means
+// the data came back from disk or a replica, and may lack the latest
+// writes; a missing marker means an emptied server or a new namespace,
+// which nothing tells apart: either starts the guard now. Two missing
+// markers need no guard: on a server up for longer than a lease (every
+// claim of an earlier incarnation has expired for its holder by then)
+// unless the caller saw the marker on this very incarnation (then the keys
+// were deleted under it).
+const incarnationLua = `
+local function s(x) return string.format('%.0f', x) end
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function server()
+  local info = redis.call('INFO', 'server')
+  return string.match(info, 'run_id:(%x+)'), tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) * 1000
+end
+local function incarnation(marker, seen, lease, now)
+  local id, up = server()
+  local m = redis.call('HMGET', marker, 'run_id', 'since', 'hold')
+  if m[1] == id then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
+  local since = now
+  if not m[1] and seen ~= id and up >= lease then since = 0 end
+  redis.call('DEL', marker)
+  redis.call('HSET', marker, 'run_id', id, 'since', s(since))
+  return id, since, 0
+end
+`
 
 // claimScript grants a run, or says why not. Any status but running and
-// interrupted is terminal (claim.Status.Live).
+// interrupted is terminal (claim.Status.Live). A grant records the server's
+// run_id in the run, so that a renewal can tell a claim of this
+// incarnation from one restored from disk.
 //
-// KEYS: run hash, job fence, job history zset, jobs set, epoch marker.
+// KEYS: run hash, job fence, job history zset, jobs set, marker.
 // ARGV: token, holder, lease ms, done TTL ms, scheduled ms, run id, job,
-// history limit, fence slot, fence slots, restart guard ("" off, "1" the
-// caller has seen the marker on this server, "0" it has not).
+// history limit, fence slot, fence slots, the run_id the caller last saw
+// the marker on ("" if none).
 //
-// Replies: {"granted", fence, attempt, lease_until_ms},
+// Replies, each ending with the server's run_id:
+// {"granted", fence, attempt, lease_until_ms},
 // {"held", holder, lease_until_ms, token digest, attempt},
-// {"done", status, attempt}. While the restart guard holds every run (see
-// the package comment) the reply is held by restartedHolder.
-var claimScript = goredis.NewScript(`
-local function s(x) return string.format('%.0f', x) end
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+// {"done", status, attempt},
+// {"restarted", guard_start_ms, guard_end_ms} while the restart guard holds
+// every run.
+var claimScript = goredis.NewScript(incarnationLua + `
+local now_us = clock()
 local now = math.floor(now_us / 1000)
-if ARGV[11] ~= '' then
-  local born = redis.call('GET', KEYS[5])
-  if not born then
-    born = 0
-    if ARGV[11] == '1' then born = now end
-    redis.call('SET', KEYS[5], s(born))
-  end
-  local until_ms = tonumber(born) + tonumber(ARGV[3])
-  if now < until_ms then
-    return {'held', '` + restartedHolder + `', until_ms, '', 0}
-  end
+local lease = tonumber(ARGV[3])
+local id, since, hold = incarnation(KEYS[5], ARGV[11], lease, now)
+if since > 0 and now < math.max(since + lease, hold) then
+  return {'restarted', since, math.max(since + lease, hold), id}
 end
 local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence')
 local attempt = 1
 if h[2] then
   if h[1] == ARGV[1] and h[2] == 'running' then
     -- The client retried a request that had already granted.
-    return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3])}
+    return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3]), id}
   end
   if h[2] ~= 'running' and h[2] ~= 'interrupted' then
-    return {'done', h[2], tonumber(h[4])}
+    return {'done', h[2], tonumber(h[4]), id}
   end
   if h[2] == 'running' and tonumber(h[3]) > now then
-    return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4])}
+    return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4]), id}
   end
   attempt = tonumber(h[4]) + 1
 end
@@ -61,35 +88,58 @@ local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
 local slots = tonumber(ARGV[10])
 fence = fence + (tonumber(ARGV[9]) - fence) % slots
 redis.call('SET', KEYS[2], s(fence))
-local lease_until = now + tonumber(ARGV[3])
+local lease_until = now + lease
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'fence', s(fence),
-  'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until))
+  'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
 redis.call('HDEL', KEYS[1], 'finished_at')
-redis.call('PEXPIRE', KEYS[1], s(tonumber(ARGV[4]) + tonumber(ARGV[3])))
+redis.call('PEXPIRE', KEYS[1], s(tonumber(ARGV[4]) + lease))
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
 redis.call('SADD', KEYS[4], ARGV[7])
 local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
 if over > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, over - 1)
 end
-return {'granted', fence, attempt, lease_until}
+return {'granted', fence, attempt, lease_until, id}
 `)
 
-// renewScript extends a live lease held with the token.
+// renewScript extends a live lease held with the token. A claim granted
+// by an earlier incarnation of the server (its run came back from disk or
+// a replica, which may have missed later writes) is not renewed: its
+// holder stands down while the restart guard holds the run. With repair
+// on (redlock), a node that lost the claim, or has it only from an earlier
+// incarnation, is given it back, with a fresh lease, but says so rather
+// than renewed: the holder counts its majority without such nodes.
 //
-// KEYS: run hash. ARGV: token, lease ms, done TTL ms.
-// Replies: {"renewed", lease_until_ms} or {"lost", reason}.
-var renewScript = goredis.NewScript(`
-local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until')
+// KEYS: run hash, job fence, job history zset, jobs set.
+// ARGV: token, lease ms, done TTL ms, repair ("1" or ""), holder, fence,
+// attempt, scheduled ms, run id, job.
+// Replies: {"renewed", lease_until_ms}, {"repaired", lease_until_ms} or
+// {"lost", reason}.
+var renewScript = goredis.NewScript(incarnationLua + `
+local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'server')
+local id = server()
+local now = math.floor(clock() / 1000)
+local lease_until = now + tonumber(ARGV[2])
+local ttl = s(tonumber(ARGV[3]) + tonumber(ARGV[2]))
+if ARGV[4] == '1' and (not h[1] or (h[1] == ARGV[1] and h[4] ~= id)) then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[5], 'fence', ARGV[6], 'attempt', ARGV[7],
+    'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[6]) then
+    redis.call('SET', KEYS[2], ARGV[6])
+  end
+  redis.call('ZADD', KEYS[3], ARGV[8], ARGV[9])
+  redis.call('SADD', KEYS[4], ARGV[10])
+  return {'repaired', lease_until}
+end
 if not h[1] then return {'lost', 'no such run'} end
 if h[1] ~= ARGV[1] then return {'lost', 'taken over'} end
 if h[2] ~= 'running' then return {'lost', 'released'} end
-local t = redis.call('TIME')
-local now = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
+if h[4] ~= id then return {'lost', 'server restarted since the grant'} end
 if tonumber(h[3]) <= now then return {'lost', 'expired'} end
-local lease_until = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'lease_until', string.format('%.0f', lease_until))
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', tonumber(ARGV[3]) + tonumber(ARGV[2])))
+redis.call('HSET', KEYS[1], 'lease_until', s(lease_until))
+redis.call('PEXPIRE', KEYS[1], ttl)
 return {'renewed', lease_until}
 `)
 

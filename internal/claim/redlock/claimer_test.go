@@ -70,15 +70,16 @@ func startNodes(t *testing.T, n int) ([]*testenv.Redis, []string) {
 	return nodes, addrs
 }
 
-// race has every claimer contend for run once and returns the winners.
-func race(t *testing.T, claimers []claim.Claimer, run claim.Run) []*claim.Claim {
+// race has every claimer contend for run once, under lease, and returns
+// the winners.
+func race(t *testing.T, claimers []claim.Claimer, run claim.Run, lease time.Duration) []*claim.Claim {
 	t.Helper()
 	var wins []*claim.Claim
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, c := range claimers {
 		wg.Go(func() {
-			cl, err := c.Claim(ctxT(t), run, time.Minute)
+			cl, err := c.Claim(ctxT(t), run, lease)
 			switch {
 			case err == nil:
 				mu.Lock()
@@ -95,11 +96,11 @@ func race(t *testing.T, claimers []claim.Claimer, run claim.Run) []*claim.Claim 
 
 // eventually retries claim until it is not ErrUnavailable: clients
 // reconnect to restarted nodes on first use.
-func eventually(t *testing.T, c claim.Claimer, run claim.Run) (*claim.Claim, error) {
+func eventually(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration) (*claim.Claim, error) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		cl, err := c.Claim(ctxT(t), run, time.Minute)
+		cl, err := c.Claim(ctxT(t), run, lease)
 		if !errors.Is(err, claim.ErrUnavailable) || time.Now().After(deadline) {
 			return cl, err
 		}
@@ -120,7 +121,7 @@ func TestNodesDown(t *testing.T) {
 	nodes[1].Stop()
 	var last int64
 	for i := range 5 {
-		wins := race(t, claimers, runAt("job.down", i))
+		wins := race(t, claimers, runAt("job.down", i), time.Minute)
 		if len(wins) != 1 {
 			t.Fatalf("run %d: %d winners with two nodes down, want 1", i, len(wins))
 		}
@@ -149,18 +150,20 @@ func TestNodesDown(t *testing.T) {
 		t.Fatalf("ping with three of five nodes down: %v, want ErrUnavailable", err)
 	}
 
-	t.Log("nodes back, empty: claims work again and fences keep growing")
+	t.Log("nodes back, empty: they abstain for a lease, and as they are a majority every run is held for that long; then claims work again and fences keep growing")
 	for _, n := range nodes[:3] {
 		n.Start()
 	}
-	cl, err := eventually(t, claimers[0], run)
-	if err != nil {
-		t.Fatalf("claim after the nodes came back: %v", err)
+	const lease = time.Second
+	_, err = eventually(t, claimers[0], run, lease)
+	if !errors.Is(err, claim.ErrHeld) || !errors.As(err, new(*claim.DataLossError)) {
+		t.Fatalf("claim once a majority of nodes came back empty: %v, want ErrHeld for data loss", err)
 	}
+	cl := takeOver(t, claimers[0], run, lease)
 	if cl.Fence <= last {
 		t.Fatalf("fence %d after %d", cl.Fence, last)
 	}
-	if wins := race(t, claimers, runAt("job.down", 101)); len(wins) != 1 {
+	if wins := race(t, claimers, runAt("job.down", 101), lease); len(wins) != 1 {
 		t.Fatalf("%d winners after the nodes came back, want 1", len(wins))
 	}
 }
@@ -183,7 +186,7 @@ func TestRestartedNodeGrantsNoSecondHolder(t *testing.T) {
 			t.Fatalf("claim after node %d restarted empty: %v, want ErrHeld", i, err)
 		}
 		// Other runs of the job get fences that keep growing.
-		cl, err := eventually(t, b, runAt("job.restart", i+1))
+		cl, err := eventually(t, b, runAt("job.restart", i+1), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +200,7 @@ func TestRestartedNodeGrantsNoSecondHolder(t *testing.T) {
 	}
 	nodes[2].Restart()
 	nodes[3].Restart()
-	if _, err := eventually(t, b, run); !errors.Is(err, claim.ErrDone) {
+	if _, err := eventually(t, b, run, time.Minute); !errors.Is(err, claim.ErrDone) {
 		t.Fatalf("claim of a done run after two more nodes restarted empty: %v, want ErrDone", err)
 	}
 }
@@ -205,7 +208,7 @@ func TestRestartedNodeGrantsNoSecondHolder(t *testing.T) {
 // eventuallyHeld is eventually for a claim expected to lose.
 func eventuallyHeld(t *testing.T, c claim.Claimer, run claim.Run) (*claim.Claim, error) {
 	t.Helper()
-	cl, err := eventually(t, c, run)
+	cl, err := eventually(t, c, run, time.Minute)
 	if err == nil {
 		t.Fatalf("claim %s granted twice: %+v", run.ID(), cl)
 	}

@@ -78,7 +78,9 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	until := make([]time.Time, len(c.nodes))
 	errs := make([]error, len(c.nodes))
 	c.each(ctx, c.timeout(lease), func(ctx context.Context, i int, n *redis.Node) {
-		until[i], errs[i] = n.Renew(ctx, cl.ID(), cl.Token, lease)
+		// A node that lost the claim is given it back (repair): see the
+		// package comment.
+		until[i], errs[i] = n.Renew(ctx, cl, lease, true)
 	})
 	if err := ctx.Err(); err != nil {
 		return err

@@ -61,17 +61,32 @@
 //
 // # Nodes that lose their data
 //
-// Nodes typically run without persistence. A node that restarts empty
-// grants anything it is asked, but a newcomer still needs a majority: while
-// at most a minority of nodes has lost the run, the others still say held
-// (or done), so a held run is not granted twice and a done run is not run
-// again. Fences do not go backwards either: a majority keeps the last fence,
-// and an empty node starts again from its clock (package redis). If a
-// majority loses its data within a lease (or within DoneTTL of a finished
-// run), a run can execute twice. Nodes are not repaired: a claim that
-// outlives the restarts of a majority of nodes, one after another, is
-// exposed in the same way; long jobs on frequently restarted nodes should
-// use persistence (appendonly) on the nodes.
+// Nodes typically run without persistence. A node that restarts, empty or
+// from a snapshot, notices it as package redis does (the run_id in INFO
+// against the namespace's marker) and then, the "delayed restart" of the
+// Redlock write-up, abstains for a lease: it answers held to every claim
+// (held by no one; a DataLossError when the abstentions leave no majority
+// possible) so that it cannot help a newcomer to a run whose holder it
+// forgot. Meanwhile the holders' renewals give it their claims back
+// (repair): a node that lacks a claim, or has it only from before its
+// restart, is written the claim with a fresh lease, but that node does
+// not count towards the renewal's majority, which the nodes that kept the
+// claim must still make. So a rolling restart, one node at a time with
+// more than a renewal between two, never lets a live claim fall to a
+// minority: the holder keeps it and nobody else is granted it. If a
+// majority loses a claim faster than that (two of three nodes back to
+// back), the holder's renewals fail and it stands down within a lease of
+// its last renewal, while the restarted nodes still abstain. A newcomer
+// still needs a majority: a done run is not run again while a majority
+// keeps its marker. Fences do not go backwards: commits and repairs raise
+// the job's fence key on the nodes, and an empty node starts again from
+// its clock (package redis).
+//
+// Not covered: a majority restarting within DoneTTL of a finished run
+// forgets that it is done (done markers are not repaired), and a node whose
+// clock steps back breaks leases as it would without restarts. A
+// namespace on nodes up for less than a lease waits out their abstention
+// once (redis.MarkNew declares one new).
 //
 // Each node's client must set ContextTimeoutEnabled, so that the node
 // timeout bounds the call; MaxRetries -1 and DialerRetries 1 keep a dead
@@ -83,6 +98,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -305,6 +321,13 @@ func (c *Claimer) contend(ctx context.Context, bids []*bid, lease time.Duration)
 	}
 }
 
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 func minTime(a, b time.Time) time.Time {
 	if b.Before(a) {
 		return b
@@ -320,6 +343,11 @@ type votes struct {
 	answered, held, maxHeld, doneVotes int
 	done                               bool
 	holders                            map[string]int // votes per holding claim
+	// restarted lists the nodes that abstained because they lost their
+	// data (held by their restart guard) and guardUntil when the last
+	// guard ends; they count as held but for no holder.
+	restarted  []int
+	guardUntil time.Time
 }
 
 // tallyVotes counts the nodes' replies to bid k.
@@ -344,6 +372,11 @@ func (c *Claimer) tallyVotes(k int, replies [][]redis.Reply, errs [][]error) vot
 			doneAt = max(doneAt, r.Attempt)
 		case redis.Held:
 			v.held++
+			if r.Restarted {
+				v.restarted = append(v.restarted, i)
+				v.guardUntil = maxTime(v.guardUntil, r.LeaseUntil)
+				continue
+			}
 			v.holders[r.HolderKey]++
 			v.maxHeld = max(v.maxHeld, v.holders[r.HolderKey])
 			newest = max(newest, r.Attempt)
@@ -412,6 +445,9 @@ func (c *Claimer) decide(b *bid, v votes, why string, errs []error) (*split, err
 	id := b.run.ID()
 	tally := fmt.Sprintf("%d granted, %d held, %d done, %d of %d nodes answered",
 		len(v.granted), v.held, v.doneVotes, v.answered, len(c.nodes))
+	if len(v.restarted) > 0 {
+		tally += fmt.Sprintf(", %d of them abstaining after losing their data", len(v.restarted))
+	}
 	switch {
 	case v.done:
 		return nil, fmt.Errorf("claim %s: %s: %w", id, tally, claim.ErrDone)
@@ -422,6 +458,15 @@ func (c *Claimer) decide(b *bid, v votes, why string, errs []error) (*split, err
 		return nil, fmt.Errorf("claim %s: %s, but %s: %w", id, tally, why, claim.ErrUnavailable)
 	case v.maxHeld >= c.quorum:
 		return nil, fmt.Errorf("claim %s: %s: %w", id, tally, claim.ErrHeld)
+	case v.answered-len(v.restarted) < c.quorum:
+		// Nodes that lost their data abstain for a lease, and without
+		// them no majority can form: held, and the operator hears why.
+		var addrs []string
+		for _, i := range v.restarted {
+			addrs = append(addrs, c.nodes[i].Addr())
+		}
+		loss := &claim.DataLossError{Backend: "redlock node(s) " + strings.Join(addrs, ", "), Until: v.guardUntil}
+		return nil, fmt.Errorf("claim %s: %s: %w: %w", id, tally, loss, claim.ErrHeld)
 	}
 	lead, mine := len(v.granted) > 0, redis.TokenKey(b.token)
 	for k := range v.holders {

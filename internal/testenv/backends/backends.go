@@ -7,6 +7,7 @@ package backends
 import (
 	"cmp"
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -139,6 +140,7 @@ func Prepare(t testing.TB, kind string, opts Options) *Namespace {
 			addrs = []string{testenv.RedisAddr(t)}
 		}
 		ns := &Namespace{Servers: addrs, Prefix: testenv.RedisPrefix(t, addrs...)}
+		markNew(t, addrs, ns.Prefix)
 		ns.open = func(instance string, cl Client) claim.Claimer {
 			client := goredis.NewClient(&goredis.Options{Addr: cl.dial(addrs[0]), ContextTimeoutEnabled: true})
 			o := opts.Redis
@@ -154,6 +156,7 @@ func Prepare(t testing.TB, kind string, opts Options) *Namespace {
 			addrs = testenv.RedlockAddrs(t, 5)
 		}
 		ns := &Namespace{Servers: addrs, Prefix: testenv.RedisPrefix(t, addrs...)}
+		markNew(t, addrs, ns.Prefix)
 		ns.open = func(instance string, cl Client) claim.Claimer {
 			clients := make([]goredis.UniversalClient, len(addrs))
 			for i, a := range addrs {
@@ -173,6 +176,27 @@ func Prepare(t testing.TB, kind string, opts Options) *Namespace {
 	}
 	t.Fatalf("unknown claimer kind %q", kind)
 	return nil
+}
+
+// markNew declares the namespace under prefix new on every server
+// (redis.MarkNew): its first claims need not wait out the restart guard
+// that a young server (one the test just started) would otherwise hold.
+func markNew(t testing.TB, addrs []string, prefix string) {
+	t.Helper()
+	ctx, cancel := testenv.CleanupContext()
+	defer cancel()
+	for _, addr := range addrs {
+		client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		err := redis.MarkNew(ctx, client, prefix)
+		_ = client.Close()
+		switch {
+		case errors.Is(err, claim.ErrUnavailable):
+			// A node the test keeps down; its first claims once up wait.
+			t.Logf("mark namespace %s new on %s: %v", prefix, addr, err)
+		case err != nil:
+			t.Fatalf("mark namespace %s new on %s: %v", prefix, addr, err)
+		}
+	}
 }
 
 // MigratedSchema creates a private, migrated schema on the test server and

@@ -1,0 +1,298 @@
+package redis_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+)
+
+// answered retries call while the server is unreachable: clients
+// reconnect to a restarted server on first use.
+func answered[T any](t *testing.T, call func() (T, error)) (T, error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v, err := call()
+		if !errors.Is(err, claim.ErrUnavailable) || time.Now().After(deadline) {
+			return v, err
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for the server to accept connections; no event to wait on
+	}
+}
+
+// heldForLoss fails t unless err is ErrHeld carrying a claim.DataLossError.
+func heldForLoss(t *testing.T, err error, what string) *claim.DataLossError {
+	t.Helper()
+	var loss *claim.DataLossError
+	if !errors.Is(err, claim.ErrHeld) || !errors.As(err, &loss) {
+		t.Fatalf("%s: %v, want ErrHeld for data loss (claim.DataLossError)", what, err)
+	}
+	return loss
+}
+
+// grantAfterGuard polls c's claim of run until it is granted, while the
+// restart guard or an expiring lease holds it.
+func grantAfterGuard(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration) *claim.Claim {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cl, err := c.Claim(ctxT(t), run, lease)
+		if err == nil {
+			return cl
+		}
+		if !errors.Is(err, claim.ErrHeld) && !errors.Is(err, claim.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("claim %s after the restart: %v", run.ID(), err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a server-side guard; no event to wait on
+	}
+}
+
+// restartKind is one way a Redis server really restarts: what the test
+// does at the moment whose state the restarted server comes back with,
+// and how it restarts.
+type restartKind struct {
+	name string
+	args []string
+	mark func(t *testing.T, node *testenv.Redis) func()
+}
+
+var restartKinds = []restartKind{
+	{name: "Empty", mark: func(*testing.T, *testenv.Redis) func() { return nil }},
+	{name: "FromAnRDBSnapshot", mark: func(t *testing.T, node *testenv.Redis) func() {
+		admin := newClient(node.Addr())
+		defer admin.Close()
+		if err := admin.Save(ctxT(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}},
+	// appendfsync everysec loses up to a second of acknowledged writes
+	// when the host goes down: cut the AOF back to the mark, as a crash
+	// before the fsync would.
+	{name: "FromAnAOFThatLostItsLastSecond", args: []string{"--appendonly", "yes", "--appendfsync", "everysec"},
+		mark: func(t *testing.T, node *testenv.Redis) func() {
+			files, err := filepath.Glob(filepath.Join(node.Dir(), "appendonlydir", "*.incr.aof"))
+			if err != nil || len(files) != 1 {
+				t.Fatalf("AOF files %v (%v), want one incr file", files, err)
+			}
+			st, err := os.Stat(files[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				if err := os.Truncate(files[0], st.Size()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+}
+
+// TestRestartHoldsRunsUntilOldHoldersStandDown restarts the server in
+// each way Redis restarts: empty, or with some of its keys (an RDB
+// snapshot, an AOF that lost its tail), so that the namespace's marker
+// survives while later grants, renewals and releases are gone. In every
+// case the claim that finds the restart is held (claim.DataLossError),
+// the holder from before is refused its renewal, the run is granted again
+// only after that holder's trust window, with a higher fence, and the runs
+// a live replica finished stay done, including one the snapshot still
+// shows running under that replica's token.
+func TestRestartHoldsRunsUntilOldHoldersStandDown(t *testing.T) {
+	testenv.WallClock(t)
+	for _, kind := range restartKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			node := testenv.StartRedis(t, kind.args...)
+			be := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}})
+			holder, finisher, standby := be.Open("holder"), be.Open("finisher"), be.Open("standby")
+			const lease = time.Second
+			live := claim.Run{Job: "job.live", At: base}
+			early, late := claim.Run{Job: "job.early", At: base}, claim.Run{Job: "job.late", At: base}
+			var last int64
+			claimed := func(c claim.Claimer, run claim.Run) *claim.Claim {
+				cl, err := c.Claim(ctxT(t), run, lease)
+				if err != nil {
+					t.Fatal(err)
+				}
+				last = max(last, cl.Fence)
+				return cl
+			}
+			if err := finisher.Release(ctxT(t), claimed(finisher, early), claim.Succeeded); err != nil {
+				t.Fatal(err)
+			}
+			held, lateClaim := claimed(holder, live), claimed(finisher, late)
+			if _, err := standby.Claim(ctxT(t), live, lease); !errors.Is(err, claim.ErrHeld) {
+				t.Fatalf("standby's claim of the live run: %v, want ErrHeld", err)
+			}
+			restore := kind.mark(t, node)
+			// After the mark: a release and a renewal, acknowledged and
+			// then lost by every restart but the AOF's.
+			if err := finisher.Release(ctxT(t), lateClaim, claim.Succeeded); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(lease / 2) // the renewal cadence: this renewal extends the holder's trust past its grant's lease
+			if err := holder.Renew(ctxT(t), held, lease); err != nil {
+				t.Fatal(err)
+			}
+			trusted := held.TrustedUntil(0)
+
+			node.Stop()
+			if restore != nil {
+				restore()
+			}
+			node.Start()
+
+			_, err := answered(t, func() (*claim.Claim, error) { return standby.Claim(ctxT(t), live, lease) })
+			heldForLoss(t, err, "first claim of the live run after the restart")
+			err = holder.Renew(ctxT(t), held, lease)
+			if !errors.Is(err, claim.ErrLeaseLost) {
+				t.Fatalf("renewal of a claim granted before the restart: %v, want ErrLeaseLost", err)
+			}
+			cl := grantAfterGuard(t, standby, live, lease)
+			if left := time.Until(trusted); left > 0 {
+				t.Fatalf("live run granted again %v before its old holder's trust window closed", left)
+			}
+			if cl.Fence <= last {
+				t.Fatalf("fence %d after the restart, want above %d", cl.Fence, last)
+			}
+			for _, run := range []claim.Run{early, late} {
+				if _, err := standby.Claim(ctxT(t), run, lease); !errors.Is(err, claim.ErrDone) {
+					t.Fatalf("claim of %s, finished by a live replica before the restart: %v, want ErrDone", run.ID(), err)
+				}
+			}
+		})
+	}
+}
+
+// TestNewcomerAfterARestartIsHeld: after a restart that lost the data,
+// the first to claim is a replica that never claimed on the server
+// before. Whether the server lost its data does not depend on what that
+// replica remembers: it is held, and the old holder is refused.
+func TestNewcomerAfterARestartIsHeld(t *testing.T) {
+	node := testenv.StartRedis(t)
+	be := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}})
+	holder := be.Open("holder")
+	run := claim.Run{Job: "job.newcomer", At: base}
+	const lease = time.Minute
+	held, err := holder.Claim(ctxT(t), run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Restart()
+	newcomer := be.Open("newcomer")
+	_, err = answered(t, func() (*claim.Claim, error) { return newcomer.Claim(ctxT(t), run, lease) })
+	heldForLoss(t, err, "newcomer's first claim after the restart")
+	if err := holder.Renew(ctxT(t), held, lease); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("renewal of a claim the restart erased: %v, want ErrLeaseLost", err)
+	}
+}
+
+// TestNewNamespaceWaitsOnlyOnAYoungServer: a namespace nobody declared new
+// (redis.MarkNew) cannot be told from one whose server restarted empty.
+// On a server up for less than a lease it is held for one; on a server up
+// for longer every claim from an earlier incarnation has expired, and it
+// is granted at once.
+func TestNewNamespaceWaitsOnlyOnAYoungServer(t *testing.T) {
+	young := testenv.StartRedis(t)
+	c := redis.New(newClient(young.Addr()), redis.Options{Instance: "a", Prefix: testenv.RandomPrefix(t.Name())})
+	defer c.Close()
+	// A lease far longer than the server could have taken to start.
+	_, err := c.Claim(ctxT(t), claim.Run{Job: "job.young", At: base}, time.Minute)
+	heldForLoss(t, err, "first claim in a new namespace on a server just started")
+
+	const lease = time.Second
+
+	client, prefix := isolated(t)
+	for {
+		info, err := client.Info(ctxT(t), "server").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(info, "uptime_in_seconds:0\r") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the shared server was started this very second
+	}
+	old := redis.New(client, redis.Options{Instance: "a", Prefix: prefix})
+	if _, err := old.Claim(ctxT(t), claim.Run{Job: "job.old", At: base}, lease); err != nil {
+		t.Fatalf("first claim in a new namespace on a server up for more than the lease: %v", err)
+	}
+}
+
+// TestWriteBackOfManyRunsLandsWithinTheGuard: a replica finished 30,000
+// runs just before the server restarted empty; under a short lease and
+// while another replica keeps the server busy, its write-back of their
+// done markers lands before the restart guard lets anyone claim them.
+func TestWriteBackOfManyRunsLandsWithinTheGuard(t *testing.T) {
+	testenv.WallClock(t)
+	node := testenv.StartRedis(t)
+	be := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}})
+	finisher, standby, busy := be.Open("finisher"), be.Open("standby"), be.Open("busy")
+	const lease, n, batch = 2 * time.Second, 30_000, 2_000
+	runs := make([]claim.Run, n)
+	for i := range runs {
+		runs[i] = claim.Run{Job: fmt.Sprintf("job.%d", i%10), At: base.Add(time.Duration(i) * time.Second)}
+	}
+	for i := 0; i < n; i += batch {
+		cls, errs := finisher.(claim.BatchClaimer).ClaimBatch(ctxT(t), runs[i:i+batch], lease)
+		outs := make([]claim.Outcome, len(cls))
+		for k, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs[k] = claim.Succeeded
+		}
+		for _, err := range finisher.(claim.BatchReleaser).ReleaseBatch(ctxT(t), cls, outs) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	// The standby has claimed on the server before: it knows the marker.
+	probe := claim.Run{Job: "job.probe", At: base}
+	if _, err := standby.Claim(ctxT(t), probe, lease); err != nil {
+		t.Fatal(err)
+	}
+
+	node.Restart()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Go(func() { // load: a replica claiming other runs as fast as it can
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			more := make([]claim.Run, 200)
+			for k := range more {
+				more[k] = claim.Run{Job: "job.busy", At: base.Add(time.Duration(i*200+k) * time.Second)}
+			}
+			_, _ = busy.(claim.BatchClaimer).ClaimBatch(ctxT(t), more, lease)
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+
+	grantAfterGuard(t, standby, probe, lease)
+	_, errs := standby.(claim.BatchClaimer).ClaimBatch(ctxT(t), runs, lease)
+	granted := 0
+	for i, err := range errs {
+		if !errors.Is(err, claim.ErrDone) {
+			if granted++; granted == 1 {
+				t.Errorf("claim of %s after the guard: %v, want ErrDone", runs[i].ID(), err)
+			}
+		}
+	}
+	if granted > 0 {
+		t.Fatalf("%d of %d runs finished before the restart were not done after the guard", granted, n)
+	}
+}
