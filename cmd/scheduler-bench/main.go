@@ -55,7 +55,10 @@ func run() int {
 	flag.StringVar(&ra.Namespace, "ns", "", "internal (-replica): schema, key prefix or file prepared by the parent")
 	flag.StringVar(&ra.Instance, "instance", "", "internal (-replica): instance id")
 	flag.DurationVar(&ra.Lease, "lease", 6*time.Second, "internal (-replica): lease")
-	flag.DurationVar(&ra.Offset, "offset", 0, "internal (-replica): clock offset shared by the replicas")
+	flag.Func("instant", "internal (-replica): when every job falls due (RFC 3339)", func(v string) (err error) {
+		ra.Instant, err = time.Parse(time.RFC3339, v)
+		return err
+	})
 	flag.Parse()
 	if *replica {
 		ra.PostgresDSN, ra.RedisAddr, ra.Jobs = s.PostgresDSN, s.RedisAddr, scaleOpts.Jobs

@@ -170,12 +170,17 @@ func (b *backend) postgresSchema(ctx context.Context, dsn string) error {
 }
 
 // redisPrefix picks a key prefix and raw clients on every node; close
-// deletes the prefix's keys.
+// deletes the prefix's keys. The prefix is declared new on every node
+// (redis.MarkNew), so a benchmark on a server it just started does not
+// wait out the restart guard before its first claim.
 func (b *backend) redisPrefix(addrs []string) {
 	b.prefix = "bench:" + randomSuffix() + ":"
 	for _, a := range addrs {
 		c := goredis.NewClient(&goredis.Options{Addr: a, PoolSize: 64})
 		b.rdb = append(b.rdb, c)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = redis.MarkNew(ctx, c, b.prefix) // a node that is down waits out the guard instead
+		cancel()
 		b.closers = append(b.closers, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

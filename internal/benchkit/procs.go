@@ -43,14 +43,14 @@ type ReplicaArgs struct {
 	Lease, Spread             time.Duration
 	MaxClaims                 int
 	NoBatch, NoBatchRelease   bool
-	Offset                    time.Duration // added to time.Now: the replicas' shared clock
+	Instant                   time.Time // when every job falls due (see instantSpec)
 }
 
 func (a ReplicaArgs) list() []string {
 	return []string{"-kind", a.Kind, "-ns", a.Namespace, "-instance", a.Instance, "-postgres", a.PostgresDSN,
 		"-redis", a.RedisAddr, "-redlock", strings.Join(a.RedlockAddrs, ","), "-jobs", strconv.Itoa(a.Jobs), "-lease", a.Lease.String(), "-spread", a.Spread.String(),
 		"-max-claims", strconv.Itoa(a.MaxClaims), "-no-batch=" + strconv.FormatBool(a.NoBatch),
-		"-no-batch-release=" + strconv.FormatBool(a.NoBatchRelease), "-offset", a.Offset.String()}
+		"-no-batch-release=" + strconv.FormatBool(a.NoBatchRelease), "-instant", a.Instant.UTC().Format(time.RFC3339)}
 }
 
 // line is one message of a replica process.
@@ -118,7 +118,7 @@ func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
 	defer inner.Close()
 	var calls atomic.Int64
 	c, _, _ := counted(inner, &calls, a.NoBatch, a.NoBatchRelease)
-	now := func() time.Time { return time.Now().Add(a.Offset) }
+	now := time.Now
 
 	runtime.GC()
 	runtime.GC()
@@ -126,7 +126,7 @@ func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
 	runtime.ReadMemStats(&before)
 	jobs := make([]runner.Job, a.Jobs)
 	for j := range jobs {
-		sched, err := schedule.Parse("@every 1m", "")
+		sched, err := schedule.Parse(instantSpec(a.Instant), "UTC")
 		if err != nil {
 			return err
 		}
@@ -196,9 +196,7 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 		_ = c.Close()
 	}
 	lead := o.Lead + 3*time.Second // process start, 10,000 jobs, the idle heap
-	wall := time.Now()
-	instant := wall.Truncate(time.Minute).Add(2 * time.Minute)
-	offset := instant.Sub(wall.Add(lead))
+	instant := time.Now().Add(lead).Truncate(time.Second).Add(time.Second)
 
 	type proc struct {
 		cmd   *exec.Cmd
@@ -215,7 +213,7 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 	for i := range o.Replicas {
 		a := ReplicaArgs{Kind: o.Kind, Namespace: ns, Instance: fmt.Sprintf("r%d", i), PostgresDSN: s.PostgresDSN,
 			RedisAddr: s.RedisAddr, RedlockAddrs: s.RedlockAddrs, Jobs: o.Jobs, Lease: o.Lease, Spread: o.Spread, MaxClaims: o.MaxClaims,
-			NoBatch: o.NoBatch, NoBatchRelease: o.NoBatchRelease, Offset: offset}
+			NoBatch: o.NoBatch, NoBatchRelease: o.NoBatchRelease, Instant: instant}
 		cmd := exec.CommandContext(ctx, o.ReplicaCmd[0], append(slices.Clone(o.ReplicaCmd[1:]), a.list()...)...)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
