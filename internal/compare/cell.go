@@ -71,11 +71,7 @@ func runCell(ctx context.Context, o *Options, kind, scenario string) *Cell {
 	}
 	ns, err := openNamespace(ctx, o, kind, f)
 	if err != nil {
-		res.Status, res.Reason = StatusError, err.Error()
-		if s := (errSkip{}); errors.As(err, &s) {
-			res.Status = StatusSkipped
-		}
-		return res
+		return res.unopened(err)
 	}
 	defer ns.close()
 	c.ns = ns
@@ -96,6 +92,16 @@ func runCell(ctx context.Context, o *Options, kind, scenario string) *Cell {
 	if ctx.Err() != nil {
 		// Cut short: runs in the window never had their chance.
 		res.Status, res.Reason = StatusError, "interrupted before the cell ended"
+	}
+	return res
+}
+
+// unopened reports a cell whose namespace could not be opened: skipped
+// when the backend is not configured here, an error otherwise.
+func (res *Cell) unopened(err error) *Cell {
+	res.Status, res.Reason = StatusError, err.Error()
+	if s := (errSkip{}); errors.As(err, &s) {
+		res.Status = StatusSkipped
 	}
 	return res
 }

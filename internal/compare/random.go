@@ -2,7 +2,6 @@ package compare
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -33,11 +32,7 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 	res := &Cell{Claimer: kind, Fault: FaultRandom}
 	ns, err := openNamespace(ctx, o, kind, faultSet{FaultRandom})
 	if err != nil {
-		res.Status, res.Reason = StatusError, err.Error()
-		if s := (errSkip{}); errors.As(err, &s) {
-			res.Status = StatusSkipped
-		}
-		return res
+		return res.unopened(err)
 	}
 	defer ns.close()
 	cfg := explore.Config{Seed: o.Seed, Replicas: o.Replicas, Lease: o.Lease, MaxSkew: o.MaxClockSkew,

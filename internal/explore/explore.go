@@ -196,7 +196,7 @@ func Run(cfg Config) (*Result, error) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	for i := range cfg.Replicas {
-		r := &replica{w: w, idx: i, id: fmt.Sprintf("r%d", i+1), restart: make(chan struct{}, 1)}
+		r := &replica{w: w, idx: i, id: fmt.Sprintf("r%d", i+1)}
 		w.reps = append(w.reps, r)
 		w.wg.Go(func() { r.life(ctx) })
 	}
@@ -221,6 +221,7 @@ func Run(cfg Config) (*Result, error) {
 	return res, nil
 }
 
+// sleepUntil waits until t; false if ctx ended first.
 func sleepUntil(ctx context.Context, t time.Time) bool {
 	timer := time.NewTimer(time.Until(t))
 	defer timer.Stop()

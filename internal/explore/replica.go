@@ -15,10 +15,9 @@ import (
 // replica is one simulated process: a runner over its own faulty view of
 // the shared store, restarted after a crash or a termination.
 type replica struct {
-	w       *world
-	idx     int
-	id      string
-	restart chan struct{}
+	w   *world
+	idx int
+	id  string
 
 	mu        sync.Mutex
 	gen       int // incarnation
@@ -238,7 +237,7 @@ func (f *faulty) call(ctx context.Context, apply func() error) error {
 	}
 	partEnd, oneWayEnd := r.partEnd, r.oneWayEnd
 	r.mu.Unlock()
-	if delay > 0 && !waitCtx(ctx, time.Now().Add(delay)) {
+	if delay > 0 && !sleepUntil(ctx, time.Now().Add(delay)) {
 		return fmt.Errorf("slow link: %w", ctx.Err())
 	}
 	switch now := time.Now(); {
@@ -246,13 +245,13 @@ func (f *faulty) call(ctx context.Context, apply func() error) error {
 		return fmt.Errorf("%w: backend down (simulated)", claim.ErrUnavailable)
 	case now.Before(partEnd):
 		// The request is lost: the caller hears nothing until it gives up.
-		if waitCtx(ctx, partEnd) {
+		if sleepUntil(ctx, partEnd) {
 			return fmt.Errorf("%w: request lost (simulated partition)", claim.ErrUnavailable)
 		}
 		return fmt.Errorf("partitioned: %w", ctx.Err())
 	case now.Before(oneWayEnd):
 		_ = apply() // it lands; its reply does not come back
-		if waitCtx(ctx, oneWayEnd) {
+		if sleepUntil(ctx, oneWayEnd) {
 			return fmt.Errorf("%w: reply lost (simulated one-way partition)", claim.ErrUnavailable)
 		}
 		return fmt.Errorf("reply lost: %w", ctx.Err())
@@ -260,17 +259,6 @@ func (f *faulty) call(ctx context.Context, apply func() error) error {
 	return apply()
 }
 
-// waitCtx waits until t; false if ctx ended first.
-func waitCtx(ctx context.Context, t time.Time) bool {
-	timer := time.NewTimer(time.Until(t))
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
 
 func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
 	var cl *claim.Claim

@@ -1,0 +1,117 @@
+package explore
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/nemesis"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+)
+
+var (
+	long     = flag.Duration("explore.long", 0, "TestLongExploration: how long to explore every claimer's real backend with fresh seeds (0: skip)")
+	longSeed = flag.Uint64("explore.long-seed", uint64(time.Now().UnixNano()%1e9), "TestLongExploration: the first seed")
+	longOut  = flag.String("explore.long-out", "", "TestLongExploration: write the claimer × fault table (markdown) here")
+)
+
+// TestLongExploration explores every claimer's real backend for
+// -explore.long with fresh seeds, one claimer per goroutine, and reports
+// per claimer the seeds run, the faults applied by class, the runs and
+// the violations by invariant: the table docs/explore.md and the README
+// show. CI runs the pinned seeds of TestNemesisOnRealBackends instead.
+func TestLongExploration(t *testing.T) {
+	if *long == 0 {
+		t.Skip("set -explore.long=30m to explore")
+	}
+	testenv.WallClock(t)
+	type tally struct {
+		seeds, expected, executions, events int
+		faults                              map[string]int
+		violations                          map[string]int
+		failed                              []string
+	}
+	tallies := map[string]*tally{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(*long)
+	for k, kind := range backends.Kinds {
+		tl := &tally{faults: map[string]int{}, violations: map[string]int{}}
+		tallies[kind] = tl
+		wg.Go(func() {
+			for i := uint64(0); time.Now().Before(end); i++ {
+				seed := *longSeed + uint64(k)*1_000_000 + i
+				var res *Result
+				var err error
+				t.Run(fmt.Sprintf("%s/%d", kind, seed), func(t *testing.T) {
+					res, err = Run(realConfig(t, kind, seed))
+				})
+				mu.Lock()
+				if err != nil {
+					tl.failed = append(tl.failed, fmt.Sprintf("seed %d: %v", seed, err))
+				} else {
+					tl.seeds++
+					tl.expected += res.Expected
+					tl.events += len(res.Events)
+					for _, e := range res.Events {
+						if e.Kind == history.Start {
+							tl.executions++
+						}
+					}
+					for _, op := range res.Plan.Ops {
+						tl.faults[op.Kind]++
+					}
+					for _, v := range res.Violations {
+						tl.violations[v.Invariant]++
+					}
+					if len(res.Violations) > 0 {
+						tl.failed = append(tl.failed, res.Report())
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "Long exploration: %v per claimer, seeds from %d (claimer k: %d + k×1,000,000 + i), lease 1s, max_clock_skew 250ms.\n\n", *long, *longSeed, *longSeed)
+	classes := slices.Clone(nemesis.Classes)
+	fmt.Fprintf(&b, "| claimer | seeds | %s | runs expected | executions | violations |\n|---|---:|%s---:|---:|---|\n",
+		strings.Join(classes, " | "), strings.Repeat("---:|", len(classes)))
+	for _, kind := range backends.Kinds {
+		tl := tallies[kind]
+		var cells []string
+		for _, c := range classes {
+			cells = append(cells, fmt.Sprint(tl.faults[c]))
+		}
+		v := "0"
+		if len(tl.violations) > 0 {
+			var parts []string
+			for inv, n := range tl.violations {
+				parts = append(parts, fmt.Sprintf("%s %d", inv, n))
+			}
+			slices.Sort(parts)
+			v = strings.Join(parts, ", ")
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %d | %d | %s |\n", kind, tl.seeds, strings.Join(cells, " | "), tl.expected, tl.executions, v)
+	}
+	t.Log("\n" + b.String())
+	if *longOut != "" {
+		if err := os.WriteFile(*longOut, []byte(b.String()), 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, kind := range backends.Kinds {
+		for _, f := range tallies[kind].failed {
+			t.Errorf("%s: %s", kind, f)
+		}
+	}
+}
