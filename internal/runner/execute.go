@@ -82,8 +82,10 @@ func (d *dispatcher) start(j *jobState, at time.Time, misfired bool, spread time
 	})
 }
 
-// recoverProbe bounds how many recent runs the start-up recovery reads.
-const recoverProbe = 1000
+// recoverProbe is how many recent runs of each job the start-up recovery
+// reads. A run left live by a holder that died while no replica was up
+// is among its job's latest: nobody dispatched the instants after it.
+const recoverProbe = 16
 
 // recover finds, at start-up, the runs the backend still records as live
 // (running or interrupted) and contends for each like a standby: their
@@ -95,35 +97,35 @@ const recoverProbe = 1000
 // until the backend answers or Run's ctx ends.
 func (d *dispatcher) recover(h claim.Historian, now time.Time) {
 	r := d.r
-	jobs := map[string]*jobState{}
+	warned := false
 	for _, j := range r.jobs {
-		jobs[j.Name] = j
-	}
-	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(d.ctx, r.opts.Lease)
-		recs, err := h.History(ctx, "", recoverProbe)
-		cancel()
-		if err == nil {
-			for _, rec := range recs {
-				if j := jobs[rec.Job]; j != nil && rec.Status.Live() && !rec.At.After(now) {
-					d.start(j, rec.At, false, 0)
+		for attempt := 0; ; attempt++ {
+			ctx, cancel := context.WithTimeout(d.ctx, r.opts.Lease)
+			recs, err := h.History(ctx, j.Name, recoverProbe)
+			cancel()
+			if err == nil {
+				for _, rec := range recs {
+					if rec.Status.Live() && !rec.At.After(now) {
+						d.start(j, rec.At, false, 0)
+					}
 				}
+				break
 			}
-			return
-		}
-		if d.ctx.Err() != nil {
-			return
-		}
-		if attempt == 0 {
-			r.log.WarnContext(d.ctx, "cannot list live runs to recover; retrying", "instance", r.opts.Instance,
-				"claimer", r.opts.ClaimerName, "error", err.Error())
-		}
-		t := time.NewTimer(jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond)))
-		select {
-		case <-d.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+			if d.ctx.Err() != nil {
+				return
+			}
+			if !warned {
+				r.log.WarnContext(d.ctx, "cannot list live runs to recover; retrying", "instance", r.opts.Instance,
+					"claimer", r.opts.ClaimerName, "job", j.Name, "error", err.Error())
+				warned = true
+			}
+			t := time.NewTimer(jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond)))
+			select {
+			case <-d.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
 		}
 	}
 }
@@ -509,8 +511,14 @@ func firstChance(at, granted time.Time) time.Time {
 	return at
 }
 
-// ownerProbe bounds how many recent runs of a job the overlap probe reads.
-const ownerProbe = 64
+// ownerProbe is how many recent runs of a job the overlap probe reads
+// first. A live run older than that is behind the runs skipped for it
+// (overlap skips are recorded): a full page whose oldest run was skipped
+// is read again, eight times deeper, up to maxOwnerProbe.
+const (
+	ownerProbe    = 16
+	maxOwnerProbe = 16 * 8 * 8 * 8
+)
 
 // owner asks the backend whether another run of j owns the job while cl
 // is about to execute (overlap: forbid). Runs are ordered by when they
@@ -531,9 +539,9 @@ func (d *dispatcher) owner(ctx context.Context, j *jobState, cl *claim.Claim, gr
 		return nil, nil // the local checks in dispatch are all there is
 	}
 	backoff := 50 * time.Millisecond
-	for {
+	for limit := ownerProbe; ; {
 		pctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
-		recs, err := h.History(pctx, j.Name, ownerProbe)
+		recs, err := h.History(pctx, j.Name, limit)
 		cancel()
 		if err == nil {
 			now := backendNow()
@@ -545,6 +553,10 @@ func (d *dispatcher) owner(ctx context.Context, j *jobState, cl *claim.Claim, gr
 				if theirs := firstChance(rec.At, rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
 					return &rec, nil
 				}
+			}
+			if len(recs) == limit && recs[len(recs)-1].Status == claim.StatusSkipped && limit < maxOwnerProbe {
+				limit *= 8
+				continue
 			}
 			return nil, nil
 		}
