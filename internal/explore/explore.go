@@ -134,6 +134,7 @@ type world struct {
 
 	mu          sync.Mutex
 	outageUntil time.Time
+	stallUntil  time.Time
 }
 
 // Run explores one seed and checks the history.
@@ -247,9 +248,13 @@ func (w *world) nemesis(ctx context.Context) {
 			}
 			continue
 		}
-		if op.Kind == nemesis.Outage {
+		if op.Kind == nemesis.Outage || op.Kind == nemesis.Stall {
 			w.mu.Lock()
-			w.outageUntil = later(w.outageUntil, until)
+			if op.Kind == nemesis.Outage {
+				w.outageUntil = later(w.outageUntil, until)
+			} else {
+				w.stallUntil = later(w.stallUntil, until)
+			}
 			w.mu.Unlock()
 			continue
 		}
@@ -262,6 +267,13 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// stalled is when the backend's stall ends (past: none).
+func (w *world) stalled() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stallUntil
 }
 
 func (w *world) outage() bool {

@@ -53,7 +53,8 @@ func TestRegressions(t *testing.T) {
 		// over: replicas that restarted, or lost their lease while paused,
 		// started the next instant beside the previous one's takeover.
 		name: "ForbidAcrossTakeovers", replicas: 3, seed: 1, broke: history.JobOverlap,
-		ops: nemesis.New(1, nemesis.Params{Replicas: 3, Lease: 3 * s, MaxSkew: s, From: 3 * s, To: 30 * s, Extra: 4}).Ops,
+		ops: nemesis.New(1, nemesis.Params{Replicas: 3, Lease: 3 * s, MaxSkew: s, From: 3 * s, To: 30 * s, Extra: 4,
+			Classes: []string{nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Latency, nemesis.Clock}}).Ops,
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

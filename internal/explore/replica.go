@@ -203,7 +203,7 @@ func (r *replica) up(t0, from, to time.Time) bool {
 // healthy reports whether the replica could claim and run throughout
 // [from, to]: up, reachable, not paused, its clock within the skew.
 func (r *replica) healthy(t0, from, to time.Time) bool {
-	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock, nemesis.Restart) {
+	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock, nemesis.Restart, nemesis.Stall) {
 		if overlaps(t0, op, from, to) {
 			return false
 		}
@@ -221,7 +221,7 @@ type faulty struct {
 }
 
 // call applies the replica's faults around apply, which reaches the store.
-func (f *faulty) call(ctx context.Context, apply func() error) error {
+func (f *faulty) call(ctx context.Context, apply func(ctx context.Context) error) error {
 	r := f.r
 	if r.dead(f.gen) {
 		return errCrashed
@@ -243,6 +243,21 @@ func (f *faulty) call(ctx context.Context, apply func() error) error {
 	switch now := time.Now(); {
 	case f.r.w.outage():
 		return fmt.Errorf("%w: backend down (simulated)", claim.ErrUnavailable)
+	case now.Before(f.r.w.stalled()):
+		// The backend is stopped (SIGSTOP, a long GC): the request waits
+		// in its socket and lands when it resumes, whether or not the
+		// caller still waits for the reply.
+		landed := make(chan error, 1)
+		f.r.w.wg.Go(func() {
+			time.Sleep(time.Until(f.r.w.stalled())) // the harness's stall, not a production wait
+			landed <- apply(context.WithoutCancel(ctx))
+		})
+		select {
+		case err := <-landed:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("backend stalled: %w", ctx.Err())
+		}
 	case now.Before(partEnd):
 		// The request is lost: the caller hears nothing until it gives up.
 		if sleepUntil(ctx, partEnd) {
@@ -250,19 +265,18 @@ func (f *faulty) call(ctx context.Context, apply func() error) error {
 		}
 		return fmt.Errorf("partitioned: %w", ctx.Err())
 	case now.Before(oneWayEnd):
-		_ = apply() // it lands; its reply does not come back
+		_ = apply(ctx) // it lands; its reply does not come back
 		if sleepUntil(ctx, oneWayEnd) {
 			return fmt.Errorf("%w: reply lost (simulated one-way partition)", claim.ErrUnavailable)
 		}
 		return fmt.Errorf("reply lost: %w", ctx.Err())
 	}
-	return apply()
+	return apply(ctx)
 }
-
 
 func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
 	var cl *claim.Claim
-	err := f.call(ctx, func() error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		sent := time.Now()
 		c, err := f.inner.Claim(ctx, run, lease)
 		f.r.w.log.Claimed(f.r.id, sent, []*claim.Claim{c}, []error{err})
@@ -277,7 +291,7 @@ func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) 
 
 func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
 	renewed := *c // the caller's claim changes only if the reply arrives
-	err := f.call(ctx, func() error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		err := f.inner.Renew(ctx, &renewed, lease)
 		if err == nil {
 			f.r.w.log.Renewed(f.r.id, &renewed)
@@ -291,7 +305,7 @@ func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration)
 }
 
 func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	return f.call(ctx, func() error {
+	return f.call(ctx, func(ctx context.Context) error {
 		sent := time.Now()
 		err := f.inner.Release(ctx, c, o)
 		f.r.w.log.Released(f.r.id, sent, []*claim.Claim{c}, []claim.Outcome{o}, []error{err})
@@ -300,7 +314,7 @@ func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) e
 }
 
 func (f *faulty) Ping(ctx context.Context) error {
-	return f.call(ctx, func() error { return nil })
+	return f.call(ctx, func(ctx context.Context) error { return nil })
 }
 
 func (f *faulty) Close() error { return nil }
@@ -311,7 +325,7 @@ type faultyBatch struct{ *faulty }
 
 func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
-	err := f.call(ctx, func() error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		sent := time.Now()
 		if b, ok := f.inner.(claim.BatchClaimer); ok {
 			cls, errs = b.ClaimBatch(ctx, runs, lease)
@@ -333,7 +347,7 @@ func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease tim
 
 func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
 	errs := make([]error, len(cls))
-	err := f.call(ctx, func() error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		sent := time.Now()
 		if b, ok := f.inner.(claim.BatchReleaser); ok {
 			errs = b.ReleaseBatch(ctx, cls, outs)
@@ -355,7 +369,7 @@ func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs 
 
 func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	var recs []claim.Record
-	err := f.call(ctx, func() error {
+	err := f.call(ctx, func(ctx context.Context) error {
 		var err error
 		h, ok := f.inner.(claim.Historian)
 		if !ok {

@@ -25,10 +25,11 @@ const (
 	Latency   = "latency"   // every call of the replica takes Delay longer, for For
 	Clock     = "clock"     // the replica's wall clock jumps by Shift (beyond max skew) for For
 	Restart   = "restart"   // the backend (or one node: Node) restarts, losing what it must
+	Stall     = "stall"     // the backend stops (SIGSTOP, a GC) for For: requests wait, then land, answered or not
 )
 
 // Classes lists every fault class, in a fixed order.
-var Classes = []string{Crash, Term, Pause, Partition, OneWay, Outage, Latency, Clock, Restart}
+var Classes = []string{Crash, Term, Pause, Partition, OneWay, Outage, Latency, Clock, Restart, Stall}
 
 // Op is one fault. Times are offsets from the start of the history.
 type Op struct {
@@ -145,6 +146,10 @@ func New(seed uint64, p Params) Plan {
 			// Several leases: what a handler that returns meanwhile meets.
 			op.Replica = -1
 			op.For = lease/2 + time.Duration(rng.Int64N(int64(3*lease)))
+		case Stall:
+			// Past a claim's timeout, up to two leases.
+			op.Replica = -1
+			op.For = lease/4 + time.Duration(rng.Int64N(int64(7*lease/4)))
 		case Latency:
 			op.For = lease + time.Duration(rng.Int64N(int64(2*lease)))
 			op.Delay = time.Millisecond + time.Duration(rng.Int64N(int64(lease/4)))
