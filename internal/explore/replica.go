@@ -220,15 +220,18 @@ type faulty struct {
 	inner claim.Claimer
 }
 
-// call applies the replica's faults around apply, which reaches the store.
-func (f *faulty) call(ctx context.Context, apply func(ctx context.Context) error) error {
+// call applies the replica's faults around apply, which reaches the store
+// and returns what its reply would carry: the caller gets it only if the
+// reply comes back.
+func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context) (T, error)) (T, error) {
+	var none T
 	r := f.r
 	if r.dead(f.gen) {
-		return errCrashed
+		return none, errCrashed
 	}
 	r.gate()
 	if r.dead(f.gen) {
-		return errCrashed
+		return none, errCrashed
 	}
 	r.mu.Lock()
 	delay := time.Duration(0)
@@ -238,65 +241,65 @@ func (f *faulty) call(ctx context.Context, apply func(ctx context.Context) error
 	partEnd, oneWayEnd := r.partEnd, r.oneWayEnd
 	r.mu.Unlock()
 	if delay > 0 && !sleepUntil(ctx, time.Now().Add(delay)) {
-		return fmt.Errorf("slow link: %w", ctx.Err())
+		return none, fmt.Errorf("slow link: %w", ctx.Err())
 	}
 	switch now := time.Now(); {
 	case f.r.w.outage():
-		return fmt.Errorf("%w: backend down (simulated)", claim.ErrUnavailable)
+		return none, fmt.Errorf("%w: backend down (simulated)", claim.ErrUnavailable)
 	case now.Before(f.r.w.stalled()):
 		// The backend is stopped (SIGSTOP, a long GC): the request waits
 		// in its socket and lands when it resumes, whether or not the
 		// caller still waits for the reply.
-		landed := make(chan error, 1)
+		type reply struct {
+			v   T
+			err error
+		}
+		landed := make(chan reply, 1)
 		f.r.w.wg.Go(func() {
 			time.Sleep(time.Until(f.r.w.stalled())) // the harness's stall, not a production wait
-			landed <- apply(context.WithoutCancel(ctx))
+			v, err := apply(context.WithoutCancel(ctx))
+			landed <- reply{v, err}
 		})
 		select {
-		case err := <-landed:
-			return err
+		case rep := <-landed:
+			return rep.v, rep.err
 		case <-ctx.Done():
-			return fmt.Errorf("backend stalled: %w", ctx.Err())
+			return none, fmt.Errorf("backend stalled: %w", ctx.Err())
 		}
 	case now.Before(partEnd):
 		// The request is lost: the caller hears nothing until it gives up.
 		if sleepUntil(ctx, partEnd) {
-			return fmt.Errorf("%w: request lost (simulated partition)", claim.ErrUnavailable)
+			return none, fmt.Errorf("%w: request lost (simulated partition)", claim.ErrUnavailable)
 		}
-		return fmt.Errorf("partitioned: %w", ctx.Err())
+		return none, fmt.Errorf("partitioned: %w", ctx.Err())
 	case now.Before(oneWayEnd):
-		_ = apply(ctx) // it lands; its reply does not come back
+		_, _ = apply(ctx) // it lands; its reply does not come back
 		if sleepUntil(ctx, oneWayEnd) {
-			return fmt.Errorf("%w: reply lost (simulated one-way partition)", claim.ErrUnavailable)
+			return none, fmt.Errorf("%w: reply lost (simulated one-way partition)", claim.ErrUnavailable)
 		}
-		return fmt.Errorf("reply lost: %w", ctx.Err())
+		return none, fmt.Errorf("reply lost: %w", ctx.Err())
 	}
 	return apply(ctx)
 }
 
 func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
-	var cl *claim.Claim
-	err := f.call(ctx, func(ctx context.Context) error {
+	return call(f, ctx, func(ctx context.Context) (*claim.Claim, error) {
 		sent := time.Now()
 		c, err := f.inner.Claim(ctx, run, lease)
 		f.r.w.log.Claimed(f.r.id, sent, []*claim.Claim{c}, []error{err})
-		cl = c
-		return err
+		return c, err
 	})
-	if err != nil {
-		return nil, err
-	}
-	return cl, nil
 }
 
 func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
-	renewed := *c // the caller's claim changes only if the reply arrives
-	err := f.call(ctx, func(ctx context.Context) error {
-		err := f.inner.Renew(ctx, &renewed, lease)
+	base := *c // the caller's claim changes only if the reply arrives
+	renewed, err := call(f, ctx, func(ctx context.Context) (claim.Claim, error) {
+		r := base
+		err := f.inner.Renew(ctx, &r, lease)
 		if err == nil {
-			f.r.w.log.Renewed(f.r.id, &renewed)
+			f.r.w.log.Renewed(f.r.id, &r)
 		}
-		return err
+		return r, err
 	})
 	if err == nil {
 		c.Deadline, c.Requested, c.Lease = renewed.Deadline, renewed.Requested, renewed.Lease
@@ -305,16 +308,18 @@ func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration)
 }
 
 func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	return f.call(ctx, func(ctx context.Context) error {
+	_, err := call(f, ctx, func(ctx context.Context) (struct{}, error) {
 		sent := time.Now()
 		err := f.inner.Release(ctx, c, o)
 		f.r.w.log.Released(f.r.id, sent, []*claim.Claim{c}, []claim.Outcome{o}, []error{err})
-		return err
+		return struct{}{}, err
 	})
+	return err
 }
 
 func (f *faulty) Ping(ctx context.Context) error {
-	return f.call(ctx, func(ctx context.Context) error { return nil })
+	_, err := call(f, ctx, func(context.Context) (struct{}, error) { return struct{}{}, nil })
+	return err
 }
 
 func (f *faulty) Close() error { return nil }
@@ -323,10 +328,15 @@ func (f *faulty) Close() error { return nil }
 // faulted as a whole, that the store answers run by run.
 type faultyBatch struct{ *faulty }
 
+type batchReply struct {
+	cls  []*claim.Claim
+	errs []error
+}
+
 func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
-	err := f.call(ctx, func(ctx context.Context) error {
+	rep, err := call(f.faulty, ctx, func(ctx context.Context) (batchReply, error) {
 		sent := time.Now()
+		cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
 		if b, ok := f.inner.(claim.BatchClaimer); ok {
 			cls, errs = b.ClaimBatch(ctx, runs, lease)
 		} else {
@@ -335,20 +345,21 @@ func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease tim
 			}
 		}
 		f.r.w.log.Claimed(f.r.id, sent, cls, errs)
-		return nil
+		return batchReply{cls, errs}, nil
 	})
 	if err != nil {
-		for i := range errs {
-			cls[i], errs[i] = nil, err
+		rep = batchReply{make([]*claim.Claim, len(runs)), make([]error, len(runs))}
+		for i := range rep.errs {
+			rep.errs[i] = err
 		}
 	}
-	return cls, errs
+	return rep.cls, rep.errs
 }
 
 func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
-	errs := make([]error, len(cls))
-	err := f.call(ctx, func(ctx context.Context) error {
+	errs, err := call(f.faulty, ctx, func(ctx context.Context) ([]error, error) {
 		sent := time.Now()
+		errs := make([]error, len(cls))
 		if b, ok := f.inner.(claim.BatchReleaser); ok {
 			errs = b.ReleaseBatch(ctx, cls, outs)
 		} else {
@@ -357,9 +368,10 @@ func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs 
 			}
 		}
 		f.r.w.log.Released(f.r.id, sent, cls, outs, errs)
-		return nil
+		return errs, nil
 	})
 	if err != nil {
+		errs = make([]error, len(cls))
 		for i := range errs {
 			errs[i] = err
 		}
@@ -368,15 +380,11 @@ func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs 
 }
 
 func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
-	var recs []claim.Record
-	err := f.call(ctx, func(ctx context.Context) error {
-		var err error
+	return call(f, ctx, func(ctx context.Context) ([]claim.Record, error) {
 		h, ok := f.inner.(claim.Historian)
 		if !ok {
-			return nil // as if the claimer kept none: the runner's probes find nothing
+			return nil, nil // as if the claimer kept none: the runner's probes find nothing
 		}
-		recs, err = h.History(ctx, job, limit)
-		return err
+		return h.History(ctx, job, limit)
 	})
-	return recs, err
 }
