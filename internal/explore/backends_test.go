@@ -1,8 +1,10 @@
 package explore
 
 import (
+	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +18,11 @@ import (
 // realSeeds are the nemesis seeds CI pins for every claimer; the long
 // exploration (docs/explore.md) draws fresh ones.
 var realSeeds = []uint64{101, 102, 103, 104, 105}
+
+var (
+	realSeed  = flag.Uint64("explore.real-seed", 0, "TestNemesisOnRealBackends: replay this seed instead of the pinned ones")
+	realKinds = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends: only these claimers (comma-separated)")
+)
 
 // TestNemesisOnRealBackends runs the explorer's replicas over every
 // claimer's real backend, in real time, under seeded plans that compose at
@@ -34,9 +41,16 @@ func TestNemesisOnRealBackends(t *testing.T) {
 	results := map[string][]outcome{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, kind := range backends.Kinds {
-		cfgs := make([]Config, len(realSeeds))
-		for i, seed := range realSeeds {
+	seeds, kinds := realSeeds, backends.Kinds
+	if *realSeed != 0 {
+		seeds = []uint64{*realSeed}
+	}
+	if *realKinds != "" {
+		kinds = strings.Split(*realKinds, ",")
+	}
+	for _, kind := range kinds {
+		cfgs := make([]Config, len(seeds))
+		for i, seed := range seeds {
 			cfgs[i] = realConfig(t, kind, seed)
 		}
 		wg.Go(func() {
@@ -49,9 +63,9 @@ func TestNemesisOnRealBackends(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	for _, kind := range backends.Kinds {
+	for _, kind := range kinds {
 		for i, o := range results[kind] {
-			t.Run(fmt.Sprintf("%s/%d", kind, realSeeds[i]), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%d", kind, seeds[i]), func(t *testing.T) {
 				if o.err != nil {
 					t.Fatal(o.err)
 				}

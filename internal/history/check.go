@@ -284,8 +284,9 @@ func (c *checker) overlaps(xs []*execution, key func(*execution) string, inv str
 			c.add(inv, x.run.ID(), fmt.Sprintf("%s (%s) started %v before %s (%s, %s) stopped",
 				x.replica, x.token[:min(6, len(x.token))], p.stop.Sub(x.start).Round(time.Millisecond),
 				p.replica, p.token[:min(6, len(p.token))], p.run.ID()))
-			if inv == JobOverlap {
-				c.out[len(c.out)-1].Trace = trace(append(slices.Clone(c.byRun[p.run.ID()]), c.byRun[x.run.ID()]...))
+			if inv == JobOverlap { // both runs' stories, the last of each
+				half := func(evs []Event) []Event { return evs[max(0, len(evs)-10):] }
+				c.out[len(c.out)-1].Trace = append(slices.Clone(half(c.byRun[p.run.ID()])), half(c.byRun[x.run.ID()])...)
 			}
 		}
 		if p == nil || x.stop.After(p.stop) {
@@ -299,8 +300,7 @@ func (c *checker) overlaps(xs []*execution, key func(*execution) string, inv str
 func (c *checker) lost() {
 	for _, run := range c.spec.Expected {
 		id := run.ID()
-		ok := slices.ContainsFunc(c.byRun[id], func(e Event) bool { return e.Kind == Release && e.Outcome.Terminal() })
-		if !ok {
+		if !c.ended(id) {
 			c.add(Lost, id, "fell due while a replica could claim it, but no terminal release was accepted")
 		}
 	}
@@ -318,8 +318,7 @@ func (c *checker) settled() {
 			continue
 		}
 		seen[id] = true
-		ok := slices.ContainsFunc(c.byRun[id], func(e Event) bool { return e.Kind == Release && e.Outcome.Terminal() })
-		if !ok {
+		if !c.ended(id) {
 			c.add(Abandoned, id, "granted, but no terminal release was accepted by the end, though replicas stayed up")
 		}
 	}
@@ -341,4 +340,18 @@ func (c *checker) policy(events []Event) {
 			c.add(HandedBackDone, e.Run.ID(), fmt.Sprintf("%s's handler returned nil, then the run was released as interrupted", e.Replica))
 		}
 	}
+}
+
+// ended reports whether a run reached a terminal state: a terminal release
+// was accepted, or a handler finished it and the backend then told a
+// replica the run was done (a release that landed but whose reply was
+// lost, or that landed on a quorum across several tries, none of which
+// alone was confirmed).
+func (c *checker) ended(id string) bool {
+	evs := c.byRun[id]
+	if slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Release && e.Outcome.Terminal() }) {
+		return true
+	}
+	finished := slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Return && e.Status == ReturnedNil })
+	return finished && slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Skip && e.Reason == "done" })
 }

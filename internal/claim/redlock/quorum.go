@@ -188,8 +188,13 @@ func (c *Claimer) Close() error {
 }
 
 // History implements claim.Historian. It merges what a majority of nodes
-// remember; for each run it keeps the most advanced record (highest
-// attempt, then a terminal one, then the latest lease).
+// remember. For each run it keeps the grant a majority of nodes hold (by
+// fence; of its copies, the most advanced), and only where no grant has a
+// majority the most advanced record of any node (highest attempt, then a
+// terminal one, then the latest lease). A bid that failed on a minority
+// of nodes leaves a higher attempt there; reporting it as the run's
+// state would misdate the live grant, which the runner's overlap probe
+// orders runs by.
 func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	lists := make([][]claim.Record, len(c.nodes))
 	errs := make([]error, len(c.nodes))
@@ -202,12 +207,28 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	if err := c.verdict("history", errs); err != nil {
 		return nil, err
 	}
+	type grant struct {
+		run   string
+		fence int64
+	}
+	copies := map[grant]int{}
+	quorum := map[grant]claim.Record{} // the most advanced copy of each grant
 	best := map[string]claim.Record{}
 	for _, l := range lists {
 		for _, r := range l {
+			g := grant{r.RunID, r.Fence}
+			copies[g]++
+			if q, ok := quorum[g]; !ok || ahead(r, q) {
+				quorum[g] = r
+			}
 			if b, ok := best[r.RunID]; !ok || ahead(r, b) {
 				best[r.RunID] = r
 			}
+		}
+	}
+	for g, n := range copies {
+		if n >= len(c.nodes)/2+1 {
+			best[g.run] = quorum[g]
 		}
 	}
 	out := make([]claim.Record, 0, len(best))
