@@ -1,0 +1,167 @@
+package history
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// builder writes a history by hand, one event a millisecond apart unless
+// told otherwise.
+type builder struct {
+	t0  time.Time
+	now time.Time
+	evs []Event
+}
+
+func newBuilder() *builder {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	return &builder{t0: t0, now: t0}
+}
+
+func (b *builder) at(d time.Duration) *builder { b.now = b.t0.Add(d); return b }
+
+func (b *builder) add(e Event) *builder {
+	e.At, e.Seq = b.now, len(b.evs)+1
+	b.evs = append(b.evs, e)
+	b.now = b.now.Add(time.Millisecond)
+	return b
+}
+
+var (
+	runA  = claim.Run{Job: "j", At: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	runA2 = claim.Run{Job: "j", At: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC)}
+)
+
+const lease = time.Second
+
+// grant is a claim granted to replica with token tok, its request sent
+// just before.
+func (b *builder) grant(replica, tok string, run claim.Run, fence int64, attempt int) *builder {
+	return b.add(Event{Kind: Grant, Replica: replica, Run: run, Token: tok, Fence: fence, Attempt: attempt,
+		Sent: b.now.Add(-time.Millisecond), Until: b.now.Add(-time.Millisecond + lease)})
+}
+
+func (b *builder) event(kind Kind, replica, tok string, run claim.Run, f func(*Event)) *builder {
+	e := Event{Kind: kind, Replica: replica, Run: run, Token: tok}
+	if f != nil {
+		f(&e)
+	}
+	return b.add(e)
+}
+
+// finish is a handler that ran and returned nil, then a release accepted.
+func (b *builder) finish(replica, tok string, run claim.Run, o claim.Outcome) *builder {
+	b.event(Start, replica, tok, run, nil)
+	b.event(Return, replica, tok, run, func(e *Event) { e.Status = ReturnedNil })
+	b.event(Release, replica, tok, run, func(e *Event) { e.Outcome = o; e.Sent = b.now })
+	return b.event(End, replica, tok, run, func(e *Event) { e.Status = string(o) })
+}
+
+func invariants(vs []Violation) []string {
+	var out []string
+	for _, v := range vs {
+		if !slices.Contains(out, v.Invariant) {
+			out = append(out, v.Invariant)
+		}
+	}
+	return out
+}
+
+func TestCheckFindsEachViolation(t *testing.T) {
+	forbid := Spec{Forbid: map[string]bool{"j": true}}
+	tests := []struct {
+		name  string
+		build func(b *builder)
+		spec  Spec
+		want  []string
+	}{{
+		name: "CleanHistory",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).finish("r1", "a", runA, claim.Succeeded)
+			b.event(Skip, "r2", "", runA, func(e *Event) { e.Reason = "done" })
+			b.at(2*time.Second).grant("r2", "b", runA2, 2, 1).finish("r2", "b", runA2, claim.Succeeded)
+		},
+		spec: Spec{Forbid: forbid.Forbid, Expected: []claim.Run{runA, runA2}, Settled: time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC)},
+	}, {
+		name: "GrantedWhileTheHolderTrustsItsLease",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1)
+			b.event(Start, "r1", "a", runA, nil)
+			b.at(500*time.Millisecond).grant("r2", "b", runA, 2, 2)
+			b.event(Start, "r2", "b", runA, nil)
+			b.at(700*time.Millisecond).event(Down, "r3", "", claim.Run{}, nil) // the history goes on
+		},
+		want: []string{GrantOverlap, RunOverlap},
+	}, {
+		name: "TakenOverAfterTheLeaseLapsed",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.at(1500*time.Millisecond).grant("r2", "b", runA, 2, 2).finish("r2", "b", runA, claim.Succeeded)
+		},
+	}, {
+		name: "TwoSuccesses",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).finish("r1", "a", runA, claim.Succeeded)
+			b.event(End, "r2", "x", runA, func(e *Event) { e.Status = "succeeded" })
+		},
+		want: []string{SucceededTwice},
+	}, {
+		name: "FenceGoesBack",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 5, 1).finish("r1", "a", runA, claim.Succeeded)
+			b.grant("r2", "b", runA2, 3, 1).finish("r2", "b", runA2, claim.Succeeded)
+		},
+		want: []string{FenceOrder},
+	}, {
+		name: "ForbiddenJobOverlaps",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.grant("r2", "b", runA2, 2, 1).event(Start, "r2", "b", runA2, nil)
+			b.at(700*time.Millisecond).event(Down, "r3", "", claim.Run{}, nil) // the history goes on
+		},
+		spec: forbid,
+		want: []string{JobOverlap},
+	}, {
+		name: "LostAndAbandoned",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil).event(Crash, "r1", "", claim.Run{}, nil)
+		},
+		spec: Spec{Expected: []claim.Run{runA, runA2}, Settled: time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC)},
+		want: []string{Abandoned, Lost},
+	}, {
+		name: "TakeoverSkippedAsMisfire",
+		build: func(b *builder) {
+			b.grant("r2", "b", runA, 2, 2)
+			b.event(Skip, "r2", "b", runA, func(e *Event) { e.Reason = "misfire"; e.Attempt = 2 })
+		},
+		want: []string{TakeoverMisfire},
+	}, {
+		name: "FinishedWorkHandedBack",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.event(Return, "r1", "a", runA, func(e *Event) { e.Status = ReturnedNil })
+			b.event(Release, "r1", "a", runA, func(e *Event) { e.Outcome = claim.Interrupted; e.Sent = b.now })
+		},
+		want: []string{HandedBackDone},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBuilder()
+			tt.build(b)
+			vs := Check(b.evs, tt.spec)
+			got := invariants(vs)
+			slices.Sort(got)
+			want := slices.Clone(tt.want)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				for _, v := range vs {
+					t.Log(v.Format(b.t0))
+				}
+				t.Errorf("violations %v, want %v", got, want)
+			}
+		})
+	}
+}
