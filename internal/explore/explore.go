@@ -37,10 +37,10 @@ type Config struct {
 	Replicas int           // default 3 to 5, by seed
 	Lease    time.Duration // default 3s
 	MaxSkew  time.Duration // default 1s
-	// Faults is the window in which faults start (default 20s); the
+	// Faults is the window in which faults start (default 16s); the
 	// history runs on until every fault has healed and then Quiet more.
 	Faults time.Duration
-	Quiet  time.Duration // default lateTolerance + 4 leases
+	Quiet  time.Duration // default lateTolerance + 3 leases
 	// Extra faults on top of the 5 of distinct classes (default by seed, 0–4).
 	Extra int
 	// Plan, when set, replaces the plan the seed would draw: a regression
@@ -150,11 +150,11 @@ func Run(cfg Config) (*Result, error) {
 		cfg.MaxSkew = time.Second
 	}
 	if cfg.Faults == 0 {
-		cfg.Faults = 20 * time.Second
+		cfg.Faults = 16 * time.Second
 	}
 	lateTolerance := 2*cfg.MaxSkew + 5*time.Second
 	if cfg.Quiet == 0 {
-		cfg.Quiet = lateTolerance + 4*cfg.Lease
+		cfg.Quiet = lateTolerance + 3*cfg.Lease
 	}
 	if cfg.Extra == 0 {
 		cfg.Extra = rng.IntN(5)
