@@ -10,6 +10,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -252,21 +253,17 @@ func (d Duration) Duration() time.Duration { return time.Duration(d) }
 // String formats d like time.Duration.
 func (d Duration) String() string { return time.Duration(d).String() }
 
-// UnmarshalYAML parses a Go duration string. Errors are *yaml.TypeError so
-// that decoding continues and every bad key is reported.
+// UnmarshalYAML parses a Go duration string.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	bad := func(why string) error {
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %s`%s`: %s", n.Line, badDuration, n.Value, why)}}
-	}
 	if n.Kind != yaml.ScalarNode {
-		return bad(`want a duration such as "30s"`)
+		return errors.New(`want a duration such as "30s"`)
 	}
 	v, err := time.ParseDuration(strings.TrimSpace(n.Value))
 	if err != nil {
 		if strings.Trim(n.Value, "0123456789.+-") == "" {
-			return bad(`a bare number has no unit; write e.g. "30s"`)
+			return errors.New(`a bare number has no unit; write e.g. "30s"`)
 		}
-		return bad(`want a Go duration such as "30s" or "1h30m"`)
+		return errors.New(`want a Go duration such as "30s" or "1h30m"`)
 	}
 	*d = Duration(v)
 	return nil
@@ -274,10 +271,6 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes d as a duration string.
 func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
-
-// badDuration starts the message of a Duration decoding error; load.go
-// recognises it.
-const badDuration = "bad duration "
 
 // mask replaces every secret in String, YAML and logs.
 const mask = "xxxxx"
@@ -323,8 +316,9 @@ type databaseNoString Database
 func (c Config) String() string { return c.Redacted() }
 
 // Redacted renders the configuration as YAML with every password replaced
-// by "xxxxx", DSNs redacted, and params whose key looks secret (password,
-// secret, token, key, dsn, credential) hidden.
+// by "xxxxx" and DSNs redacted. A param is hidden whole when its name holds
+// password, secret, token, credential or key (but does not end in _file);
+// other params are shown with any DSN password masked.
 func (c Config) Redacted() string {
 	c.Claimer.Postgres.DSN = Redact(c.Claimer.Postgres.DSN)
 	c.Database.DSN = Redact(c.Database.DSN)
@@ -351,44 +345,4 @@ func (c *Config) JobNames() []string {
 	}
 	slices.Sort(names)
 	return names
-}
-
-// SlogLevel converts Level; unknown levels (rejected by Validate) are info.
-func (l Log) SlogLevel() slog.Level {
-	switch l.Level {
-	case "debug":
-		return slog.LevelDebug
-	case "warn":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
-	}
-	return slog.LevelInfo
-}
-
-// secretKey matches param keys whose values Redacted hides.
-var secretKey = []string{"password", "secret", "token", "key", "dsn", "credential"}
-
-func redactParam(key string, v any) any {
-	k := strings.ToLower(key)
-	for _, s := range secretKey {
-		if strings.Contains(k, s) {
-			return mask
-		}
-	}
-	switch v := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(v))
-		for k, x := range v {
-			out[k] = redactParam(k, x)
-		}
-		return out
-	case []any:
-		out := make([]any, len(v))
-		for i, x := range v {
-			out[i] = redactParam(key, x)
-		}
-		return out
-	}
-	return v
 }

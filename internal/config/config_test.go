@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 )
 
@@ -136,6 +137,43 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 				t.Errorf("got  %s\nwant %s…%s", line, want, tt.msg)
 			}
 		})
+	}
+}
+
+func TestLoadLocatesTypeErrors(t *testing.T) {
+	// Each problem is located from its YAML node: the key path, and the line
+	// of the value as written (the anchor's, for a value merged in).
+	_, path, err := load(t, `claimer:
+  kind: redis
+  redis:
+    addr: h:1
+    db: many
+jobs:
+  base: &base
+    schedule: "@daily"
+    enabled: maybe
+  copy:
+    <<: *base
+    misfire:
+      grace: [1h]
+    overlap: forbid
+    overlap: allow
+`)
+	got := splitErrors(t, err)
+	want := []Error{
+		{File: path, Line: 5, Key: "claimer.redis.db", Value: "many", Msg: "want an integer"},
+		{File: path, Line: 9, Key: "jobs.base.enabled", Value: "maybe", Msg: "want true or false"},
+		{File: path, Line: 13, Key: "jobs.copy.misfire.grace", Msg: `want a duration such as "30s"`},
+		{File: path, Line: 15, Key: "jobs.copy.overlap", Msg: "defined twice (first at line 14)"},
+		{File: path, Line: 9, Key: "jobs.copy.enabled", Value: "maybe", Msg: "want true or false"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d problems, want %d:\n%v", len(got), len(want), err)
+	}
+	for i := range want {
+		if *got[i] != want[i] {
+			t.Errorf("problem %d:\ngot  %+v\nwant %+v", i, *got[i], want[i])
+		}
 	}
 }
 
@@ -297,6 +335,13 @@ jobs:
 			t.Errorf("lease %v renew %v", c.Claimer.Lease, c.Claimer.RenewEvery)
 		}
 	})
+	t.Run("EmptyOrNullKeepsDefault", func(t *testing.T) {
+		c := mustLoad(t, "claimer: {kind: '', lease: ~, redis: {prefix: '${CFG_TEST_UNSET:-}'}}\nlog: {level: ''}\n")
+		if c.Claimer.Kind != ClaimerSQLite || c.Claimer.Lease.Duration() != 30*time.Second ||
+			c.Claimer.Redis.Prefix != "scheduler:" || c.Log.Level != "info" {
+			t.Errorf("kind %q lease %v prefix %q level %q", c.Claimer.Kind, c.Claimer.Lease, c.Claimer.Redis.Prefix, c.Log.Level)
+		}
+	})
 	t.Run("PostgresClaimerDatabase", func(t *testing.T) {
 		c := mustLoad(t, "claimer: {kind: postgres, postgres: {dsn: 'postgres://db/app', migrate: false}}\n")
 		if c.Database.Kind != DatabasePostgres || c.Database.DSN != "postgres://db/app" || c.Claimer.Postgres.Migrate {
@@ -407,6 +452,34 @@ func TestRedact(t *testing.T) {
 	} {
 		if got := Redact(tt.in); got != tt.want {
 			t.Errorf("Redact(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestRedactError(t *testing.T) {
+	// pgx repeats this spelling's password in its own message.
+	dsn := "host=db password = " + secret + " port=abc"
+	_, err := pgconn.ParseConfig(dsn)
+	if got := RedactError(err, dsn).Error(); strings.Contains(got, secret) || !strings.Contains(got, "invalid port") {
+		t.Errorf("RedactError = %q", got)
+	}
+	if RedactError(nil, dsn) != nil {
+		t.Error("RedactError(nil) is not nil")
+	}
+}
+
+func TestRedactValue(t *testing.T) {
+	for _, tt := range []struct{ name, value, want string }{
+		{"password", "hunter2", "xxxxx"},
+		{"API_Token", "t0k", "xxxxx"},
+		{"password_file", "/run/secrets/pw", "/run/secrets/pw"},
+		{"dsn", "postgres://u:hunter2@h/db", "postgres://u:xxxxx@h/db"},
+		{"addr", "redis://:hunter2@h:6379", "redis://:xxxxx@h:6379"},
+		{"schedule", "@daily", "@daily"},
+		{"password", "", ""},
+	} {
+		if got := redactValue(tt.name, tt.value); got != tt.want {
+			t.Errorf("redactValue(%q, %q) = %q, want %q", tt.name, tt.value, got, tt.want)
 		}
 	}
 }

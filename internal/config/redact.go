@@ -32,6 +32,77 @@ func Redact(dsn string) string {
 	return b.String()
 }
 
+// RedactError returns err's text with every password of dsn masked, for an
+// error from parsing or connecting with dsn. pgx masks passwords in its
+// messages only where it recognises them (not in "password = x", with
+// spaces), and a pgconn.ParseConfigError repeats the whole DSN, which is
+// dropped: the caller shows the DSN, through Redact, if it wants to.
+func RedactError(err error, dsn string) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		// "cannot parse `<dsn>`: why (cause)": keep only "why (cause)".
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			msg = msg[i+len("`: "):]
+		}
+	}
+	return errors.New(scrub(msg, dsn))
+}
+
+// secretWords make a name a secret's.
+var secretWords = []string{"password", "secret", "token", "credential", "key"}
+
+// redactValue is the one rule for showing the value of a setting or a job
+// param called name, used by Redacted and for every *Error: a name holding
+// one of secretWords hides the value whole, unless it ends in _file (it
+// names the secret's file); any other value is shown with the passwords of
+// a DSN in it masked (Redact), since a DSN or an address can carry one
+// under any name.
+func redactValue(name, value string) string {
+	switch {
+	case value == "":
+		return ""
+	case secretName(name):
+		return mask
+	}
+	return Redact(value)
+}
+
+func secretName(name string) bool {
+	name = strings.ToLower(name)
+	return !strings.HasSuffix(name, "_file") &&
+		slices.ContainsFunc(secretWords, func(w string) bool { return strings.Contains(name, w) })
+}
+
+// redactParam applies redactValue to a job's params (v), nested mappings
+// and lists included; a secret's name hides its value whole, whatever its
+// type.
+func redactParam(name string, v any) any {
+	if secretName(name) {
+		return mask
+	}
+	switch v := v.(type) {
+	case string:
+		return redactValue(name, v)
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			out[k] = redactParam(k, x)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = redactParam(name, x)
+		}
+		return out
+	}
+	return v
+}
+
 // span is a password's byte range in a DSN; key says where it was found:
 // "userinfo", "password" or "sslpassword".
 type span struct {
@@ -146,18 +217,7 @@ func isSpace(c byte) bool {
 // repeating the DSN or any part of its password.
 func checkPostgresDSN(dsn string) error {
 	_, err := pgconn.ParseConfig(dsn)
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	var pe *pgconn.ParseConfigError
-	if errors.As(err, &pe) {
-		// "cannot parse `<dsn>`: why (cause)": keep only "why (cause)".
-		if i := strings.LastIndex(msg, "`: "); i >= 0 {
-			msg = msg[i+len("`: "):]
-		}
-	}
-	return errors.New(scrub(msg, dsn))
+	return RedactError(err, dsn)
 }
 
 // scrub removes every password of dsn, raw or URL-decoded, from msg.

@@ -35,8 +35,8 @@ import (
 // runner substitutes them. A future backfill must widen this function, not
 // add a bound of its own.
 func ClaimWindow(grace, lease, skew time.Duration) time.Duration {
-	grace = cmp.Or(grace, defaultMisfireGrace)
-	skew = cmp.Or(skew, defaultMaxClockSkew)
+	grace = cmp.Or(grace, jobDefaults.Misfire.Grace.Duration())
+	skew = cmp.Or(skew, defaults.Claimer.MaxClockSkew.Duration())
 	return max(grace, lateTolerance(skew)) + 2*skew + 2*lease
 }
 
@@ -73,8 +73,8 @@ func (c *Config) CheckRetention(d time.Duration) error {
 	if job != "" {
 		who = "jobs." + job
 	}
-	grace := cmp.Or(c.Jobs[job].Misfire.Grace.Duration(), defaultMisfireGrace)
-	skew := cmp.Or(c.Claimer.MaxClockSkew.Duration(), defaultMaxClockSkew)
+	grace := cmp.Or(c.Jobs[job].Misfire.Grace.Duration(), jobDefaults.Misfire.Grace.Duration())
+	skew := cmp.Or(c.Claimer.MaxClockSkew.Duration(), defaults.Claimer.MaxClockSkew.Duration())
 	return fmt.Errorf("must be at least %v, the longest a replica may still claim a finished run of %s: "+
 		"max(misfire.grace %v, late tolerance %v) + 2×max_clock_skew %v + 2×lease %v",
 		need, who, grace, lateTolerance(skew), skew, c.Claimer.Lease)

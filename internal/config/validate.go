@@ -13,7 +13,8 @@ import (
 
 // Error is one configuration problem. Load and Validate return these joined
 // with errors.Join; find one with errors.As (main exits 2 on any). Value
-// never holds a secret: passwords are omitted and DSNs redacted.
+// never holds a secret: passwords are masked and DSNs redacted, by the same
+// rule as Redacted's.
 type Error struct {
 	File  string // the file as given to Load; "" for a Config built in code
 	Line  int    // 1-based line when known, else 0
@@ -52,7 +53,15 @@ type problems struct {
 }
 
 func (p *problems) add(key, value, format string, args ...any) {
-	p.errs = append(p.errs, &Error{File: p.file, Key: key, Value: value, Msg: fmt.Sprintf(format, args...)})
+	p.at(0, key, value, format, args...)
+}
+
+// at records a problem found on line (0 if unknown). value goes through
+// redactValue, named by the last element of key, so that no caller can
+// show a secret by mistake.
+func (p *problems) at(line int, key, value, format string, args ...any) {
+	name := key[strings.LastIndexByte(key, '.')+1:]
+	p.errs = append(p.errs, &Error{File: p.file, Line: line, Key: key, Value: redactValue(name, value), Msg: fmt.Sprintf(format, args...)})
 }
 
 // Validate reports every problem in c at once, joined with errors.Join; each
@@ -107,7 +116,7 @@ func (c *Config) validateClaimer(p *problems) {
 		p.add("claimer.postgres.dsn", "", "missing (required when claimer.kind is postgres)")
 	case pg.DSN != "" && kind == ClaimerPostgres:
 		if err := checkPostgresDSN(pg.DSN); err != nil {
-			p.add("claimer.postgres.dsn", Redact(pg.DSN), "invalid DSN: %v", err)
+			p.add("claimer.postgres.dsn", pg.DSN, "invalid DSN: %v", err)
 		}
 	}
 	if pg.MaxConns < 0 {
@@ -120,7 +129,7 @@ func (c *Config) validateClaimer(p *problems) {
 		p.add("claimer.redis.addr", "", "missing (required when claimer.kind is redis)")
 	case r.Addr != "":
 		if err := checkAddr(r.Addr, false); err != nil {
-			p.add("claimer.redis.addr", Redact(r.Addr), "%v", err)
+			p.add("claimer.redis.addr", r.Addr, "%v", err)
 		}
 	}
 	if r.DB < 0 {
@@ -141,21 +150,21 @@ func (c *Config) validateClaimer(p *problems) {
 	for i, a := range rl.Addrs {
 		key := fmt.Sprintf("claimer.redlock.addrs[%d]", i)
 		if err := checkAddr(a, false); err != nil {
-			p.add(key, Redact(a), "%v", err)
+			p.add(key, a, "%v", err)
 		}
 		norm := strings.ToLower(strings.TrimSpace(a))
 		if j, dup := seen[norm]; dup {
-			p.add(key, Redact(a), "duplicate of addrs[%d]: one node counted twice fakes a quorum", j)
+			p.add(key, a, "duplicate of addrs[%d]: one node counted twice fakes a quorum", j)
 		}
 		seen[norm] = i
 	}
 	if n := len(rl.Addrs); kind == ClaimerRedlock && n > 0 && !rl.AllowUnsafeNodeCount {
 		switch {
 		case n < 3:
-			p.add("claimer.redlock.addrs", Redact(strings.Join(rl.Addrs, ",")),
+			p.add("claimer.redlock.addrs", strings.Join(rl.Addrs, ","),
 				"%d node(s): a quorum needs at least 3 independent nodes (allow_unsafe_node_count: true for development)", n)
 		case n%2 == 0:
-			p.add("claimer.redlock.addrs", Redact(strings.Join(rl.Addrs, ",")),
+			p.add("claimer.redlock.addrs", strings.Join(rl.Addrs, ","),
 				"%d nodes tolerate no more failures than %d; use an odd number (or allow_unsafe_node_count: true)", n, n-1)
 		}
 	}
@@ -197,7 +206,7 @@ func (c *Config) validateDatabase(p *problems) {
 			// already checked as claimer.postgres.dsn
 		default:
 			if err := checkPostgresDSN(d.DSN); err != nil {
-				p.add("database.dsn", Redact(d.DSN), "invalid DSN: %v", err)
+				p.add("database.dsn", d.DSN, "invalid DSN: %v", err)
 			}
 		}
 		if d.Path != "" {
@@ -208,7 +217,7 @@ func (c *Config) validateDatabase(p *problems) {
 			p.add("database.path", "", "missing (required when database.kind is sqlite)")
 		}
 		if d.DSN != "" {
-			p.add("database.dsn", Redact(d.DSN), "only used when database.kind is postgres")
+			p.add("database.dsn", d.DSN, "only used when database.kind is postgres")
 		}
 	default:
 		p.add("database.kind", d.Kind, "unknown kind; want sqlite or postgres")
