@@ -17,7 +17,6 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
-	"github.com/scheduler-dev/scheduler/internal/jobs"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/job"
 	"github.com/scheduler-dev/scheduler/migrations"
@@ -41,7 +40,6 @@ Usage:
   scheduler jobs     [--config FILE] [--json]   registered jobs, schedules, next instants
   scheduler runs     [--config FILE] [--job J] [--limit N] [--json]
   scheduler trigger  [--config FILE] JOB        claim and execute one run of JOB now
-  scheduler seed     [--config FILE] [--customers N] [--days N]  demo customers and usage for billing.nightly
   scheduler compare  [--claimers a,b] [--faults pause,crash,…] [--json F] [--html F]  claim strategies side by side under faults
   scheduler prune    [--config FILE] [--older-than 720h]   delete old finished runs (SQL claimers)
   scheduler version
@@ -51,27 +49,23 @@ Run "scheduler COMMAND --help" for a command's flags.
 `
 
 // Main runs the command line with args (without the program name) and
-// returns the exit code. reg holds the caller's handlers; the shipped ones
-// are added to it.
-func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
+// returns the exit code. reg holds every job the binary can run (Main adds
+// none; nil is an empty registry), cmds the binary's own subcommands.
+func Main(args []string, reg *job.Registry, stdout, stderr io.Writer, cmds ...Command) int {
 	if reg == nil {
 		reg = job.NewRegistry()
 	}
-	if err := reg.Register(jobs.SleepName, jobs.Sleep); err != nil {
+	if err := checkCommands(cmds); err != nil {
 		fmt.Fprintln(stderr, "scheduler:", err)
 		return ExitUsage
 	}
-	bill, err := registerBilling(reg)
-	if err != nil {
-		fmt.Fprintln(stderr, "scheduler:", err)
-		return ExitUsage
-	}
+	usage := usageWith(cmds)
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return ExitUsage
 	}
 	cmd, rest := args[0], args[1:]
-	e := &env{reg: reg, billing: bill, stdout: stdout, stderr: stderr}
+	e := &env{reg: reg, stdout: stdout, stderr: stderr}
 	switch cmd {
 	case "run":
 		return e.run(rest)
@@ -85,8 +79,6 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
 		return e.trigger(rest)
 	case "prune":
 		return e.prune(rest)
-	case "seed":
-		return e.seed(rest)
 	case "compare":
 		return e.compare(rest)
 	case "version", "--version":
@@ -95,6 +87,11 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer) int {
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return ExitOK
+	}
+	for _, c := range cmds {
+		if c.Name == cmd {
+			return e.command(c, rest)
+		}
 	}
 	fmt.Fprintf(stderr, "scheduler: unknown command %q\n\n%s", cmd, usage)
 	return ExitUsage
@@ -113,7 +110,6 @@ func version() string {
 // env is what every command shares.
 type env struct {
 	reg            *job.Registry
-	billing        *billingJob // bound to the database by openBilling
 	stdout, stderr io.Writer
 }
 
@@ -196,19 +192,19 @@ func (e *env) migrate(args []string) int {
 		return e.fail("%v", err)
 	}
 	defer b.Close()
-	if b.db == nil {
+	if b.DB == nil {
 		return e.fail("claimer %q keeps no SQL schema; nothing to migrate", cfg.Claimer.Kind)
 	}
 	switch fs.Arg(0) {
 	case "up":
-		err = migrations.Up(ctx, b.db, b.dialect)
+		err = migrations.Up(ctx, b.DB, b.Dialect)
 	case "down":
-		err = migrations.Down(ctx, b.db, b.dialect)
+		err = migrations.Down(ctx, b.DB, b.Dialect)
 	}
 	if err != nil {
 		return e.fail("migrate %s: %v", fs.Arg(0), err)
 	}
-	st, err := migrations.Status(ctx, b.db, b.dialect)
+	st, err := migrations.Status(ctx, b.DB, b.Dialect)
 	if err != nil {
 		return e.fail("migrate status: %v", err)
 	}
@@ -288,11 +284,7 @@ func (e *env) runs(args []string) int {
 		return e.fail("%v", err)
 	}
 	defer b.Close()
-	h, ok := b.Claimer.(claim.Historian)
-	if !ok {
-		return e.fail("claimer %q keeps no run history", cfg.Claimer.Kind)
-	}
-	recs, err := h.History(ctx, *jobName, *limit)
+	recs, err := b.History(ctx, *jobName, *limit)
 	if err != nil {
 		return e.fail("runs: %v", err)
 	}

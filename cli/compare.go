@@ -14,9 +14,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/compare"
-	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
 // compare runs `scheduler compare`: flags → compare.Run → table, JSON, HTML.
@@ -67,8 +65,7 @@ func (e *env) compare(args []string) int {
 		Claimers: splitList(*claimers), Faults: scenarios, Replicas: *replicas, Jobs: *jobs,
 		Duration: *duration, Lease: *lease, MaxClockSkew: *skew, Seed: *seed, Parallel: *parallel,
 		PostgresDSN: *dsn, PostgresBin: *pgBin, RedisAddr: *redisAddr, RedlockAddrs: splitList(*redlockAddrs),
-		TempDir: *tempDir,
-		Open:    openClaimer, Progress: e.stderr, TTY: isTerminal(e.stderr),
+		TempDir: *tempDir, Progress: e.stderr, TTY: isTerminal(e.stderr),
 	}
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64N(1<<31) + 1
@@ -113,49 +110,6 @@ func (e *env) compare(args []string) int {
 type quietRedis struct{}
 
 func (quietRedis) Printf(context.Context, string, ...any) {}
-
-// openClaimer opens a replica's claimer exactly as `scheduler run` does.
-func openClaimer(ctx context.Context, cfg *config.Config) (claim.Claimer, error) {
-	b, err := openBackend(ctx, cfg, true)
-	if err != nil {
-		return nil, err
-	}
-	// The cells' runners must see what `scheduler run` gives its runner,
-	// the backend's own claimer with its optional interfaces (history for
-	// the overlap probe and start-up recovery, batches), not the backend
-	// wrapper, which hides them; Close still closes what the backend
-	// opened beside the claimer.
-	c := owned{Claimer: b.Claimer, b: b}
-	bc, batches := b.Claimer.(claim.BatchClaimer)
-	br, releases := b.Claimer.(claim.BatchReleaser)
-	if batches && releases {
-		return ownedBatches{owned: c, BatchClaimer: bc, BatchReleaser: br}, nil
-	}
-	return c, nil
-}
-
-// owned is a backend's claimer whose Close closes the whole backend.
-type owned struct {
-	claim.Claimer
-	b *backend
-}
-
-func (o owned) Close() error { return o.b.Close() }
-
-// History forwards to the claimer's own (every kind keeps one).
-func (o owned) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
-	h, ok := o.Claimer.(claim.Historian)
-	if !ok {
-		return nil, nil
-	}
-	return h.History(ctx, job, limit)
-}
-
-type ownedBatches struct {
-	owned
-	claim.BatchClaimer
-	claim.BatchReleaser
-}
 
 func splitList(s string) []string {
 	var out []string

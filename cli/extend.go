@@ -3,103 +3,121 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os/signal"
-	"sync/atomic"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/scheduler-dev/scheduler/internal/billing"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
-// billingJob is billing.nightly as Main registers it. Config validation needs
-// the name registered before any config is read, but the handler needs the
-// configured database, and only commands that execute an enabled
-// billing.nightly should open it: so the registered handler delegates to one
-// bound later by openBilling.
-type billingJob struct {
-	h atomic.Pointer[job.Handler]
-}
+// What a binary adds to Main besides plain handlers: jobs registered with a
+// job.Opener, opened here on the loaded configuration, and its own
+// subcommands.
 
-func (b *billingJob) handle(ctx context.Context, run job.Run) error {
-	h := b.h.Load()
-	if h == nil {
-		return errors.New("billing: no database opened for " + billing.JobName)
-	}
-	return (*h)(ctx, run)
-}
-
-// registerBilling registers billing.nightly, unbound, in reg.
-func registerBilling(reg *job.Registry) (*billingJob, error) {
-	b := &billingJob{}
-	if err := reg.Register(billing.JobName, b.handle); err != nil {
-		return nil, err
-	}
-	return b, nil
-}
-
-// openBilling opens the configured database and binds billing.nightly to it
-// when cfg enables that job; otherwise it opens nothing. With prom set, it
-// registers scheduler_fence_rejections_total there. cleanup closes the store.
-func (e *env) openBilling(ctx context.Context, cfg *config.Config, prom prometheus.Registerer) (cleanup func(), err error) {
-	if j, ok := cfg.Jobs[billing.JobName]; !ok || !j.Enabled {
-		return func() {}, nil
-	}
-	var onReject func(string)
-	if prom != nil {
-		rejections := prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "scheduler_fence_rejections_total",
-			Help: "Fenced writes rejected because a holder with a higher fence had written the resource.",
-		}, []string{"resource"})
-		if err := prom.Register(rejections); err != nil {
-			return nil, err
-		}
-		rejections.WithLabelValues(billing.Resource) // exported as 0 until the first rejection
-		onReject = func(resource string) { rejections.WithLabelValues(resource).Inc() }
-	}
-	s, err := openBillingStore(ctx, cfg, onReject)
-	if err != nil {
-		return nil, err
-	}
-	h := billing.Handler(s)
-	e.billing.h.Store(&h)
-	return func() { e.billing.h.Store(nil); _ = s.Close() }, nil
-}
-
-// openBillingStore opens the billing store on cfg.Database, migrating it.
-func openBillingStore(ctx context.Context, cfg *config.Config, onReject func(string)) (*billing.Store, error) {
+// openJobs opens the jobs among names that were registered with an Opener
+// (job.Registry.Open), on cfg's database block; with prom set they may
+// register metrics there. The returned func releases what they opened.
+func (e *env) openJobs(ctx context.Context, cfg *config.Config, prom prometheus.Registerer, names ...string) (func() error, error) {
 	// Connecting and migrating a healthy database takes well under this.
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	d := cfg.Database
-	o := billing.Options{Kind: d.Kind, DSN: d.DSN, Password: string(d.Password), OnReject: onReject}
-	if d.Kind == config.DatabaseSQLite {
-		o.DSN = d.Path
-	}
-	return billing.Open(ctx, o)
+	return e.reg.Open(ctx, resources(cfg, prom), names...)
 }
 
-// seed creates demo customers and their usage for the last days UTC days up
-// to today, so that billing.nightly, or `scheduler trigger billing.nightly`
-// (which bills yesterday), has something to invoice.
-func (e *env) seed(args []string) int {
-	fs, path := e.flags("seed", "[--config FILE] [--customers N] [--days N]")
-	customers := fs.Int("customers", 100, "create `N` demo customers")
-	days := fs.Int("days", 7, "usage for the last `N` days, today included (UTC)")
+// resources is what openers and commands get from cfg.
+func resources(cfg *config.Config, prom prometheus.Registerer) job.Resources {
+	d := cfg.Database
+	return job.Resources{Metrics: prom,
+		Database: job.Database{Kind: d.Kind, Path: d.Path, DSN: d.DSN, Password: string(d.Password)}}
+}
+
+// enabledJobs lists the names of cfg's enabled jobs.
+func enabledJobs(cfg *config.Config) []string {
+	var out []string
+	for _, name := range sortedJobs(cfg) {
+		if cfg.Jobs[name].Enabled {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// Command is a subcommand a binary adds to Main's own, as cmd/scheduler
+// adds seed (demo data for its billing.nightly). Main gives it --config,
+// loads and validates the configuration as for its own commands, and runs
+// it under a context that SIGINT and SIGTERM cancel.
+type Command struct {
+	// Name is the subcommand: scheduler Name. It must not be one of Main's.
+	Name string
+	// Synopsis shows its flags and arguments, [--config FILE] included.
+	Synopsis string
+	// Summary is its line in the usage text.
+	Summary string
+	// Setup declares the command's flags on fs, which has --config, and
+	// returns the Action that runs the command.
+	Setup func(fs *flag.FlagSet) Action
+}
+
+// Action runs a Command once its flags are parsed and the configuration is
+// loaded. An error made by Usagef exits 2, any other error 1; Main prints
+// it.
+type Action func(ctx context.Context, in Invocation) error
+
+// Invocation is what an Action runs on.
+type Invocation struct {
+	Args      []string      // the arguments after the flags
+	Resources job.Resources // from the configuration; Metrics is nil
+	Stdout    io.Writer
+}
+
+// Usagef returns an Action's error for bad flags or arguments.
+func Usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+type usageError struct{ error }
+
+// checkCommands rejects commands that Main could not tell apart. Main's own
+// commands are the ones its usage text lists.
+func checkCommands(cmds []Command) error {
+	seen := map[string]bool{}
+	for _, c := range cmds {
+		switch {
+		case c.Name == "" || strings.HasPrefix(c.Name, "-") || strings.ContainsAny(c.Name, " \t\n"):
+			return fmt.Errorf("command %q: not a command name", c.Name)
+		case c.Name == "help" || strings.Contains(usage, "\n  scheduler "+c.Name+" ") ||
+			strings.Contains(usage, "\n  scheduler "+c.Name+"\n"):
+			return fmt.Errorf("command %q: built in", c.Name)
+		case seen[c.Name]:
+			return fmt.Errorf("command %q: added twice", c.Name)
+		case c.Setup == nil:
+			return fmt.Errorf("command %q: no Setup", c.Name)
+		}
+		seen[c.Name] = true
+	}
+	return nil
+}
+
+// usageWith is the usage text with cmds listed before version.
+func usageWith(cmds []Command) string {
+	var b strings.Builder
+	for _, c := range cmds {
+		fmt.Fprintf(&b, "  scheduler %-8s %s  %s\n", c.Name, c.Synopsis, c.Summary)
+	}
+	return strings.Replace(usage, "  scheduler version\n", b.String()+"  scheduler version\n", 1)
+}
+
+// command runs c with args.
+func (e *env) command(c Command, args []string) int {
+	fs, path := e.flags(c.Name, c.Synopsis)
+	action := c.Setup(fs)
 	if code, ok := parse(fs, args); !ok {
 		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(e.stderr, "scheduler seed: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
-	}
-	if *customers < 1 || *days < 1 {
-		fmt.Fprintln(e.stderr, "scheduler seed: --customers and --days must be at least 1")
-		return ExitUsage
 	}
 	cfg, ok := e.load(*path)
 	if !ok {
@@ -107,24 +125,14 @@ func (e *env) seed(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	s, err := openBillingStore(ctx, cfg, nil)
-	if err != nil {
-		return e.fail("%v", err)
+	err := action(ctx, Invocation{Args: fs.Args(), Resources: resources(cfg, nil), Stdout: e.stdout})
+	var ue usageError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(e.stderr, "scheduler %s: %v\n", c.Name, err)
+		return ExitUsage
 	}
-	defer s.Close()
-	today := billing.Day(time.Now())
-	periods := make([]billing.Period, *days)
-	for i := range periods {
-		periods[i] = billing.Day(today.Start.AddDate(0, 0, i-*days+1))
-	}
-	if err := s.Seed(ctx, *customers, periods...); err != nil {
-		return e.fail("seed: %v", err)
-	}
-	where := cfg.Database.Path
-	if cfg.Database.Kind == config.DatabasePostgres {
-		where = config.Redact(cfg.Database.DSN)
-	}
-	fmt.Fprintf(e.stdout, "seeded %d customers with usage from %s to %s in %s %s\n",
-		*customers, periods[0], periods[len(periods)-1], cfg.Database.Kind, where)
-	return ExitOK
+	return e.fail("%v", err)
 }

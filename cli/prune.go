@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
@@ -40,12 +39,11 @@ func (e *env) prune(args []string) int {
 		return e.fail("%v", err)
 	}
 	defer b.Close()
-	p, ok := b.Claimer.(claim.Pruner)
-	if !ok {
+	if b.Pruner == nil {
 		fmt.Fprintf(e.stdout, "claimer %s expires finished runs by itself; nothing to prune\n", cfg.Claimer.Kind)
 		return ExitOK
 	}
-	n, err := p.Prune(ctx, *older)
+	n, err := b.Pruner.Prune(ctx, *older)
 	if err != nil {
 		return e.fail("prune: %v", err)
 	}

@@ -103,12 +103,12 @@ func (e *env) run(args []string) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := runner.NewMetrics(reg)
-	closeBilling, err := e.openBilling(ctx, cfg, reg)
+	closeJobs, err := e.openJobs(ctx, cfg, reg, enabledJobs(cfg)...)
 	if err != nil {
-		log.Error("cannot open billing database", "database", cfg.Database.Kind, "error", err.Error())
+		log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
 		return ExitRuntime
 	}
-	defer closeBilling()
+	defer closeJobs()
 	r, err := runner.New(runnerOptions(cfg, b.Claimer, log, metrics), jobsList)
 	if err != nil {
 		log.Error("invalid runner settings", "error", err.Error())
@@ -123,10 +123,9 @@ func (e *env) run(args []string) int {
 			log.Error("cannot listen on http.addr", "addr", cfg.HTTP.Addr, "error", err.Error())
 			return ExitRuntime
 		}
-		hist, _ := b.Claimer.(claim.Historian)
 		srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: web.Handler(web.Options{
-			Instance: cfg.InstanceID, Claimer: cfg.Claimer.Kind, Jobs: info, History: hist,
-			Ready: b.ready, Gatherer: reg, Logger: log})}
+			Instance: cfg.InstanceID, Claimer: cfg.Claimer.Kind, Jobs: info, History: b.Claimer,
+			Ready: b.Ready, Gatherer: reg, Logger: log})}
 	}
 
 	log.Info("scheduler started", "claimer", cfg.Claimer.Kind, "jobs", len(jobsList), "http", ln != nil && srv != nil,
@@ -199,12 +198,12 @@ func (e *env) trigger(args []string) int {
 		return ExitRuntime
 	}
 	defer b.Close()
-	closeBilling, err := e.openBilling(ctx, cfg, nil)
+	closeJobs, err := e.openJobs(ctx, cfg, nil, name)
 	if err != nil {
-		log.Error("cannot open billing database", "database", cfg.Database.Kind, "error", err.Error())
+		log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
 		return ExitRuntime
 	}
-	defer closeBilling()
+	defer closeJobs()
 	r, err := runner.New(runnerOptions(cfg, b.Claimer, log, nil), jobsList)
 	if err != nil {
 		return e.fail("%v", err)

@@ -10,11 +10,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
 // Causes a handler can find with context.Cause(ctx) when its context ends.
@@ -81,31 +86,71 @@ func (p Params) String(key, def string) string {
 	return def
 }
 
+// Database is the configuration's `database` block: where job data such as
+// invoices lives, apart from the claimer's bookkeeping.
+type Database struct {
+	Kind     string // "sqlite" or "postgres"
+	Path     string // the file, for sqlite
+	DSN      string // the connection string, for postgres
+	Password string // for postgres: when set, replaces the DSN's password
+}
+
+// String shows the kind and the path, or the DSN without its password.
+func (d Database) String() string {
+	if d.Kind == "sqlite" {
+		return d.Kind + " " + d.Path
+	}
+	return d.Kind + " " + config.Redact(d.DSN)
+}
+
+// GoString hides the password from %#v too.
+func (d Database) GoString() string { return "job.Database{" + d.String() + "}" }
+
+// Resources is what an Opener opens its job's resources from.
+type Resources struct {
+	// Database is the loaded configuration's database block.
+	Database Database
+	// Metrics is the registry that `scheduler run` serves on /metrics, for
+	// the job's own metrics; nil for commands that serve none (trigger).
+	Metrics prometheus.Registerer
+}
+
+// Opener opens what a job's handler needs (a database, a client) and
+// returns the handler and a function that releases it (nil when there is
+// nothing to release). On error it leaves nothing open. Commands call it
+// once, through Registry.Open, and only when they execute the job: run for
+// an enabled job, trigger for the job it triggers.
+type Opener func(ctx context.Context, res Resources) (h Handler, close func() error, err error)
+
 // Registry maps job names to handlers. It is safe for concurrent use.
+//
+// A job whose handler needs resources from the configuration, such as a
+// connection to the `database` block, is registered with an Opener instead
+// of a Handler. Config validation and `scheduler jobs` see its name at once;
+// only the commands that execute it (run, trigger) open it, with Open.
 type Registry struct {
 	mu sync.RWMutex
-	m  map[string]Handler
+	m  map[string]*entry
+}
+
+type entry struct {
+	h    Handler // the registered handler, or for an opener, one calling bound
+	open Opener
+	busy bool // guarded by Registry.mu: Open is opening or has opened it
+	// bound is what open returned, until Open's close.
+	bound atomic.Pointer[Handler]
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{m: map[string]Handler{}} }
+func NewRegistry() *Registry { return &Registry{m: map[string]*entry{}} }
 
 // Register adds a handler. A duplicate or empty name, or a nil handler, is
 // an error: two handlers for one job would make "which one ran" a guess.
 func (r *Registry) Register(name string, h Handler) error {
-	if name == "" {
-		return errors.New("job: register: empty job name")
-	}
 	if h == nil {
 		return fmt.Errorf("job: register %q: nil handler", name)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.m[name]; dup {
-		return fmt.Errorf("job: register %q: a handler is already registered under that name", name)
-	}
-	r.m[name] = h
-	return nil
+	return r.add(name, &entry{h: h})
 }
 
 // MustRegister is Register for init-time wiring; it panics on error.
@@ -115,12 +160,117 @@ func (r *Registry) MustRegister(name string, h Handler) {
 	}
 }
 
-// Lookup returns the handler registered under name.
+// RegisterOpener adds a job whose handler Open gets from o. Until then,
+// the handler Lookup returns for it fails every run. Names are checked as by
+// Register.
+func (r *Registry) RegisterOpener(name string, o Opener) error {
+	if o == nil {
+		return fmt.Errorf("job: register %q: nil opener", name)
+	}
+	e := &entry{open: o}
+	e.h = func(ctx context.Context, run Run) error {
+		h := e.bound.Load()
+		if h == nil {
+			return fmt.Errorf("job %s: not opened: its handler is only available to commands that execute it", name)
+		}
+		return (*h)(ctx, run)
+	}
+	return r.add(name, e)
+}
+
+// MustRegisterOpener is RegisterOpener for init-time wiring; it panics on
+// error.
+func (r *Registry) MustRegisterOpener(name string, o Opener) {
+	if err := r.RegisterOpener(name, o); err != nil {
+		panic(err)
+	}
+}
+
+func (r *Registry) add(name string, e *entry) error {
+	if name == "" {
+		return errors.New("job: register: empty job name")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.m[name]; dup {
+		return fmt.Errorf("job: register %q: a handler is already registered under that name", name)
+	}
+	r.m[name] = e
+	return nil
+}
+
+// Open calls the Opener of each job in names registered with one, so that
+// the handlers Lookup returns for them run on what their openers returned,
+// until the returned close. Names registered with a plain Handler, or not
+// at all, and repeated names are skipped. ctx bounds the opening only. On error nothing stays
+// open. A job that is open already (a second Open before the first one's
+// close) is an error.
+//
+// close unbinds the handlers, then calls the openers' close functions in
+// reverse order, returning their errors joined.
+func (r *Registry) Open(ctx context.Context, res Resources, names ...string) (func() error, error) {
+	var opened []*entry
+	var closers []func() error
+	closeAll := func() error {
+		for _, e := range opened {
+			e.bound.Store(nil)
+		}
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			if closers[i] != nil {
+				errs = append(errs, closers[i]())
+			}
+		}
+		r.mu.Lock()
+		for _, e := range opened {
+			e.busy = false
+		}
+		r.mu.Unlock()
+		opened, closers = nil, nil
+		return errors.Join(errs...)
+	}
+	for _, name := range names {
+		r.mu.Lock()
+		e := r.m[name]
+		if e == nil || e.open == nil || slices.Contains(opened, e) {
+			r.mu.Unlock()
+			continue
+		}
+		if e.busy {
+			r.mu.Unlock()
+			_ = closeAll()
+			return nil, fmt.Errorf("job %s: already open", name)
+		}
+		e.busy = true
+		r.mu.Unlock()
+		opened = append(opened, e)
+		h, c, err := e.open(ctx, res)
+		if err == nil && h == nil {
+			if c != nil {
+				_ = c()
+			}
+			err = errors.New("opener returned a nil handler")
+		}
+		if err != nil {
+			_ = closeAll()
+			return nil, fmt.Errorf("job %s: open: %w", name, err)
+		}
+		closers = append(closers, c)
+		e.bound.Store(&h)
+	}
+	return closeAll, nil
+}
+
+// Lookup returns the handler registered under name; for a job registered
+// with an Opener, one that runs the handler Open bound.
 func (r *Registry) Lookup(name string) (Handler, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	h, ok := r.m[name]
-	return h, ok
+	e, ok := r.m[name]
+	if !ok {
+		return nil, false
+	}
+	return e.h, true
 }
 
 // Has reports whether name is registered.

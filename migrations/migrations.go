@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/crc64"
 	"io/fs"
+	"net/url"
 	"path"
 	"time"
 
@@ -32,6 +33,17 @@ const (
 	Postgres Dialect = "postgres"
 	SQLite   Dialect = "sqlite"
 )
+
+// SQLiteDSN is the modernc.org/sqlite data source name for the file at path
+// that every user of the SQLite schema opens it with (the sqlite claimer
+// adds its synchronous setting): WAL journal (readers never block the
+// writer), a 5s busy timeout (how long a write waits for another
+// connection's), and explicit transactions that take the write lock at
+// BEGIN (IMMEDIATE), so they cannot fail half-way on a lock.
+func SQLiteDSN(path string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath() +
+		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+}
 
 // ErrNoMigration is returned by Down when no migration is applied.
 var ErrNoMigration = errors.New("migrations: no applied migration to roll back")

@@ -39,34 +39,17 @@ func run() int {
 		smoke     = flag.Bool("smoke", false, "seconds, not minutes: short measurements, 300 jobs")
 		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 		inProc    = flag.Bool("in-process", false, "scale scenario: run the replicas as goroutines of this process, not as processes")
-		replica   = flag.Bool("replica", false, "internal: run as one replica process of the scale scenario")
-		ra        benchkit.ReplicaArgs
+		replica   = flag.Bool("replica", false, "internal: run as one replica process of the scale scenario (arguments on stdin)")
 	)
 	flag.DurationVar(&o.Duration, "duration", 2*time.Second, "measurement time per row and concurrency")
 	flag.StringVar(&s.PostgresDSN, "postgres", env("SCHEDULER_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&s.RedisAddr, "redis", env("SCHEDULER_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
 	flag.IntVar(&scaleOpts.Jobs, "jobs", 10_000, "jobs due at one instant in the scale scenario")
 	flag.IntVar(&scaleOpts.Replicas, "replicas", 3, "replicas in the scale scenario")
-	flag.BoolVar(&scaleOpts.NoBatch, "no-batch", false, "scale scenario: hide batch claiming and releasing from the runner (run by run)")
-	flag.BoolVar(&scaleOpts.NoBatchRelease, "no-batch-release", false, "scale scenario: hide batch releasing from the runner (claims still batched)")
-	flag.IntVar(&scaleOpts.MaxClaims, "max-claims", 0, "runner claim limit in the scale scenario (0: the runner's default; negative: none)")
 	flag.DurationVar(&scaleOpts.Spread, "spread", 0, "runner spread in the scale scenario (0: the runner's default; negative: none)")
-	flag.StringVar(&ra.Kind, "kind", "", "internal (-replica): claimer kind")
-	flag.StringVar(&ra.Namespace, "ns", "", "internal (-replica): schema, key prefix or file prepared by the parent")
-	flag.StringVar(&ra.Instance, "instance", "", "internal (-replica): instance id")
-	flag.DurationVar(&ra.Lease, "lease", 6*time.Second, "internal (-replica): lease")
-	flag.Func("instant", "internal (-replica): when every job falls due (RFC 3339)", func(v string) (err error) {
-		ra.Instant, err = time.Parse(time.RFC3339, v)
-		return err
-	})
 	flag.Parse()
 	if *replica {
-		ra.PostgresDSN, ra.RedisAddr, ra.Jobs = s.PostgresDSN, s.RedisAddr, scaleOpts.Jobs
-		if *redlock != "" {
-			ra.RedlockAddrs = strings.Split(*redlock, ",")
-		}
-		ra.Spread, ra.MaxClaims, ra.NoBatch, ra.NoBatchRelease = scaleOpts.Spread, scaleOpts.MaxClaims, scaleOpts.NoBatch, scaleOpts.NoBatchRelease
-		if err := benchkit.ReplicaMain(ra, os.Stdin, os.Stdout); err != nil {
+		if err := benchkit.ReplicaMain(os.Stdin, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "scheduler-bench replica:", err)
 			return 1
 		}
@@ -83,13 +66,10 @@ func run() int {
 	if *smoke {
 		o.Duration, scaleOpts.Jobs, scaleOpts.Lead = 150*time.Millisecond, 300, time.Second
 	}
-	for _, c := range strings.Split(*conc, ",") {
-		var n int
-		if _, err := fmt.Sscan(c, &n); err != nil || n < 1 {
-			fmt.Fprintf(os.Stderr, "scheduler-bench: bad concurrency %q\n", c)
-			return 2
-		}
-		o.Concurrencies = append(o.Concurrencies, n)
+	var err error
+	if o.Concurrencies, err = benchkit.ParseConcurrencies(*conc); err != nil {
+		fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
+		return 2
 	}
 	o.Kinds = strings.FieldsFunc(*kinds, func(r rune) bool { return r == ',' })
 	if *cpuprof != "" {

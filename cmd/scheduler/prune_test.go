@@ -1,20 +1,17 @@
 package main_test
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
-	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+	"github.com/scheduler-dev/scheduler/migrations"
 )
 
 // graceJob keeps a missed run claimable for three days, past prune's 48h floor.
@@ -40,24 +37,19 @@ func TestPruneRefusesAnAgeAJobCanStillClaim(t *testing.T) {
 // Pruned at the allowed minimum, a run a replica may still claim stays done,
 // while a run just past the window is forgotten (and would be granted again).
 func TestPruneAtMinRetentionKeepsClaimableRuns(t *testing.T) {
-	for _, kind := range []string{"sqlite", "postgres"} {
-		t.Run(kind, func(t *testing.T) {
+	for _, tc := range []struct {
+		kind   string
+		config func(c config.Claimer) string // the claimer block reaching the namespace
+	}{
+		{"sqlite", func(c config.Claimer) string { return "  sqlite:\n    path: " + c.SQLite.Path + "\n" }},
+		{"postgres", func(c config.Claimer) string { return "  postgres:\n    dsn: \"" + c.Postgres.DSN + "\"\n" }},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
 			dir := t.TempDir()
-			var c claim.Claimer
-			var backdate func(run claim.Run, finished time.Time)
-			switch kind {
-			case "sqlite":
-				file := filepath.Join(dir, "claims.db")
-				writeConfig(t, dir, "claimer:\n  kind: sqlite\n  sqlite:\n    path: "+file+"\nhttp:\n  addr: \"\"\n"+graceJob)
-				c, backdate = openSQLite(t, file)
-			case "postgres":
-				dsn := pgSchema(t)
-				path := writeConfig(t, dir, "claimer:\n  kind: postgres\n  postgres:\n    dsn: \""+dsn+"\"\nhttp:\n  addr: \"\"\n"+graceJob)
-				if r := run(t, dir, "migrate", "--config", path, "up"); r.code != 0 {
-					t.Fatalf("migrate up: %+v", r)
-				}
-				c, backdate = openPostgres(t, dsn)
-			}
+			ns := backends.Prepare(t, tc.kind, backends.Options{})
+			writeConfig(t, dir, "claimer:\n  kind: "+tc.kind+"\n"+tc.config(ns.Config)+"http:\n  addr: \"\"\n"+graceJob)
+			c := ns.Open("replica-a")
+			backdate := backdater(t, c)
 			path := filepath.Join(dir, "config.yaml")
 			cfg, err := config.Load(path)
 			if err != nil {
@@ -82,11 +74,11 @@ func TestPruneAtMinRetentionKeepsClaimableRuns(t *testing.T) {
 				run      claim.Run
 				finished time.Time
 			}{{kept, oldest.Add(-2 * time.Second)}, {gone, now.Add(-window - time.Minute)}} {
-				cl, err := c.Claim(t.Context(), x.run, time.Minute)
+				cl, err := claim.ClaimOne(t.Context(), c, x.run, time.Minute)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := c.Release(t.Context(), cl, claim.Succeeded); err != nil {
+				if err := claim.ReleaseOne(t.Context(), c, cl, claim.Succeeded); err != nil {
 					t.Fatal(err)
 				}
 				backdate(x.run, x.finished)
@@ -99,56 +91,28 @@ func TestPruneAtMinRetentionKeepsClaimableRuns(t *testing.T) {
 			if r.code != 0 || !strings.Contains(r.stdout, "pruned 1 finished runs") {
 				t.Fatalf("prune --older-than %v: %+v", window, r)
 			}
-			if _, err := c.Claim(t.Context(), kept, time.Minute); !errors.Is(err, claim.ErrDone) {
+			if _, err := claim.ClaimOne(t.Context(), c, kept, time.Minute); !errors.Is(err, claim.ErrDone) {
 				t.Fatalf("claim of a run inside the window after prune: %v, want ErrDone", err)
 			}
-			if cl, err := c.Claim(t.Context(), gone, time.Minute); err != nil || cl.Attempt != 1 {
+			if cl, err := claim.ClaimOne(t.Context(), c, gone, time.Minute); err != nil || cl.Attempt != 1 {
 				t.Fatalf("claim of the pruned run: %+v, %v; want it granted again as attempt 1", cl, err)
 			}
 		})
 	}
 }
 
-// openSQLite opens the claims file and returns a way to set a run's
-// finished_at (integer unix ms on SQLite's side).
-func openSQLite(t *testing.T, file string) (claim.Claimer, func(claim.Run, time.Time)) {
-	t.Helper()
-	c, err := sqlite.Open(t.Context(), file, sqlite.Options{Instance: "replica-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	db, err := sql.Open("sqlite", sqlite.DSN(file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return c, func(run claim.Run, finished time.Time) {
+// backdater returns a way to set a run's finished_at in b's database
+// (integer unix ms in SQLite, a timestamptz in PostgreSQL).
+func backdater(t *testing.T, b *claimers.Backend) func(claim.Run, time.Time) {
+	return func(run claim.Run, finished time.Time) {
 		t.Helper()
-		if _, err := db.ExecContext(t.Context(), "UPDATE scheduler_runs SET finished_at = ? WHERE run_id = ?",
-			finished.UnixMilli(), run.ID()); err != nil {
-			t.Fatal(err)
+		var err error
+		if b.Dialect == migrations.SQLite {
+			_, err = b.DB.ExecContext(t.Context(), "UPDATE scheduler_runs SET finished_at = ? WHERE run_id = ?", finished.UnixMilli(), run.ID())
+		} else {
+			_, err = b.DB.ExecContext(t.Context(), "UPDATE scheduler_runs SET finished_at = $1 WHERE run_id = $2", finished, run.ID())
 		}
-	}
-}
-
-// openPostgres is openSQLite for PostgreSQL (finished_at is a timestamptz).
-func openPostgres(t *testing.T, dsn string) (claim.Claimer, func(claim.Run, time.Time)) {
-	t.Helper()
-	c, err := postgres.Open(t.Context(), dsn, postgres.Options{Instance: "replica-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	conn, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	return c, func(run claim.Run, finished time.Time) {
-		t.Helper()
-		if _, err := conn.Exec(t.Context(), "UPDATE scheduler_runs SET finished_at = $1 WHERE run_id = $2",
-			finished, run.ID()); err != nil {
+		if err != nil {
 			t.Fatal(err)
 		}
 	}

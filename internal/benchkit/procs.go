@@ -9,48 +9,31 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
-	"github.com/scheduler-dev/scheduler/internal/claim/redis"
-	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/runner"
-	"github.com/scheduler-dev/scheduler/internal/schedule"
-	"github.com/scheduler-dev/scheduler/job"
 )
 
 // The scale scenario with replica processes: the parent prepares the
-// namespace, starts one process per replica (ScaleOptions.ReplicaCmd plus
-// ReplicaArgs), reads their events as JSON lines on their stdout, and tells
-// them to stop on their stdin once every run started and every loser saw
-// it done. Replicas then share no Go scheduler, as on separate hosts.
+// namespace, starts one process per replica (ScaleOptions.ReplicaCmd),
+// sends each its replicaArgs as one JSON line on its stdin, reads its
+// events as JSON lines on its stdout, and tells them to stop on their stdin
+// once every run started and every loser saw it done. Replicas then share
+// no Go scheduler, as on separate hosts.
 
-// ReplicaArgs are one replica process's arguments, parsed by ParseReplica.
-type ReplicaArgs struct {
-	Kind, Namespace, Instance string
-	PostgresDSN, RedisAddr    string
-	RedlockAddrs              []string
-	Jobs                      int
-	Lease, Spread             time.Duration
-	MaxClaims                 int
-	NoBatch, NoBatchRelease   bool
-	Instant                   time.Time // when every job falls due (see instantSpec)
-}
-
-func (a ReplicaArgs) list() []string {
-	return []string{"-kind", a.Kind, "-ns", a.Namespace, "-instance", a.Instance, "-postgres", a.PostgresDSN,
-		"-redis", a.RedisAddr, "-redlock", strings.Join(a.RedlockAddrs, ","), "-jobs", strconv.Itoa(a.Jobs), "-lease", a.Lease.String(), "-spread", a.Spread.String(),
-		"-max-claims", strconv.Itoa(a.MaxClaims), "-no-batch=" + strconv.FormatBool(a.NoBatch),
-		"-no-batch-release=" + strconv.FormatBool(a.NoBatchRelease), "-instant", a.Instant.UTC().Format(time.RFC3339)}
+// replicaArgs are one replica process's arguments.
+type replicaArgs struct {
+	// Claimer reaches the namespace the parent prepared (its
+	// claimers.Namespace's Config); the replica opens it with claimers.Open.
+	Claimer       config.Claimer
+	Instance      string
+	Jobs          int
+	Lease, Spread time.Duration
+	Instant       time.Time // when every job falls due (see instantSpec)
 }
 
 // line is one message of a replica process.
@@ -64,40 +47,19 @@ type line struct {
 	Err   string  `json:"err,omitempty"`
 }
 
-// attach opens claimers on a namespace another process prepared.
-func (s Services) attach(kind, ns string) (func(instance string) (claim.Claimer, error), error) {
-	switch kind {
-	case "postgres":
-		cfg, err := pgxpool.ParseConfig(s.PostgresDSN)
-		if err != nil {
-			return nil, err
-		}
-		cfg.ConnConfig.RuntimeParams["search_path"] = ns
-		return func(instance string) (claim.Claimer, error) {
-			p, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			if err != nil {
-				return nil, err
-			}
-			return postgres.New(p, postgres.Options{Instance: instance}), nil
-		}, nil
-	case "redis":
-		return func(instance string) (claim.Claimer, error) {
-			c := goredis.NewClient(&goredis.Options{Addr: s.RedisAddr, ContextTimeoutEnabled: true})
-			return redis.New(c, redis.Options{Instance: instance, Prefix: ns, DoneTTL: 10 * time.Minute}), nil
-		}, nil
-	case "sqlite":
-		return func(instance string) (claim.Claimer, error) {
-			return sqlite.Open(context.Background(), ns, sqlite.Options{Instance: instance})
-		}, nil
-	case "redlock":
-		return func(instance string) (claim.Claimer, error) { return openRedlock(s.RedlockAddrs, ns, instance) }, nil
+// ReplicaMain is one replica process of the scale scenario: it reads its
+// arguments from the first line of stdin, and returns when the next says
+// stop (or stdin closes).
+func ReplicaMain(stdin io.Reader, stdout io.Writer) error {
+	in := bufio.NewReader(stdin)
+	var a replicaArgs
+	first, err := in.ReadBytes('\n')
+	if err == nil {
+		err = json.Unmarshal(first, &a)
 	}
-	return nil, fmt.Errorf("kind %q cannot run in replica processes", kind)
-}
-
-// ReplicaMain is one replica process of the scale scenario; it returns
-// when stdin says stop (or closes).
-func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
+	if err != nil {
+		return fmt.Errorf("replica arguments on stdin: %w", err)
+	}
 	var mu sync.Mutex
 	w := bufio.NewWriter(stdout)
 	enc := json.NewEncoder(w)
@@ -107,34 +69,24 @@ func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
 		_ = enc.Encode(l)
 	}
 	flush := func() { mu.Lock(); _ = w.Flush(); mu.Unlock() }
-	open, err := (Services{PostgresDSN: a.PostgresDSN, RedisAddr: a.RedisAddr, RedlockAddrs: a.RedlockAddrs}).attach(a.Kind, a.Namespace)
+	b, err := claimers.Open(context.Background(), a.Claimer, a.Instance, claimers.Options{})
 	if err != nil {
 		return err
 	}
-	inner, err := open(a.Instance)
-	if err != nil {
-		return err
-	}
-	defer inner.Close()
+	defer b.Close()
 	var calls atomic.Int64
-	c, _, _ := counted(inner, &calls, a.NoBatch, a.NoBatchRelease)
 	now := time.Now
 
 	runtime.GC()
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	jobs := make([]runner.Job, a.Jobs)
-	for j := range jobs {
-		sched, err := schedule.Parse(instantSpec(a.Instant), "UTC")
-		if err != nil {
-			return err
-		}
-		jobs[j] = runner.Job{Name: fmt.Sprintf("scale.%05d", j), Schedule: sched, Grace: time.Second,
-			Handler: func(context.Context, job.Run) error { return nil }}
+	jobs, err := scaleJobs(a.Jobs, a.Instant)
+	if err != nil {
+		return err
 	}
-	r, err := runner.New(runner.Options{Claimer: c, ClaimerName: a.Kind, Instance: a.Instance, Lease: a.Lease,
-		Spread: a.Spread, MaxClaims: a.MaxClaims, Now: now, Observe: func(e runner.Event) {
+	r, err := runner.New(runner.Options{Claimer: counting{Claimer: b, calls: &calls}, ClaimerName: a.Claimer.Kind,
+		Instance: a.Instance, Lease: a.Lease, Spread: a.Spread, Now: now, Observe: func(e runner.Event) {
 			switch {
 			case e.Kind == runner.EventStarted:
 				say(line{K: "s", ID: e.Run.ID(), Lag: int64(now().Sub(e.Run.At))})
@@ -171,7 +123,7 @@ func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
 	say(line{K: "ready", Heap: float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(a.Jobs)})
 	flush()
 
-	_, _ = bufio.NewReader(stdin).ReadString('\n') // "stop", or EOF
+	_, _ = in.ReadString('\n') // "stop", or EOF
 	cpu := cpuTime() - cpu0
 	n := calls.Load()
 	cancel()
@@ -184,17 +136,11 @@ func ReplicaMain(a ReplicaArgs, stdin io.Reader, stdout io.Writer) error {
 // runScaleProcs is RunScale with one process per replica.
 func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) Scale {
 	fail := func(err error) Scale { res.Error = err.Error(); return res }
-	b, err := s.openBackend(ctx, o.Kind)
+	n, err := s.isolate(ctx, o.Kind)
 	if err != nil {
 		return fail(err)
 	}
-	defer b.close()
-	ns := map[string]string{"postgres": b.schema, "redis": b.prefix, "redlock": b.prefix, "sqlite": b.path}[o.Kind]
-	if c, err := b.open("setup"); err != nil { // migrates a SQLite file
-		return fail(err)
-	} else if o.Kind == "sqlite" {
-		_ = c.Close()
-	}
+	defer n.close()
 	lead := o.Lead + 3*time.Second // process start, 10,000 jobs, the idle heap
 	instant := time.Now().Add(lead).Truncate(time.Second).Add(time.Second)
 
@@ -211,10 +157,9 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 		}
 	}()
 	for i := range o.Replicas {
-		a := ReplicaArgs{Kind: o.Kind, Namespace: ns, Instance: fmt.Sprintf("r%d", i), PostgresDSN: s.PostgresDSN,
-			RedisAddr: s.RedisAddr, RedlockAddrs: s.RedlockAddrs, Jobs: o.Jobs, Lease: o.Lease, Spread: o.Spread, MaxClaims: o.MaxClaims,
-			NoBatch: o.NoBatch, NoBatchRelease: o.NoBatchRelease, Instant: instant}
-		cmd := exec.CommandContext(ctx, o.ReplicaCmd[0], append(slices.Clone(o.ReplicaCmd[1:]), a.list()...)...)
+		a := replicaArgs{Claimer: n.Config, Instance: fmt.Sprintf("r%d", i), Jobs: o.Jobs, Lease: o.Lease,
+			Spread: o.Spread, Instant: instant}
+		cmd := exec.CommandContext(ctx, o.ReplicaCmd[0], o.ReplicaCmd[1:]...)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
@@ -229,6 +174,9 @@ func runScaleProcs(ctx context.Context, s Services, o ScaleOptions, res Scale) S
 		}
 		p := &proc{cmd: cmd, stdin: in, lines: make(chan line, 1024)}
 		procs = append(procs, p)
+		if err := json.NewEncoder(in).Encode(a); err != nil {
+			return fail(err)
+		}
 		go func() {
 			defer close(p.lines)
 			dec := json.NewDecoder(out)

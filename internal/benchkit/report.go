@@ -46,14 +46,15 @@ const (
 	PeerRedsync5  = "redsync (5 nodes)"
 )
 
-// peerRun marks the reference rows the nested bench module measures.
-const peerRun = " (bench/)"
+// PeerRun ends the names of the reference rows the nested bench module
+// measures in turns with the peers.
+const PeerRun = " (bench/)"
 
 var targets = []Target{
 	{Row: "redis", Of: RefGoRedis, Want: 0.9},
-	{Row: "redis", Of: PeerRedislock, Want: 1.0, RowRef: RefGoRedis, OfRef: RefGoRedis + peerRun},
+	{Row: "redis", Of: PeerRedislock, Want: 1.0, RowRef: RefGoRedis, OfRef: RefGoRedis + PeerRun},
 	{Row: RowPostgresClaim, Of: RefPgxInsert, Want: 0.9},
-	{Row: RowRedlock, Of: PeerRedsync5, Want: 1.5, RowRef: RefGoRedis5, OfRef: RefGoRedis5 + peerRun},
+	{Row: RowRedlock, Of: PeerRedsync5, Want: 1.5, RowRef: RefGoRedis5, OfRef: RefGoRedis5 + PeerRun},
 }
 
 // Finish fills in every row's ratio to its reference (throughput per round

@@ -2,16 +2,19 @@ package benchkit
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
 // Row names that other rows (and the nested bench module) refer to.
@@ -55,6 +58,19 @@ func (o *Options) defaults() {
 	}
 }
 
+// ParseConcurrencies parses a comma-separated list of concurrencies.
+func ParseConcurrencies(list string) ([]int, error) {
+	var cs []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bad concurrency %q", f)
+		}
+		cs = append(cs, n)
+	}
+	return cs, nil
+}
+
 var base = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Claimers measures every claimer and its raw references, in turns (see
@@ -63,14 +79,8 @@ func Claimers(ctx context.Context, s Services, o Options) []Row {
 	o.defaults()
 	var rows []Row
 	for _, kind := range o.Kinds {
-		b, err := s.openBackend(ctx, kind)
-		if err == nil {
-			var c claim.Claimer
-			if c, err = b.open("bench"); err == nil {
-				rows = append(rows, o.backendRows(ctx, s, kind, b, c)...)
-			}
-			b.close()
-		}
+		got, err := o.kindRows(ctx, s, kind)
+		rows = append(rows, got...)
 		if err != nil {
 			for _, c := range o.Concurrencies {
 				rows = append(rows, Row{Name: kind, Group: "claimer", Op: opCycle, Concurrency: c, Error: err.Error()})
@@ -80,69 +90,120 @@ func Claimers(ctx context.Context, s Services, o Options) []Row {
 	return rows
 }
 
-// rounds is how many turns Interleave takes.
-const rounds = 5
+// Rounds is how many turns Interleave takes in a suite run.
+const Rounds = 5
 
-func (o Options) backendRows(ctx context.Context, s Services, kind string, b *backend, c claim.Claimer) []Row {
+// reference is what benchkit measures of one claimer kind besides opening
+// it (which is claimers'): its rows and the raw references they are
+// compared with, on the claimer's own namespace.
+type reference struct {
+	// claimer rows: Op opCycle claims and releases, "claim" only claims.
+	claimer []Row
+	// raw is the raw reference measured in turns with the claimer, fresh
+	// for each concurrency; done, if not nil, closes it.
+	raw func(ctx context.Context, n *namespace, b *claimers.Backend) (r Row, op Op, done func(), err error)
+	// whole measures a tool that runs whole, just before the turns.
+	whole func(ctx context.Context, n *namespace, b *claimers.Backend, conc int, d time.Duration) Row
+}
+
+// references holds each kind's rows.
+var references = map[string]reference{
+	config.ClaimerMemory: {
+		claimer: []Row{{Name: "memory", Op: opCycle, RoundTrips: 2, Ref: RefMutexMap}},
+		raw: func(context.Context, *namespace, *claimers.Backend) (Row, Op, func(), error) {
+			return Row{Name: RefMutexMap, Op: "insert+delete", RoundTrips: 2}, mutexMap(), nil, nil
+		},
+	},
+	// Statements, not round trips: a claim reads, then upserts; a release
+	// updates.
+	config.ClaimerSQLite: {
+		claimer: []Row{{Name: "sqlite", Op: opCycle, RoundTrips: 3, Ref: RefSQLiteInsert, Note: "round trips = SQL statements"}},
+		raw:     sqliteInsert,
+	},
+	config.ClaimerPostgres: {
+		claimer: []Row{{Name: RowPostgresClaim, Op: "claim", RoundTrips: 1, Ref: RefPgxInsert},
+			{Name: "postgres", Op: opCycle, RoundTrips: 2, Ref: RefPgxInsert}},
+		raw:   pgxInsert,
+		whole: pgbench,
+	},
+	config.ClaimerRedis: {
+		claimer: []Row{{Name: "redis", Op: opCycle, RoundTrips: 2, Ref: RefGoRedis}},
+		raw: func(_ context.Context, n *namespace, _ *claimers.Backend) (Row, Op, func(), error) {
+			op, done := dialBareLock(n.Servers(), n.Config.Redis.Prefix+"raw:")
+			return Row{Name: RefGoRedis, Op: "SET NX PX + DEL", RoundTrips: 2, Ref: RefRedisBench}, op, done, nil
+		},
+		whole: func(ctx context.Context, n *namespace, _ *claimers.Backend, conc int, d time.Duration) Row {
+			return redisBenchmark(ctx, n.Config.Redis.Addr, n.Config.Redis.Prefix, conc, d)
+		},
+	},
+	config.ClaimerRedlock: {
+		claimer: []Row{{Name: RowRedlock, Op: opCycle, RoundTrips: 3, Ref: RefGoRedis5, Note: "claim, commit and release rounds"}},
+		raw: func(_ context.Context, n *namespace, _ *claimers.Backend) (Row, Op, func(), error) {
+			op, done := dialBareLock(n.Servers(), n.Config.Redlock.Prefix+"raw:")
+			return Row{Name: RefGoRedis5, Op: "SET NX PX + DEL", RoundTrips: 2}, op, done, nil
+		},
+	},
+}
+
+// kindRows measures kind's claimer and its references on a namespace of
+// their own.
+func (o Options) kindRows(ctx context.Context, s Services, kind string) ([]Row, error) {
+	n, err := s.isolate(ctx, kind)
+	if err != nil {
+		return nil, err
+	}
+	defer n.close()
+	b, err := n.open(ctx, "bench")
+	if err != nil {
+		return nil, err
+	}
+	ref, ok := references[kind]
+	if !ok { // a kind benchkit has no references for: its claimer alone
+		ref.claimer = []Row{{Name: kind, Op: opCycle, RoundTrips: 2}}
+	}
 	var out []Row
 	for _, conc := range o.Concurrencies {
 		var (
 			rows []Row
 			ops  []Op
 		)
-		add := func(r Row, op Op) { rows, ops = append(rows, r), append(ops, op) }
-		switch kind {
-		case "memory":
-			add(Row{Name: RefMutexMap, Group: "raw", Op: "insert+delete", RoundTrips: 2}, mutexMap())
-			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefMutexMap}, cycle(c, conc, true))
-		case "sqlite":
-			op, closeRaw, err := sqliteInsert(ctx, b.path)
+		if ref.whole != nil {
+			out = append(out, ref.whole(ctx, n, b, conc, o.Duration))
+		}
+		if ref.raw != nil {
+			r, op, done, err := ref.raw(ctx, n, b)
+			r.Group = "raw"
 			if err != nil {
-				out = append(out, Row{Name: RefSQLiteInsert, Group: "raw", Concurrency: conc, Error: err.Error()})
+				r.Concurrency, r.Error = conc, err.Error()
+				out = append(out, r)
 			} else {
-				defer closeRaw()
-				add(Row{Name: RefSQLiteInsert, Group: "raw", Op: "INSERT", RoundTrips: 1}, op)
+				if done != nil {
+					defer done()
+				}
+				rows, ops = append(rows, r), append(ops, op)
 			}
-			// Statements, not round trips: a claim reads, then upserts; a
-			// release updates.
-			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 3, Ref: RefSQLiteInsert,
-				Note: "round trips = SQL statements"}, cycle(c, conc, true))
-		case "postgres":
-			out = append(out, pgbench(ctx, s, b, conc, o.Duration))
-			op, err := pgxInsert(ctx, b)
-			if err != nil {
-				out = append(out, Row{Name: RefPgxInsert, Group: "raw", Concurrency: conc, Error: err.Error()})
-			} else {
-				add(Row{Name: RefPgxInsert, Group: "raw", Op: "INSERT", RoundTrips: 1, Ref: RefPgbench}, op)
-			}
-			add(Row{Name: RowPostgresClaim, Group: "claimer", Op: "claim", RoundTrips: 1, Ref: RefPgxInsert}, cycle(c, conc, false))
-			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefPgxInsert}, cycle(c, conc, true))
-		case "redis":
-			out = append(out, redisBenchmark(ctx, s.RedisAddr, b.prefix, conc, o.Duration))
-			add(Row{Name: RefGoRedis, Group: "raw", Op: "SET NX PX + DEL", RoundTrips: 2, Ref: RefRedisBench}, goRedis(b.rdb, b.prefix+"raw:"))
-			add(Row{Name: kind, Group: "claimer", Op: opCycle, RoundTrips: 2, Ref: RefGoRedis}, cycle(c, conc, true))
-		case "redlock":
-			add(Row{Name: RefGoRedis5, Group: "raw", Op: "SET NX PX + DEL", RoundTrips: 2}, goRedis(b.rdb, b.prefix+"raw:"))
-			add(Row{Name: RowRedlock, Group: "claimer", Op: opCycle, RoundTrips: 3, Ref: RefGoRedis5,
-				Note: "claim, commit and release rounds"}, cycle(c, conc, true))
+		}
+		for _, r := range ref.claimer {
+			r.Group = "claimer"
+			rows, ops = append(rows, r), append(ops, cycle(b, conc, r.Op == opCycle))
 		}
 		for _, r := range rows {
 			o.Log.Info("measuring", "row", r.Name, "concurrency", conc)
 		}
-		out = append(out, Interleave(ctx, conc, o.Duration, rounds, rows, ops)...)
+		out = append(out, Interleave(ctx, conc, o.Duration, Rounds, rows, ops)...)
 	}
-	return out
+	return out, nil
 }
 
 // cycle claims a fresh run and, if release, releases it as succeeded.
 func cycle(c claim.Claimer, conc int, release bool) Op {
 	job := fmt.Sprintf("bench.c%d.release=%t", conc, release)
 	return func(ctx context.Context, i int64) error {
-		cl, err := c.Claim(ctx, claim.Run{Job: job, At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
+		cl, err := claim.ClaimOne(ctx, c, claim.Run{Job: job, At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
 		if err != nil || !release {
 			return err
 		}
-		return c.Release(ctx, cl, claim.Succeeded)
+		return claim.ReleaseOne(ctx, c, cl, claim.Succeeded)
 	}
 }
 
@@ -166,39 +227,32 @@ func mutexMap() Op {
 	}
 }
 
-// sqliteInsert opens a second handle on the claimer's file with one
-// connection (SQLite has one writer) and inserts into a scratch table.
-func sqliteInsert(ctx context.Context, path string) (Op, func(), error) {
-	db, err := sql.Open("sqlite", sqlite.DSN(path))
-	if err != nil {
-		return nil, nil, err
-	}
-	db.SetMaxOpenConns(1)
-	_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_raw (run_id TEXT PRIMARY KEY, job TEXT NOT NULL,
+// sqliteInsert inserts into a scratch table of the claimer's file through
+// the backend's own database/sql handle, held to one connection (SQLite
+// has one writer).
+func sqliteInsert(ctx context.Context, _ *namespace, b *claimers.Backend) (Row, Op, func(), error) {
+	row := Row{Name: RefSQLiteInsert, Op: "INSERT", RoundTrips: 1}
+	b.DB.SetMaxOpenConns(1)
+	_, err := b.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS bench_raw (run_id TEXT PRIMARY KEY, job TEXT NOT NULL,
   scheduled_at INTEGER NOT NULL, status TEXT NOT NULL, token TEXT NOT NULL, holder TEXT NOT NULL,
   fence INTEGER NOT NULL, attempt INTEGER NOT NULL, started_at INTEGER NOT NULL, lease_until INTEGER NOT NULL)`)
 	if err != nil {
-		_ = db.Close()
-		return nil, nil, err
+		return row, nil, nil, err
 	}
-	st, err := db.PrepareContext(ctx, `INSERT INTO bench_raw VALUES (?1, 'job.bench', ?2, 'running', ?3, 'bench', 1, 1,
+	st, err := b.DB.PrepareContext(ctx, `INSERT INTO bench_raw VALUES (?1, 'job.bench', ?2, 'running', ?3, 'bench', 1, 1,
   CAST(unixepoch('subsec') * 1000 AS INTEGER), CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000)
 ON CONFLICT (run_id) DO NOTHING RETURNING fence`)
 	if err != nil {
-		_ = db.Close()
-		return nil, nil, err
+		return row, nil, nil, err
 	}
 	// The table is per concurrency level: a fresh id space each time.
 	gen := time.Now().UnixNano()
-	return func(ctx context.Context, i int64) error {
-			at := base.Add(time.Duration(i) * time.Second)
-			var fence int64
-			return st.QueryRowContext(ctx, fmt.Sprintf("%d:%s", gen, claim.Run{Job: "raw", At: at}.ID()), at.UnixMilli(),
-				claim.NewToken()).Scan(&fence)
-		}, func() {
-			_ = st.Close()
-			_ = db.Close()
-		}, nil
+	return row, func(ctx context.Context, i int64) error {
+		at := base.Add(time.Duration(i) * time.Second)
+		var fence int64
+		return st.QueryRowContext(ctx, fmt.Sprintf("%d:%s", gen, claim.Run{Job: "raw", At: at}.ID()), at.UnixMilli(),
+			claim.NewToken()).Scan(&fence)
+	}, func() { _ = st.Close() }, nil
 }
 
 const pgxInsertSQL = `
@@ -207,26 +261,49 @@ VALUES ($1, 'job.bench', $2, 'running', $3, 'bench', 1, 1, now(), now() + interv
 ON CONFLICT (run_id) DO NOTHING RETURNING fence`
 
 // pgxInsert inserts one row per operation into a table shaped like
-// scheduler_runs (same columns, same indexes) with the bare pool.
-func pgxInsert(ctx context.Context, b *backend) (Op, error) {
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_raw (LIKE scheduler_runs INCLUDING ALL)`); err != nil {
-		return nil, err
+// scheduler_runs (same columns, same indexes) with a bare pool of its own
+// on the claimer's schema.
+func pgxInsert(ctx context.Context, n *namespace, _ *claimers.Backend) (Row, Op, func(), error) {
+	row := Row{Name: RefPgxInsert, Op: "INSERT", RoundTrips: 1, Ref: RefPgbench}
+	pool, err := pgxpool.New(ctx, n.Config.Postgres.DSN)
+	if err != nil {
+		return row, nil, nil, err
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_raw (LIKE scheduler_runs INCLUDING ALL)`); err != nil {
+		pool.Close()
+		return row, nil, nil, err
 	}
 	gen := time.Now().UnixNano()
-	return func(ctx context.Context, i int64) error {
+	return row, func(ctx context.Context, i int64) error {
 		at := base.Add(time.Duration(i) * time.Second)
 		var fence int64
-		return b.pool.QueryRow(ctx, pgxInsertSQL, fmt.Sprintf("%d:%s", gen, claim.Run{Job: "raw", At: at}.ID()), at,
+		return pool.QueryRow(ctx, pgxInsertSQL, fmt.Sprintf("%d:%s", gen, claim.Run{Job: "raw", At: at}.ID()), at,
 			claim.NewToken()).Scan(&fence)
-	}, nil
+	}, pool.Close, nil
 }
 
 // unlockScript is the classic compare-and-delete.
 var unlockScript = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 
-// goRedis is the bare lock on one node or, with several, the same on all
-// of them in parallel (each round waits for every node).
-func goRedis(nodes []*goredis.Client, prefix string) Op {
+// dialBareLock is BareLock on clients of its own, one per address; done
+// closes them.
+func dialBareLock(addrs []string, prefix string) (op Op, done func()) {
+	nodes := make([]*goredis.Client, len(addrs))
+	for i, a := range addrs {
+		nodes[i] = goredis.NewClient(&goredis.Options{Addr: a, PoolSize: 64})
+	}
+	return BareLock(nodes, prefix), func() {
+		for _, c := range nodes {
+			_ = c.Close()
+		}
+	}
+}
+
+// BareLock is the bare lock the redis claimers are compared with: SET NX
+// PX of a fresh key under prefix, then the compare-and-delete script, on
+// one node or, with several, on all of them in parallel (each round waits
+// for every node). The nested bench module measures it too.
+func BareLock(nodes []*goredis.Client, prefix string) Op {
 	gen := time.Now().UnixNano()
 	each := func(f func(c *goredis.Client) error) error {
 		if len(nodes) == 1 {

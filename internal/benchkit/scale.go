@@ -1,7 +1,6 @@
 package benchkit
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/job"
@@ -32,14 +32,6 @@ type ScaleOptions struct {
 	// Spread is runner.Options.Spread (0: the runner's default, negative:
 	// none).
 	Spread time.Duration
-	// MaxClaims is runner.Options.MaxClaims (0: default, negative: none).
-	MaxClaims int
-	// NoBatch hides claim.BatchClaimer and claim.BatchReleaser from the
-	// runner: claims and releases run by run.
-	NoBatch bool
-	// NoBatchRelease hides claim.BatchReleaser alone: claims in batches,
-	// releases run by run.
-	NoBatchRelease bool
 	// ReplicaCmd, when set, runs each replica as a process: the command
 	// and leading arguments of a program that calls ReplicaMain (see
 	// cmd/scheduler-bench -replica). Not for memory.
@@ -74,12 +66,6 @@ type Scale struct {
 	Jobs     int    `json:"jobs"`
 	Replicas int    `json:"replicas"`
 	Spread   string `json:"spread"`
-	// MaxClaims is the runner's in-flight claim limit, 0 for none.
-	MaxClaims int `json:"max_claims"`
-	// Batched says whether the runner claimed in batches.
-	Batched bool `json:"batched"`
-	// BatchedReleases says whether the runner released in batches.
-	BatchedReleases bool `json:"batched_releases"`
 	// Processes says whether the replicas ran as separate processes.
 	Processes bool `json:"processes"`
 	// Schedule lag: instant → handler start, on the starting replica.
@@ -104,15 +90,16 @@ type Scale struct {
 	Error      string  `json:"error,omitempty"`
 }
 
-// counting wraps a Claimer and counts its calls.
+// counting wraps a Claimer and counts its calls: a Claim or Release of
+// many runs is one call, as it is one request.
 type counting struct {
 	claim.Claimer
 	calls *atomic.Int64
 }
 
-func (c counting) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+func (c counting) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	c.calls.Add(1)
-	return c.Claimer.Claim(ctx, run, lease)
+	return c.Claimer.Claim(ctx, runs, lease)
 }
 
 func (c counting) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
@@ -120,48 +107,9 @@ func (c counting) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return c.Claimer.Renew(ctx, cl, lease)
 }
 
-func (c counting) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+func (c counting) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
 	c.calls.Add(1)
-	return c.Claimer.Release(ctx, cl, o)
-}
-
-// countingBatch is counting for a claimer that claims in batches; one
-// ClaimBatch counts as one call.
-type countingBatch struct {
-	counting
-	b claim.BatchClaimer
-}
-
-func (c countingBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	c.calls.Add(1)
-	return c.b.ClaimBatch(ctx, runs, lease)
-}
-
-// countingBatches is countingBatch for a claimer that also releases in
-// batches; one ReleaseBatch counts as one call.
-type countingBatches struct {
-	countingBatch
-	e claim.BatchReleaser
-}
-
-func (c countingBatches) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
-	c.calls.Add(1)
-	return c.e.ReleaseBatch(ctx, cls, outs)
-}
-
-// counted wraps inner to count its calls into calls, showing the runner
-// the batch interfaces inner has unless told to hide them, and says which
-// it shows.
-func counted(inner claim.Claimer, calls *atomic.Int64, noBatch, noBatchRelease bool) (c claim.Claimer, batched, batchedReleases bool) {
-	plain := counting{Claimer: inner, calls: calls}
-	b, ok := inner.(claim.BatchClaimer)
-	if !ok || noBatch {
-		return plain, false, false
-	}
-	if e, ok := inner.(claim.BatchReleaser); ok && !noBatchRelease {
-		return countingBatches{countingBatch{plain, b}, e}, true, true
-	}
-	return countingBatch{plain, b}, true, false
+	return c.Claimer.Release(ctx, cls, outcomes)
 }
 
 // RunScale runs one scale scenario on the real runner.
@@ -171,34 +119,24 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	if o.Spread != 0 {
 		res.Spread = max(o.Spread, 0).String()
 	}
-	res.MaxClaims = max(cmp.Or(o.MaxClaims, runner.DefaultMaxClaims), 0)
-	if len(o.ReplicaCmd) > 0 && o.Kind != "memory" {
+	if len(o.ReplicaCmd) > 0 && o.Kind != config.ClaimerMemory { // a memory store lives in one process
 		res.Processes = true
-		if !o.NoBatch {
-			res.Batched, res.MaxClaims = true, 0
-			res.BatchedReleases = !o.NoBatchRelease
-		}
 		return runScaleProcs(ctx, s, o, res)
 	}
 	fail := func(err error) Scale { res.Error = err.Error(); return res }
-	b, err := s.openBackend(ctx, o.Kind)
+	n, err := s.isolate(ctx, o.Kind)
 	if err != nil {
 		return fail(err)
 	}
-	defer b.close()
+	defer n.close()
 	var calls atomic.Int64
-	claimers := make([]claim.Claimer, o.Replicas)
-
-	for i := range claimers {
-		c, err := b.open(fmt.Sprintf("r%d", i))
+	replicas := make([]claim.Claimer, o.Replicas)
+	for i := range replicas {
+		b, err := n.open(ctx, fmt.Sprintf("r%d", i))
 		if err != nil {
 			return fail(err)
 		}
-		var batched, ends bool
-		claimers[i], batched, ends = counted(c, &calls, o.NoBatch, o.NoBatchRelease)
-		if batched {
-			res.Batched, res.MaxClaims, res.BatchedReleases = true, 0, ends
-		}
+		replicas[i] = counting{Claimer: b, calls: &calls}
 	}
 
 	now := time.Now
@@ -246,17 +184,12 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	runners := make([]*runner.Runner, o.Replicas)
 	instant := time.Now().Add(o.Lead).Truncate(time.Second).Add(time.Second)
 	for i := range runners {
-		jobs := make([]runner.Job, o.Jobs)
-		for j := range jobs {
-			sched, err := schedule.Parse(instantSpec(instant), "UTC")
-			if err != nil {
-				return fail(err)
-			}
-			jobs[j] = runner.Job{Name: fmt.Sprintf("scale.%05d", j), Schedule: sched, Grace: time.Second,
-				Handler: func(context.Context, job.Run) error { return nil }}
+		jobs, err := scaleJobs(o.Jobs, instant)
+		if err != nil {
+			return fail(err)
 		}
-		r, err := runner.New(runner.Options{Claimer: claimers[i], ClaimerName: o.Kind, Instance: fmt.Sprintf("r%d", i),
-			Lease: o.Lease, Spread: o.Spread, MaxClaims: o.MaxClaims, Now: now, Observe: observe(i)}, jobs)
+		r, err := runner.New(runner.Options{Claimer: replicas[i], ClaimerName: o.Kind, Instance: fmt.Sprintf("r%d", i),
+			Lease: o.Lease, Spread: o.Spread, Now: now, Observe: observe(i)}, jobs)
 		if err != nil {
 			return fail(err)
 		}
@@ -327,21 +260,13 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// claims says how the runner sent its claims.
+// claims says how the runner sent its claims: always in batches (claims
+// and releases) now, by one process per replica or in this one.
 func (s Scale) claims() string {
-	how := "all at once"
-	switch {
-	case s.Batched && s.BatchedReleases:
-		how = "batched (+ releases)"
-	case s.Batched:
-		how = "batched"
-	case s.MaxClaims > 0:
-		how = fmt.Sprintf("≤%d at once", s.MaxClaims)
-	}
 	if s.Processes {
-		return how + ", processes"
+		return "batched (+ releases), processes"
 	}
-	return how + ", in-process"
+	return "batched (+ releases), in-process"
 }
 
 // WriteScale prints scale results as a table.
@@ -364,6 +289,20 @@ func WriteScale(w io.Writer, rows []Scale) {
 		}
 	}
 	tw.Flush()
+}
+
+// scaleJobs are n jobs that do nothing, each due once, at instant.
+func scaleJobs(n int, instant time.Time) ([]runner.Job, error) {
+	jobs := make([]runner.Job, n)
+	for j := range jobs {
+		sched, err := schedule.Parse(instantSpec(instant), "UTC")
+		if err != nil {
+			return nil, err
+		}
+		jobs[j] = runner.Job{Name: fmt.Sprintf("scale.%05d", j), Schedule: sched, Grace: time.Second,
+			Handler: func(context.Context, job.Run) error { return nil }}
+	}
+	return jobs, nil
 }
 
 // instantSpec is a schedule whose only instant (once a year) is at, on

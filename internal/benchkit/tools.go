@@ -16,11 +16,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 )
 
 // redisBenchmark runs redis-benchmark with SET key NX PX on random keys
 // under prefix and reads its --csv line. A short calibration run sizes the
-// real one to last about d.
+// real one to last about d. It deletes its keys (hundreds of thousands)
+// afterwards.
 func redisBenchmark(ctx context.Context, addr, prefix string, conc int, d time.Duration) Row {
 	row := Row{Name: RefRedisBench, Group: "raw", Op: "SET NX PX", Concurrency: conc, RoundTrips: 1}
 	host, port, err := net.SplitHostPort(addr)
@@ -28,11 +32,17 @@ func redisBenchmark(ctx context.Context, addr, prefix string, conc int, d time.D
 		row.Error = err.Error()
 		return row
 	}
+	prefix += "rb:"
+	defer func() {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		DropPrefix(context.WithoutCancel(ctx), c, prefix)
+		_ = c.Close()
+	}()
 	run := func(n int) ([]string, time.Duration, error) {
 		start := time.Now()
 		out, err := exec.CommandContext(ctx, "redis-benchmark", "-h", host, "-p", port, "-c", strconv.Itoa(conc),
 			"-n", strconv.Itoa(n), "-r", "1000000000", "--csv",
-			"SET", prefix+"rb:__rand_int__", "v", "NX", "PX", "60000").Output()
+			"SET", prefix+"__rand_int__", "v", "NX", "PX", "60000").Output()
 		if err != nil {
 			return nil, 0, fmt.Errorf("redis-benchmark: %w", err)
 		}
@@ -66,14 +76,14 @@ func redisBenchmark(ctx context.Context, addr, prefix string, conc int, d time.D
 // pgbench runs a custom script, the same INSERT … ON CONFLICT DO NOTHING
 // RETURNING as the pgx reference, into a scratch table in the backend's
 // scratch schema, and reads tps and per-transaction latencies from its log.
-func pgbench(ctx context.Context, s Services, b *backend, conc int, d time.Duration) Row {
+func pgbench(ctx context.Context, n *namespace, b *claimers.Backend, conc int, d time.Duration) Row {
 	row := Row{Name: RefPgbench, Group: "raw", Op: "INSERT", Concurrency: conc, RoundTrips: 1}
 	fail := func(err error) Row { row.Error = err.Error(); return row }
-	table := pgx.Identifier{b.schema, "bench_pgbench"}.Sanitize()
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (LIKE scheduler_runs INCLUDING ALL)`); err != nil {
+	table := pgx.Identifier{n.name, "bench_pgbench"}.Sanitize()
+	if _, err := b.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (LIKE scheduler_runs INCLUDING ALL)`); err != nil {
 		return fail(err)
 	}
-	dir, err := os.MkdirTemp(s.Dir, "pgbench-")
+	dir, err := os.MkdirTemp(n.s.Dir, "pgbench-")
 	if err != nil {
 		return fail(err)
 	}
@@ -90,7 +100,7 @@ ON CONFLICT (run_id) DO NOTHING RETURNING fence;
 	secs := max(int(d.Round(time.Second)/time.Second), 1)
 	cmd := exec.CommandContext(ctx, "pgbench", "-n", "-M", "prepared", "-f", script, "-c", strconv.Itoa(conc),
 		"-j", strconv.Itoa(min(conc, 2)), "-T", strconv.Itoa(secs), "-l", "--log-prefix", filepath.Join(dir, "log"),
-		pgURL(s.PostgresDSN))
+		pgURL(n.s.PostgresDSN))
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -128,4 +138,27 @@ ON CONFLICT (run_id) DO NOTHING RETURNING fence;
 func lastLines(b []byte, n int) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(len(lines)-n, 0):], " | ")
+}
+
+// DropPrefix unlinks every key under prefix, in batches.
+func DropPrefix(ctx context.Context, c *goredis.Client, prefix string) {
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 500 {
+			c.Unlink(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Unlink(ctx, batch...)
+	}
+}
+
+// pgURL is dsn without a search_path, for pgbench (libpq takes a URI).
+func pgURL(dsn string) string {
+	if i := strings.Index(dsn, "search_path="); i >= 0 {
+		return strings.TrimRight(dsn[:i], "?&")
+	}
+	return dsn
 }

@@ -159,32 +159,83 @@ func (o Outcome) Valid() bool { return o.Terminal() || o == Interrupted }
 
 // Claimer grants at most one replica the right to execute a scheduled run.
 //
+// It is batch-first: Claim and Release take many runs and answer each on
+// its own, because that is how the runner calls them (every run due at one
+// instant, every release queued behind the one in flight) and what lets a
+// backend answer 10,000 runs in a few round trips. ClaimOne and ReleaseOne
+// ask for a single run.
+//
 // Implementations are safe for concurrent use. They do not retry, back off
 // or keep leases alive on their own: that is written once, in the runner.
 // Every method honours ctx and returns promptly once it is done; a
 // cancellation is returned as ctx's error, never mapped onto a sentinel.
 type Claimer interface {
-	// Claim tries once to win the run for lease. It grants a fresh run with
-	// attempt 1, and takes over a run whose holder released it as
-	// Interrupted or whose lease has expired (on the backend's clock) with
-	// attempt+1 and a higher fence. It returns ErrHeld if another replica
-	// holds a live claim, ErrDone if the run finished.
-	Claim(ctx context.Context, run Run, lease time.Duration) (*Claim, error)
+	// Claim tries once to win each of runs for lease, and returns one
+	// result per run, in order: claims[i] is the grant of runs[i], or nil
+	// with errs[i] saying why. It grants a fresh run with attempt 1, and
+	// takes over a run whose holder released it as Interrupted or whose
+	// lease has expired (on the backend's clock) with attempt+1 and a
+	// higher fence. errs[i] is ErrHeld if another replica holds a live
+	// claim, ErrDone if the run finished, ErrInvalid for bad input (that
+	// run alone), or a backend or ctx failure for every run it affected.
+	// Runs must be distinct.
+	Claim(ctx context.Context, runs []Run, lease time.Duration) (claims []*Claim, errs []error)
 	// Renew extends c's lease to lease from now (backend time) and updates
 	// c. It returns ErrLeaseLost if c is no longer the live claim on its run,
 	// including when its lease already expired.
 	Renew(ctx context.Context, c *Claim, lease time.Duration) error
-	// Release ends c with outcome o. It returns ErrLeaseLost if c is no
+	// Release ends each of claims with outcomes[i] and returns one error
+	// per claim, in order. errs[i] is ErrLeaseLost if the claim is no
 	// longer the claim on its run (someone took over) or was already
-	// released with another outcome. Releasing again with the outcome c
-	// was released with succeeds and changes nothing: a caller that lost
-	// the reply to a release that took effect retries it, and must not be
-	// told it lost the run it just finished.
-	Release(ctx context.Context, c *Claim, o Outcome) error
+	// released with another outcome, ErrInvalid for bad input, or a backend
+	// or ctx failure for every claim it affected (those may or may not have
+	// been released). Releasing again with the outcome a claim was released
+	// with succeeds and changes nothing: a caller that lost the reply to a
+	// release that took effect retries it, and must not be told it lost the
+	// run it just finished. Claims must be of distinct runs.
+	Release(ctx context.Context, claims []*Claim, outcomes []Outcome) []error
+	// History lists recorded runs, newest scheduled instant first; job ""
+	// means every job. The runner reads it to decide overlap and to find
+	// live runs at start-up; the CLI and status page show it.
+	History(ctx context.Context, job string, limit int) ([]Record, error)
 	// Ping reports whether the backend is reachable (ErrUnavailable if not).
 	Ping(ctx context.Context) error
 	// Close frees the claimer's resources. It does not release claims.
 	Close() error
+}
+
+// ClaimOne asks c for a single run.
+func ClaimOne(ctx context.Context, c Claimer, run Run, lease time.Duration) (*Claim, error) {
+	cls, errs := c.Claim(ctx, []Run{run}, lease)
+	return cls[0], errs[0]
+}
+
+// ReleaseOne ends a single claim with outcome o.
+func ReleaseOne(ctx context.Context, c Claimer, cl *Claim, o Outcome) error {
+	return c.Release(ctx, []*Claim{cl}, []Outcome{o})[0]
+}
+
+// EachRun answers a Claim batch run by run with f, for claimers and
+// decorators that decide each run on its own.
+func EachRun(runs []Run, f func(Run) (*Claim, error)) ([]*Claim, []error) {
+	claims, errs := make([]*Claim, len(runs)), make([]error, len(runs))
+	for i, run := range runs {
+		claims[i], errs[i] = f(run)
+	}
+	return claims, errs
+}
+
+// EachClaim answers a Release batch claim by claim with f.
+func EachClaim(claims []*Claim, outcomes []Outcome, f func(*Claim, Outcome) error) []error {
+	errs := make([]error, len(claims))
+	for i, c := range claims {
+		if i < len(outcomes) {
+			errs[i] = f(c, outcomes[i])
+		} else {
+			errs[i] = fmt.Errorf("%w: no outcome for claim %d", ErrInvalid, i)
+		}
+	}
+	return errs
 }
 
 // Status is the state of a run as recorded by a backend.
@@ -217,38 +268,9 @@ type Record struct {
 	FinishedAt time.Time `json:"finished_at,omitzero"`
 }
 
-// BatchClaimer is implemented by claimers that can bid for many runs in a
-// few round trips. The runner uses it when many runs fall due at one
-// instant; a claimer without it is asked run by run.
-type BatchClaimer interface {
-	// ClaimBatch tries once to win each of runs, exactly as Claim would,
-	// and returns one result per run, in order: claims[i] is the grant of
-	// runs[i], or nil with errs[i] saying why (ErrHeld, ErrDone, ErrInvalid
-	// for that run alone; a backend or ctx failure for every run it
-	// affected). Runs must be distinct.
-	ClaimBatch(ctx context.Context, runs []Run, lease time.Duration) (claims []*Claim, errs []error)
-}
-
-// BatchReleaser is implemented by claimers that can end many claims in a
-// few round trips. The runner uses it when many runs finish at once; a
-// claimer without it is asked claim by claim.
-type BatchReleaser interface {
-	// ReleaseBatch ends each of claims with outcomes[i], exactly as Release
-	// would, and returns one error per claim, in order: nil, ErrLeaseLost
-	// or ErrInvalid for that claim alone, or a backend or ctx failure for
-	// every claim it affected (those may or may not have been released; a
-	// retry with the same outcome is safe). Claims must be of distinct runs.
-	ReleaseBatch(ctx context.Context, claims []*Claim, outcomes []Outcome) []error
-}
-
-// Historian is implemented by claimers that can list recorded runs, newest
-// scheduled instant first. job "" means every job.
-type Historian interface {
-	History(ctx context.Context, job string, limit int) ([]Record, error)
-}
-
-// Pruner is implemented by claimers that keep finished runs until told to
-// forget them (the SQL backends). Prune deletes succeeded, failed and
+// Pruner is what the SQL backends offer besides the Claimer: they keep
+// finished runs until told to forget them. The opener hands it out as a
+// capability, nil for backends that expire runs on their own. Prune deletes succeeded, failed and
 // skipped runs that finished more than olderThan ago, on the backend's
 // clock, and returns how many. Live and interrupted runs are kept: their
 // attempt count must survive. A pruned run could be granted again as

@@ -4,24 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/procs"
 )
 
 // Claimer kinds compare knows. KindBroken is hidden from the usage text: a
@@ -42,19 +33,156 @@ var Kinds = []string{KindPostgres, KindRedis, KindRedlock, KindSQLite, KindMemor
 // when --redlock-addrs is not given.
 const redlockNodes = 3
 
-// namespace is one cell's isolated slice of a backend: a fresh schema, key
-// prefix, set of private servers or file, removed again by close.
+// service is where compare finds one kind's backend: the server a flag
+// names, or private servers it starts for the cell. Everything else about
+// a kind (opening it, isolating a namespace on it, dialling it through a
+// proxy) is the opener's, claimers, which `scheduler run` uses too.
+type service struct {
+	// network: replicas reach the backend over TCP, which network faults
+	// act on.
+	network bool
+	// restart is the fault that crashes one of the kind's private servers.
+	restart string
+	// shared says why the restart fault cannot run with these options (a
+	// flag names a server compare does not own), or "".
+	shared func(o *Options) string
+	// missing says why the cell cannot run with these options (no server
+	// given, none to start), or "". own: the scenario restarts a server.
+	missing func(o *Options, own bool) string
+	// locate points c at the cell's backend, starting the private servers
+	// it needs into ns.
+	locate func(ctx context.Context, o *Options, ns *namespace, c *config.Claimer, own bool) error
+}
+
+// services holds the kinds that need more than the defaults; memory and
+// broken need nothing.
+var services = map[string]service{
+	KindSQLite: {locate: func(_ context.Context, o *Options, ns *namespace, c *config.Claimer, _ bool) error {
+		dir, err := os.MkdirTemp(o.TempDir, "scheduler-compare-*")
+		if err != nil {
+			return err
+		}
+		ns.closers = append(ns.closers, func() { _ = os.RemoveAll(dir) })
+		c.SQLite.Path = filepath.Join(dir, "claims.db") // the namespace's file goes beside it
+		return nil
+	}},
+	KindPostgres: {network: true, restart: FaultPostgresRestart,
+		shared: func(*Options) string { return "" }, // the fault brings its own cluster
+		missing: func(o *Options, own bool) string {
+			if !own && o.PostgresDSN == "" {
+				return "no --postgres-dsn given"
+			}
+			return ""
+		},
+		// locate uses --postgres-dsn or, when own, a private cluster
+		// compare starts (and a postgres-restart crashes).
+		locate: func(ctx context.Context, o *Options, ns *namespace, c *config.Claimer, own bool) error {
+			c.Postgres.DSN = o.PostgresDSN
+			if !own {
+				return nil
+			}
+			s, err := procs.StartPostgres(ctx, procs.PostgresOptions{Bin: o.PostgresBin, TempDir: o.TempDir})
+			if err != nil {
+				return privateErr("private PostgreSQL", " (give --postgres-bin)", err)
+			}
+			ns.own(s)
+			c.Postgres.DSN = s.DSN()
+			return nil
+		}},
+	KindRedis: {network: true, restart: FaultRedisRestart,
+		shared: func(o *Options) string {
+			if o.RedisAddr != "" {
+				return "redis-restart needs a redis-server compare starts itself (drop --redis-addr)"
+			}
+			return ""
+		},
+		locate: func(ctx context.Context, o *Options, ns *namespace, c *config.Claimer, _ bool) error {
+			c.Redis.Prefix = "" // the namespace's name is the prefix
+			if o.RedisAddr != "" {
+				c.Redis.Addr = o.RedisAddr
+				return nil
+			}
+			addrs, err := ns.redisServers(ctx, o, 1)
+			if err == nil {
+				c.Redis.Addr = addrs[0]
+			}
+			return err
+		}},
+	KindRedlock: {network: true, restart: FaultRedisRestart,
+		shared: func(o *Options) string {
+			if len(o.RedlockAddrs) > 0 {
+				return "redis-restart needs redis-server nodes compare starts itself (drop --redlock-addrs)"
+			}
+			return ""
+		},
+		locate: func(ctx context.Context, o *Options, ns *namespace, c *config.Claimer, _ bool) error {
+			c.Redlock.Prefix = ""
+			if len(o.RedlockAddrs) > 0 {
+				c.Redlock.Addrs = o.RedlockAddrs
+				return nil
+			}
+			var err error
+			c.Redlock.Addrs, err = ns.redisServers(ctx, o, redlockNodes)
+			return err
+		}},
+}
+
+// unsupported says why a scenario cannot run on kind, or "".
+func unsupported(o *Options, kind string, f faultSet) string {
+	s := services[kind]
+	if f.network() && !s.network {
+		return kind + " has no network link to fault"
+	}
+	for _, restart := range []string{FaultPostgresRestart, FaultRedisRestart} {
+		if !f.has(restart) {
+			continue
+		}
+		if s.restart != restart {
+			var to []string
+			for _, k := range Kinds {
+				if services[k].restart == restart {
+					to = append(to, k)
+				}
+			}
+			return restart + " applies to " + strings.Join(to, " and ")
+		}
+		if why := s.shared(o); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// missing says why kind's cell cannot run for want of a server, or "".
+func missing(o *Options, kind string, f faultSet) string {
+	s := services[kind]
+	if s.missing == nil {
+		return ""
+	}
+	return s.missing(o, s.restart != "" && f.has(s.restart))
+}
+
+// namespace is one cell's isolated slice of a backend (claimers.Isolate:
+// a fresh schema, key prefix or file, a memory store) on the servers
+// compare was given or started for the cell, removed again by close.
 type namespace struct {
+	kind string
+	ns   *claimers.Namespace // nil for broken
 	// targets are the TCP addresses replicas connect to; a network fault
 	// puts a proxy in front of each, per replica.
 	targets []string
 	// servers are the redis-server or PostgreSQL processes compare started
 	// for this cell, which a restart fault may crash.
 	servers []server
-	// open opens one replica's claimer, its own client, reaching targets[i]
-	// through addrs[i].
-	open    func(ctx context.Context, instance string, addrs []string) (claim.Claimer, error)
 	closers []func()
+}
+
+// server is a backend process compare owns (internal/procs).
+type server interface {
+	Addr() string
+	Crash()                          // SIGKILL for redis-server, an immediate shutdown for PostgreSQL
+	Start(ctx context.Context) error // again, on the same port and data
+	Close()
 }
 
 func (n *namespace) close() {
@@ -63,12 +191,23 @@ func (n *namespace) close() {
 	}
 }
 
-// server is a backend process compare owns.
-type server interface {
-	Addr() string
-	crash()                          // SIGKILL for redis-server, an immediate shutdown for PostgreSQL
-	start(ctx context.Context) error // again, on the same port (and, for PostgreSQL, data)
-	close()
+// own makes s one of the cell's servers, closed with the namespace.
+func (n *namespace) own(s server) {
+	n.servers = append(n.servers, s)
+	n.closers = append(n.closers, s.Close)
+}
+
+// open opens one replica's claimer, with a client of its own, through the
+// opener `scheduler run` uses (claimers.Open): on the namespace's servers,
+// or through addrs (proxies in front of targets, in their order) when set.
+func (n *namespace) open(ctx context.Context, instance string, addrs []string) (claim.Claimer, error) {
+	if n.ns == nil {
+		return &broken{instance: instance}, nil
+	}
+	if addrs == nil {
+		return n.ns.Open(ctx, instance)
+	}
+	return n.ns.OpenVia(ctx, instance, addrs)
 }
 
 // errSkip marks a cell that cannot run here (a backend not configured);
@@ -77,242 +216,70 @@ type errSkip struct{ why string }
 
 func (e errSkip) Error() string { return e.why }
 
-// openNamespace prepares kind's namespace for a scenario's faults: a
-// restart fault needs a server compare owns.
+// privateErr reports a private server that would not start: skipped when
+// its program is not here (hint says how to give it), an error otherwise.
+func privateErr(what, hint string, err error) error {
+	if procs.IsUnavailable(err) {
+		return errSkip{err.Error() + hint}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// openNamespace prepares kind's namespace for a scenario's faults: the
+// claimer configuration `scheduler run` would use without a file (same
+// defaults: redlock node_timeout, done markers' TTL, pool sizes), pointed
+// at the cell's servers, then isolated by claimers.Isolate.
 func openNamespace(ctx context.Context, o *Options, kind string, f faultSet) (*namespace, error) {
-	ns := &namespace{}
+	ns := &namespace{kind: kind}
+	if kind == KindBroken {
+		return ns, nil // a test double: no backend
+	}
+	if why := missing(o, kind, f); why != "" {
+		return nil, errSkip{why}
+	}
 	ok := false
 	defer func() {
 		if !ok {
 			ns.close()
 		}
 	}()
-	var err error
-	switch kind {
-	case KindMemory:
-		s := memory.NewStore(nil)
-		ns.open = func(_ context.Context, id string, _ []string) (claim.Claimer, error) { return memory.New(s, id), nil }
-	case KindBroken:
-		ns.open = func(_ context.Context, id string, _ []string) (claim.Claimer, error) {
-			return &broken{instance: id}, nil
+	c := config.Default().Claimer
+	c.Kind = kind
+	s := services[kind]
+	if s.locate != nil {
+		if err := s.locate(ctx, o, ns, &c, s.restart != "" && f.has(s.restart)); err != nil {
+			return nil, err
 		}
-	case KindSQLite:
-		err = ns.sqlite(o)
-	case KindPostgres:
-		err = ns.postgres(ctx, o, f.has(FaultPostgresRestart))
-	case KindRedis:
-		err = ns.redis(ctx, o)
-	case KindRedlock:
-		err = ns.redlock(ctx, o)
-	default:
-		err = fmt.Errorf("unknown claimer %q", kind)
 	}
+	cns, err := claimers.Isolate(ctx, c, "compare_"+randomHex(6))
 	if err != nil {
 		return nil, err
 	}
+	ns.ns, ns.targets = cns, cns.Servers()
+	ns.closers = append(ns.closers, cns.Drop)
 	ok = true
 	return ns, nil
 }
 
-func (ns *namespace) sqlite(o *Options) error {
-	open := o.Open
-	dir, err := os.MkdirTemp(o.TempDir, "scheduler-compare-*")
-	if err != nil {
-		return err
-	}
-	ns.closers = append(ns.closers, func() { _ = os.RemoveAll(dir) })
-	path := filepath.Join(dir, "claims.db")
-	ns.open = func(ctx context.Context, id string, _ []string) (claim.Claimer, error) {
-		cfg := baseConfig(id, KindSQLite)
-		cfg.Claimer.SQLite.Path = path
-		return open(ctx, cfg)
-	}
-	return nil
-}
-
-// postgres gives the cell a fresh schema on --postgres-dsn or, when own,
-// on a private cluster compare starts (and a postgres-restart crashes).
-func (ns *namespace) postgres(ctx context.Context, o *Options, own bool) error {
-	dsn := o.PostgresDSN
-	if own {
-		bin, err := o.postgresBin()
-		if err != nil {
-			return err
-		}
-		s, err := startPostgres(ctx, bin, o.TempDir)
-		if err != nil {
-			return fmt.Errorf("private PostgreSQL: %w", err)
-		}
-		ns.servers = append(ns.servers, s)
-		ns.closers = append(ns.closers, s.close)
-		dsn = s.DSN()
-	}
-	if dsn == "" {
-		return errSkip{"no --postgres-dsn given"}
-	}
-	open := o.Open
-	pc, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		return fmt.Errorf("--postgres-dsn: %v", err) // pgx redacts the password
-	}
-	if !strings.HasPrefix(pc.Host, "/") {
-		ns.targets = []string{net.JoinHostPort(pc.Host, strconv.Itoa(int(pc.Port)))}
-	}
-	schema := "compare_" + randomHex(6)
-	if err := pgExec(ctx, dsn, "CREATE SCHEMA "+schema); err != nil {
-		return fmt.Errorf("postgres: create schema: %w", err)
-	}
-	ns.closers = append(ns.closers, func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = pgExec(ctx, dsn, "DROP SCHEMA "+schema+" CASCADE")
-	})
-	ns.open = func(ctx context.Context, id string, addrs []string) (claim.Claimer, error) {
-		hostport := ""
-		if len(addrs) > 0 && addrs[0] != ns.targets[0] {
-			hostport = addrs[0]
-		}
-		replicaDSN, err := schemaDSN(dsn, schema, hostport)
-		if err != nil {
-			return nil, err
-		}
-		// Migrate: the first replica applies the migrations to the fresh
-		// schema (migrations.Up, under goose's per-schema lock); the others
-		// find them applied.
-		cfg := baseConfig(id, KindPostgres)
-		cfg.Claimer.Postgres.DSN, cfg.Claimer.Postgres.Migrate = replicaDSN, true
-		return open(ctx, cfg)
-	}
-	return nil
-}
-
-// baseConfig is the configuration `scheduler run` would use without a
-// file (same defaults: redlock node_timeout, done markers' TTL, pool
-// sizes), for one replica of kind.
-func baseConfig(instance, kind string) *config.Config {
-	cfg := config.Default()
-	cfg.InstanceID, cfg.Claimer.Kind = instance, kind
-	return cfg
-}
-
-func pgExec(ctx context.Context, dsn, sql string) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, sql)
-	return err
-}
-
-// schemaDSN points dsn's connections at schema (search_path) and, when
-// hostport is set, at that address instead of the server's.
-func schemaDSN(dsn, schema, hostport string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", errors.New("--postgres-dsn: not a valid URL")
-		}
-		if hostport != "" {
-			u.Host = hostport
-		}
-		q := u.Query()
-		q.Set("search_path", schema)
-		u.RawQuery = q.Encode()
-		return u.String(), nil
-	}
-	s := dsn + " search_path=" + schema
-	if hostport != "" {
-		h, p, err := net.SplitHostPort(hostport)
-		if err != nil {
-			return "", err
-		}
-		s += " host=" + h + " port=" + p
-	}
-	return s, nil
-}
-
-// redisBin finds redis-server, or says why compare cannot start one.
-func (o *Options) redisBin() (string, error) {
-	if o.RedisServer != "" {
-		return o.RedisServer, nil
-	}
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", errSkip{"no redis-server on PATH"}
-	}
-	return bin, nil
-}
-
-// ownServers starts n private redis-server processes for the namespace.
-func (ns *namespace) ownServers(ctx context.Context, o *Options, n int) ([]string, error) {
-	bin, err := o.redisBin()
-	if err != nil {
-		return nil, err
-	}
+// redisServers starts n private redis-server processes for the namespace,
+// without persistence.
+func (n *namespace) redisServers(ctx context.Context, o *Options, count int) ([]string, error) {
 	var addrs []string
-	for range n {
-		s, err := startRedis(ctx, bin)
+	for range count {
+		s, err := procs.StartRedis(ctx, procs.RedisOptions{Bin: o.RedisServer})
 		if err != nil {
-			return nil, err
+			return nil, privateErr("private redis-server", "", err)
 		}
-		ns.servers = append(ns.servers, s)
-		ns.closers = append(ns.closers, s.close)
+		n.own(s)
 		addrs = append(addrs, s.Addr())
 	}
 	return addrs, nil
 }
 
-func (ns *namespace) redis(ctx context.Context, o *Options) error {
-	open := o.Open
-	prefix := "compare:" + randomHex(6) + ":"
-	var err error
-	if o.RedisAddr != "" {
-		ns.targets = []string{o.RedisAddr}
-		ns.closers = append(ns.closers, func() { dropPrefix(ctx, o.RedisAddr, prefix) })
-	} else if ns.targets, err = ns.ownServers(ctx, o, 1); err != nil {
-		return err
-	}
-	ns.open = func(ctx context.Context, id string, addrs []string) (claim.Claimer, error) {
-		cfg := baseConfig(id, KindRedis)
-		cfg.Claimer.Redis.Addr, cfg.Claimer.Redis.Prefix = addrs[0], prefix
-		return open(ctx, cfg)
-	}
-	return nil
-}
-
-func (ns *namespace) redlock(ctx context.Context, o *Options) error {
-	open := o.Open
-	prefix := "compare:" + randomHex(6) + ":"
-	var err error
-	if len(o.RedlockAddrs) > 0 {
-		ns.targets = o.RedlockAddrs
-		ns.closers = append(ns.closers, func() {
-			for _, a := range o.RedlockAddrs {
-				dropPrefix(ctx, a, prefix)
-			}
-		})
-	} else if ns.targets, err = ns.ownServers(ctx, o, redlockNodes); err != nil {
-		return err
-	}
-	ns.open = func(ctx context.Context, id string, addrs []string) (claim.Claimer, error) {
-		cfg := baseConfig(id, KindRedlock)
-		cfg.Claimer.Redlock.Addrs, cfg.Claimer.Redlock.Prefix = addrs, prefix
-		return open(ctx, cfg)
-	}
-	return nil
-}
-
-// dropPrefix deletes a cell's keys from a Redis server compare does not own.
-func dropPrefix(ctx context.Context, addr, prefix string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	defer c.Close()
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
-	}
+// isPostgres reports whether s is a private PostgreSQL cluster.
+func isPostgres(s server) bool {
+	_, ok := s.(*procs.Postgres)
+	return ok
 }
 
 func randomHex(n int) string {

@@ -110,9 +110,8 @@ func (c *cell) openReplicas(ctx context.Context) error {
 	for i := range c.o.Replicas {
 		rep := &replica{id: fmt.Sprintf("r%d", i+1), c: c, offset: c.plan.offsets[i], dead: make(chan struct{})}
 		c.reps = append(c.reps, rep)
-		addrs := c.ns.targets
+		var addrs []string // nil: the namespace's own servers
 		if c.faults.network() {
-			addrs = nil
 			for _, t := range c.ns.targets {
 				l, err := newLink(t)
 				if err != nil {
@@ -322,7 +321,7 @@ func (c *cell) restartServer() {
 	s := servers[c.plan.node%len(servers)]
 	kind, down := FaultRedisRestart, time.Duration(0)
 	note := fmt.Sprintf("%s killed (SIGKILL, no persistence) and restarted empty", s.Addr())
-	if _, ok := s.(*pgServer); ok {
+	if isPostgres(s) {
 		kind, down = FaultPostgresRestart, c.lease
 		note = fmt.Sprintf("%s crashed (immediate shutdown, no checkpoint), kept down for a lease, restarted; it replayed its WAL", s.Addr())
 	}
@@ -330,11 +329,11 @@ func (c *cell) restartServer() {
 		note = fmt.Sprintf("node %d of %d: %s", c.plan.node%len(servers)+1, len(servers), note)
 	}
 	start := time.Now()
-	s.crash()
+	s.Crash()
 	c.sleepUntil(context.Background(), start.Add(down))
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	if err := s.start(ctx); err != nil {
+	if err := s.Start(ctx); err != nil {
 		note += "; restart failed: " + err.Error()
 	}
 	c.rec.fault(kind, "", start, time.Since(start), note)

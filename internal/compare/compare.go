@@ -38,9 +38,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
 // Options configure a compare run. Validate reports bad usage.
@@ -72,10 +69,6 @@ type Options struct {
 	// syncs every commit, so its numbers are the disk's under this
 	// directory.
 	TempDir string
-
-	// Open opens one replica's claimer from a claimer configuration, the
-	// way `scheduler run` does. Required unless only memory and broken run.
-	Open func(ctx context.Context, cfg *config.Config) (claim.Claimer, error)
 	// Progress, when set, receives a progress line while cells run; TTY
 	// rewrites it in place.
 	Progress io.Writer
@@ -123,9 +116,6 @@ func (o *Options) Validate() error {
 		} else if !fi.IsDir() {
 			bad("--temp-dir %s: not a directory", o.TempDir)
 		}
-	}
-	if o.Open == nil && slices.ContainsFunc(o.Claimers, func(k string) bool { return k != KindMemory && k != KindBroken }) {
-		bad("compare: no claimer opener configured")
 	}
 	return errors.Join(errs...)
 }

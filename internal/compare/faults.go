@@ -179,15 +179,18 @@ type faulty struct {
 	rec   *recorder
 }
 
-func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
+// Claim is one call, faulted as a whole, whatever the batch holds.
+func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	f.rep.gate()
 	if f.rep.crashed.Load() {
-		return nil, fmt.Errorf("%w: replica crashed (simulated)", claim.ErrUnavailable)
+		return claim.EachRun(runs, func(claim.Run) (*claim.Claim, error) {
+			return nil, fmt.Errorf("%w: replica crashed (simulated)", claim.ErrUnavailable)
+		})
 	}
 	start := time.Now()
-	cl, err := f.inner.Claim(ctx, run, lease)
-	f.rec.claimed(f.rep.id, []claim.Run{run}, start, time.Now(), []*claim.Claim{cl}, []error{err})
-	return cl, err
+	cls, errs := f.inner.Claim(ctx, runs, lease)
+	f.rec.claimed(f.rep.id, runs, start, time.Now(), cls, errs)
+	return cls, errs
 }
 
 func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
@@ -200,15 +203,21 @@ func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration)
 	return err
 }
 
-func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
+// Release is one call, faulted as a whole.
+func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
 	f.rep.gate()
 	if f.rep.crashed.Load() {
-		return errCrashed
+		return claim.EachClaim(cls, outs, func(*claim.Claim, claim.Outcome) error { return errCrashed })
 	}
 	sent := time.Now()
-	err := f.inner.Release(ctx, c, o)
-	f.rec.released([]*claim.Claim{c}, []claim.Outcome{o}, sent, []error{err})
-	return err
+	errs := f.inner.Release(ctx, cls, outs)
+	f.rec.released(cls, outs, sent, errs)
+	return errs
+}
+
+func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	f.rec.call()
+	return f.inner.History(ctx, job, limit)
 }
 
 func (f *faulty) Ping(ctx context.Context) error {
@@ -218,61 +227,7 @@ func (f *faulty) Ping(ctx context.Context) error {
 
 func (f *faulty) Close() error { return f.inner.Close() }
 
-// faultyBatch is faulty for a claimer that also claims in batches: the
-// runner then sends batches, as it would to the real claimer.
-type faultyBatch struct {
-	*faulty
-	batch claim.BatchClaimer
-}
-
-func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	f.rep.gate()
-	if f.rep.crashed.Load() {
-		errs := make([]error, len(runs))
-		for i := range errs {
-			errs[i] = fmt.Errorf("%w: replica crashed (simulated)", claim.ErrUnavailable)
-		}
-		return make([]*claim.Claim, len(runs)), errs
-	}
-	start := time.Now()
-	cls, errs := f.batch.ClaimBatch(ctx, runs, lease)
-	f.rec.claimed(f.rep.id, runs, start, time.Now(), cls, errs)
-	return cls, errs
-}
-
-// faultyBatches is faultyBatch for a claimer that also releases in
-// batches.
-type faultyBatches struct {
-	faultyBatch
-	ends claim.BatchReleaser
-}
-
-func (f faultyBatches) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
-	f.rep.gate()
-	if f.rep.crashed.Load() {
-		errs := make([]error, len(cls))
-		for i := range errs {
-			errs[i] = errCrashed
-		}
-		return errs
-	}
-	sent := time.Now()
-	errs := f.ends.ReleaseBatch(ctx, cls, outs)
-	f.rec.released(cls, outs, sent, errs)
-	return errs
-}
-
-// wrap puts a replica's faults around its claimer, keeping the batch
-// interfaces when the claimer has them (every claimer that releases in
-// batches claims in batches too).
+// wrap puts a replica's faults around its claimer.
 func wrap(inner claim.Claimer, rep *replica, rec *recorder) claim.Claimer {
-	f := &faulty{inner: inner, rep: rep, rec: rec}
-	b, ok := inner.(claim.BatchClaimer)
-	if !ok {
-		return f
-	}
-	if e, ok := inner.(claim.BatchReleaser); ok {
-		return faultyBatches{faultyBatch{faulty: f, batch: b}, e}
-	}
-	return faultyBatch{faulty: f, batch: b}
+	return &faulty{inner: inner, rep: rep, rec: rec}
 }

@@ -1,7 +1,6 @@
 package compare
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -10,36 +9,19 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 )
 
-// batcher is a memory claimer with ClaimBatch, claiming run by run.
-type batcher struct{ *memory.Claimer }
-
-func (b batcher) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
-	for i, r := range runs {
-		cls[i], errs[i] = b.Claim(ctx, r, lease)
-	}
-	return cls, errs
-}
-
-func TestWrapKeepsBatchesAndRecordsEachGrant(t *testing.T) {
+func TestWrapRecordsEachGrantOfABatch(t *testing.T) {
 	store := memory.NewStore(nil)
 	rec := newRecorder(time.Now())
 	c := &cell{stop: make(chan struct{})}
 	rep := &replica{id: "r1", c: c, dead: make(chan struct{})}
-	if _, ok := wrap(memory.New(store, "r0"), rep, rec).(claim.BatchClaimer); ok {
-		t.Fatal("a claimer without ClaimBatch gained one")
-	}
-	w, ok := wrap(batcher{memory.New(store, "r1")}, rep, rec).(claim.BatchClaimer)
-	if !ok {
-		t.Fatal("the wrapper hid ClaimBatch")
-	}
+	w := wrap(memory.New(store, "r1"), rep, rec)
 	at := time.Now().Truncate(time.Second)
 	taken := claim.Run{Job: "a", At: at}
-	if _, err := memory.New(store, "r0").Claim(t.Context(), taken, time.Minute); err != nil {
+	if _, err := claim.ClaimOne(t.Context(), memory.New(store, "r0"), taken, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	runs := []claim.Run{taken, {Job: "b", At: at}, {Job: "c", At: at}}
-	cls, errs := w.ClaimBatch(t.Context(), runs, time.Minute)
+	cls, errs := w.Claim(t.Context(), runs, time.Minute)
 	if !errors.Is(errs[0], claim.ErrHeld) || cls[1] == nil || cls[2] == nil {
 		t.Fatalf("batch = %v, %v", cls, errs)
 	}

@@ -94,23 +94,5 @@ func newPlan(o *Options, scenario string, f faultSet, w *workload) plan {
 // skipped tells, before anything starts, whether a cell will be skipped.
 func skipped(o *Options, kind, scenario string) bool {
 	f := faultSet(strings.Split(scenario, "+"))
-	return unsupported(o, kind, f) != "" || kind == KindPostgres && o.PostgresDSN == "" && !f.has(FaultPostgresRestart)
-}
-
-// unsupported says why a scenario cannot run on kind, or "".
-func unsupported(o *Options, kind string, f faultSet) string {
-	local := kind == KindMemory || kind == KindSQLite || kind == KindBroken
-	switch {
-	case f.network() && local:
-		return kind + " has no network link to fault"
-	case f.has(FaultPostgresRestart) && kind != KindPostgres:
-		return "postgres-restart applies to postgres"
-	case f.has(FaultRedisRestart) && kind != KindRedis && kind != KindRedlock:
-		return "redis-restart applies to redis and redlock"
-	case f.has(FaultRedisRestart) && kind == KindRedis && o.RedisAddr != "":
-		return "redis-restart needs a redis-server compare starts itself (drop --redis-addr)"
-	case f.has(FaultRedisRestart) && kind == KindRedlock && len(o.RedlockAddrs) > 0:
-		return "redis-restart needs redis-server nodes compare starts itself (drop --redlock-addrs)"
-	}
-	return ""
+	return unsupported(o, kind, f) != "" || missing(o, kind, f) != ""
 }

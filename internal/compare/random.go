@@ -37,16 +37,16 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 	defer ns.close()
 	cfg := explore.Config{Seed: o.Seed, Replicas: o.Replicas, Lease: o.Lease, MaxSkew: o.MaxClockSkew,
 		Faults: max(o.Duration/2, 2*o.Lease), Extra: 2,
-		Open: func(id string) (claim.Claimer, error) { return ns.open(ctx, id, ns.targets) }}
+		Open: func(id string) (claim.Claimer, error) { return ns.open(ctx, id, nil) }}
 	if len(ns.servers) > 0 {
 		cfg.Nodes = len(ns.servers)
 		cfg.Restart = func(node int, down time.Duration) error {
 			s := ns.servers[node]
-			s.crash()
+			s.Crash()
 			time.Sleep(down) // the server stays down for the plan's time
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 40*time.Second)
 			defer cancel()
-			return s.start(sctx)
+			return s.Start(sctx)
 		}
 	}
 	start := time.Now()

@@ -83,6 +83,24 @@ func TestNemesisOnRealBackends(t *testing.T) {
 	}
 }
 
+// privateServers starts the servers a kind's restart faults restart: the
+// kinds not listed run on the shared test services, without that class.
+var privateServers = map[string]func(t *testing.T) []*testenv.Redis{
+	// One server with an AOF synced every second, as production would run
+	// it: a restart may lose the last second.
+	"redis": func(t *testing.T) []*testenv.Redis {
+		return []*testenv.Redis{testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "everysec")}
+	},
+	// Five nodes without persistence: a restarted node comes back empty.
+	"redlock": func(t *testing.T) []*testenv.Redis {
+		var nodes []*testenv.Redis
+		for range 5 {
+			nodes = append(nodes, testenv.StartRedis(t))
+		}
+		return nodes
+	},
+}
+
 // realConfig sizes a real-time exploration: a 1s lease keeps a seed near
 // 15s of wall time.
 func realConfig(t *testing.T, kind string, seed uint64) Config {
@@ -90,13 +108,8 @@ func realConfig(t *testing.T, kind string, seed uint64) Config {
 		Quiet: 8 * time.Second, Extra: 2}
 	var opts backends.Options
 	var nodes []*testenv.Redis
-	switch kind {
-	case "redis":
-		nodes = append(nodes, testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "everysec"))
-	case "redlock":
-		for range 5 {
-			nodes = append(nodes, testenv.StartRedis(t))
-		}
+	if start := privateServers[kind]; start != nil {
+		nodes = start(t)
 	}
 	for _, n := range nodes {
 		opts.Servers = append(opts.Servers, n.Addr())

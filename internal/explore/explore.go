@@ -31,7 +31,7 @@ import (
 )
 
 // Config shapes one exploration. Zero fields take defaults; the seed
-// decides the rest (replica count, batching, the plan).
+// decides the rest (replica count, the plan).
 type Config struct {
 	Seed     uint64
 	Replicas int           // default 3 to 5, by seed
@@ -46,10 +46,6 @@ type Config struct {
 	// Plan, when set, replaces the plan the seed would draw: a regression
 	// test pins the faults that once broke a guarantee.
 	Plan *nemesis.Plan
-	// Batch, when set, fixes whether replicas claim in batches (default:
-	// by seed). With Open it is ignored: replicas use the claimer's own
-	// batch interfaces, as the runner would.
-	Batch *bool
 
 	// Open, when set, opens one replica incarnation's claimer over the
 	// backend under test (a new client each time: a restarted process
@@ -70,7 +66,6 @@ type Result struct {
 	Seed       uint64
 	Plan       nemesis.Plan
 	Replicas   int
-	Batch      bool
 	T0         time.Time
 	Events     []history.Event
 	Expected   int
@@ -79,8 +74,8 @@ type Result struct {
 
 // Report renders the verdict: the plan, and each violation with its trace.
 func (r *Result) Report() string {
-	s := fmt.Sprintf("%s\nreplicas=%d batch=%v expected runs=%d events=%d violations=%d",
-		r.Plan, r.Replicas, r.Batch, r.Expected, len(r.Events), len(r.Violations))
+	s := fmt.Sprintf("%s\nreplicas=%d expected runs=%d events=%d violations=%d",
+		r.Plan, r.Replicas, r.Expected, len(r.Events), len(r.Violations))
 	for _, v := range r.Violations {
 		s += "\n  " + v.Format(r.T0)
 	}
@@ -128,7 +123,6 @@ type world struct {
 	t0     time.Time
 	jobs   []jobDef
 	scheds []*schedule.Schedule
-	batch  bool
 	reps   []*replica
 	wg     sync.WaitGroup
 
@@ -159,11 +153,9 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.Extra == 0 {
 		cfg.Extra = rng.IntN(5)
 	}
-	w := &world{cfg: cfg, rng: rng, store: memory.NewStore(nil), batch: rng.IntN(2) == 0}
+	w := &world{cfg: cfg, rng: rng, store: memory.NewStore(nil)}
 	if cfg.Open == nil {
 		cfg.Open = func(replica string) (claim.Claimer, error) { return memory.New(w.store, replica), nil }
-	} else {
-		w.batch = false // the claimer's own interfaces decide
 	}
 	w.cfg = cfg
 	w.log = history.NewLog(nil)
@@ -174,9 +166,6 @@ func Run(cfg Config) (*Result, error) {
 			return nil, err
 		}
 		w.scheds = append(w.scheds, s)
-	}
-	if cfg.Batch != nil {
-		w.batch = *cfg.Batch
 	}
 	if cfg.Plan != nil {
 		w.plan = *cfg.Plan
@@ -206,7 +195,7 @@ func Run(cfg Config) (*Result, error) {
 	cancel()
 	w.wg.Wait()
 
-	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, Batch: w.batch, T0: w.t0, Events: w.log.Events()}
+	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events()}
 	// Every replica is up and healthy from heal on: a run granted before
 	// heal+lease has a holder that finishes, or a lease that lapses and
 	// a standby (or a restarted replica's recovery) that takes over.

@@ -54,11 +54,7 @@ func (r *replica) life(ctx context.Context) {
 			}
 			continue
 		}
-		var c claim.Claimer = &faulty{r: r, gen: gen, inner: inner}
-		_, batches := inner.(claim.BatchClaimer)
-		if r.w.batch || batches {
-			c = faultyBatch{c.(*faulty)}
-		}
+		c := &faulty{r: r, gen: gen, inner: inner}
 		run, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
 			Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, ShutdownGrace: time.Second,
 			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })},
@@ -282,15 +278,6 @@ func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context)
 	return apply(ctx)
 }
 
-func (f *faulty) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
-	return call(f, ctx, func(ctx context.Context) (*claim.Claim, error) {
-		sent := time.Now()
-		c, err := f.inner.Claim(ctx, run, lease)
-		f.r.w.log.Claimed(f.r.id, sent, []*claim.Claim{c}, []error{err})
-		return c, err
-	})
-}
-
 func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
 	base := *c // the caller's claim changes only if the reply arrives
 	renewed, err := call(f, ctx, func(ctx context.Context) (claim.Claim, error) {
@@ -307,16 +294,6 @@ func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration)
 	return err
 }
 
-func (f *faulty) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	_, err := call(f, ctx, func(ctx context.Context) (struct{}, error) {
-		sent := time.Now()
-		err := f.inner.Release(ctx, c, o)
-		f.r.w.log.Released(f.r.id, sent, []*claim.Claim{c}, []claim.Outcome{o}, []error{err})
-		return struct{}{}, err
-	})
-	return err
-}
-
 func (f *faulty) Ping(ctx context.Context) error {
 	_, err := call(f, ctx, func(context.Context) (struct{}, error) { return struct{}{}, nil })
 	return err
@@ -324,26 +301,16 @@ func (f *faulty) Ping(ctx context.Context) error {
 
 func (f *faulty) Close() error { return nil }
 
-// faultyBatch is faulty for the runner's batch paths: a batch is one call,
-// faulted as a whole, that the store answers run by run.
-type faultyBatch struct{ *faulty }
-
 type batchReply struct {
 	cls  []*claim.Claim
 	errs []error
 }
 
-func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	rep, err := call(f.faulty, ctx, func(ctx context.Context) (batchReply, error) {
+// Claim is one call, faulted as a whole, whatever the batch holds.
+func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	rep, err := call(f, ctx, func(ctx context.Context) (batchReply, error) {
 		sent := time.Now()
-		cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
-		if b, ok := f.inner.(claim.BatchClaimer); ok {
-			cls, errs = b.ClaimBatch(ctx, runs, lease)
-		} else {
-			for i, run := range runs {
-				cls[i], errs[i] = f.inner.Claim(ctx, run, lease)
-			}
-		}
+		cls, errs := f.inner.Claim(ctx, runs, lease)
 		f.r.w.log.Claimed(f.r.id, sent, cls, errs)
 		return batchReply{cls, errs}, nil
 	})
@@ -356,17 +323,11 @@ func (f faultyBatch) ClaimBatch(ctx context.Context, runs []claim.Run, lease tim
 	return rep.cls, rep.errs
 }
 
-func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
-	errs, err := call(f.faulty, ctx, func(ctx context.Context) ([]error, error) {
+// Release is one call, faulted as a whole.
+func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	errs, err := call(f, ctx, func(ctx context.Context) ([]error, error) {
 		sent := time.Now()
-		errs := make([]error, len(cls))
-		if b, ok := f.inner.(claim.BatchReleaser); ok {
-			errs = b.ReleaseBatch(ctx, cls, outs)
-		} else {
-			for i, c := range cls {
-				errs[i] = f.inner.Release(ctx, c, outs[i])
-			}
-		}
+		errs := f.inner.Release(ctx, cls, outs)
 		f.r.w.log.Released(f.r.id, sent, cls, outs, errs)
 		return errs, nil
 	})
@@ -381,10 +342,6 @@ func (f faultyBatch) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs 
 
 func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	return call(f, ctx, func(ctx context.Context) ([]claim.Record, error) {
-		h, ok := f.inner.(claim.Historian)
-		if !ok {
-			return nil, nil // as if the claimer kept none: the runner's probes find nothing
-		}
-		return h.History(ctx, job, limit)
+		return f.inner.History(ctx, job, limit)
 	})
 }

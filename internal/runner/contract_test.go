@@ -195,14 +195,16 @@ func (f *forgetful) lose(until time.Time) {
 	f.guard = until
 }
 
-func (f *forgetful) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
+func (f *forgetful) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
 	f.mu.Lock()
 	until := f.guard
 	f.mu.Unlock()
-	if time.Now().Before(until) {
-		return nil, fmt.Errorf("claim %s: %w: %w", r.ID(), &claim.DataLossError{Backend: "the test server", Until: until}, claim.ErrHeld)
-	}
-	return f.Claimer.Claim(ctx, r, l)
+	return claim.EachRun(runs, func(r claim.Run) (*claim.Claim, error) {
+		if time.Now().Before(until) {
+			return nil, fmt.Errorf("claim %s: %w: %w", r.ID(), &claim.DataLossError{Backend: "the test server", Until: until}, claim.ErrHeld)
+		}
+		return claim.ClaimOne(ctx, f.Claimer, r, l)
+	})
 }
 
 // TestDataLossWarnsOncePerLoss: while the backend holds every run after

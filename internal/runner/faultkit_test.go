@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/faultproxy"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -51,14 +52,17 @@ type injector interface {
 // phased routes each kind of call to its own claimer.
 type phased [phases]claim.Claimer
 
-func (p phased) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
-	return p[phClaim].Claim(ctx, r, l)
+func (p phased) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
+	return p[phClaim].Claim(ctx, runs, l)
 }
 func (p phased) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
 	return p[phRenew].Renew(ctx, c, l)
 }
-func (p phased) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	return p[phRelease].Release(ctx, c, o)
+func (p phased) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	return p[phRelease].Release(ctx, cls, outs)
+}
+func (p phased) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	return p[phClaim].History(ctx, job, limit)
 }
 func (p phased) Ping(ctx context.Context) error { return p[phClaim].Ping(ctx) }
 func (p phased) Close() error {
@@ -213,15 +217,17 @@ func (w *wrapped) delay(ctx context.Context) error {
 	return sleepCtx(ctx, d)
 }
 
-func (w *wrapped) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
-	if err := w.send(ctx, phClaim); err != nil {
-		return nil, err
-	}
-	cl, err := w.Claimer.Claim(ctx, r, l)
-	if rerr := w.receive(ctx, phClaim, err == nil && cl.Attempt == 1); rerr != nil {
-		return nil, rerr
-	}
-	return cl, err
+func (w *wrapped) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
+	return claim.EachRun(runs, func(r claim.Run) (*claim.Claim, error) {
+		if err := w.send(ctx, phClaim); err != nil {
+			return nil, err
+		}
+		cl, err := claim.ClaimOne(ctx, w.Claimer, r, l)
+		if rerr := w.receive(ctx, phClaim, err == nil && cl.Attempt == 1); rerr != nil {
+			return nil, rerr
+		}
+		return cl, err
+	})
 }
 
 func (w *wrapped) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
@@ -242,28 +248,32 @@ func (w *wrapped) Renew(ctx context.Context, c *claim.Claim, l time.Duration) er
 	return err
 }
 
-func (w *wrapped) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	if err := w.send(ctx, phRelease); err != nil {
+func (w *wrapped) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	return claim.EachClaim(cls, outs, func(c *claim.Claim, o claim.Outcome) error {
+		if err := w.send(ctx, phRelease); err != nil {
+			return err
+		}
+		err := claim.ReleaseOne(ctx, w.Claimer, c, o)
+		if rerr := w.receive(ctx, phRelease, err == nil); rerr != nil {
+			return rerr
+		}
 		return err
-	}
-	err := w.Claimer.Release(ctx, c, o)
-	if rerr := w.receive(ctx, phRelease, err == nil); rerr != nil {
-		return rerr
-	}
-	return err
+	})
 }
 
 // faultyBackend is one scenario's backend: healthy opens a direct claimer,
 // faulty is the faulty replica's claimer and inject its faults.
 type faultyBackend struct {
-	healthy func(instance string) claim.Claimer
+	healthy func(instance string) *claimers.Backend
 	faulty  claim.Claimer
 	inject  injector
 }
 
 // openFaulty prepares kind's backend for one scenario. For redlock,
 // redlockNodes are the nodes and proxied is how many of them the faulty
-// replica reaches through proxies (the others directly).
+// replica reaches through proxies (the others directly); a backend of one
+// server is always reached through its proxy, one without a network
+// through a wrapper.
 func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxied int) faultyBackend {
 	t.Helper()
 	var opts backends.Options
@@ -271,23 +281,24 @@ func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxie
 		opts.Servers = redlockNodes
 	}
 	be := backends.Prepare(t, kind, opts)
-	switch kind {
-	case "memory", "sqlite":
+	servers := be.Servers()
+	switch {
+	case len(servers) == 0:
 		w := &wrapped{Claimer: be.Open(faulty)}
 		return faultyBackend{healthy: be.Open, faulty: w, inject: w}
-	case "postgres", "redis":
-		proxied = len(be.Servers)
+	case len(servers) == 1:
+		proxied = 1
 	}
 	px := &proxies{}
 	// Small postgres pools: every scenario runs at once against one server.
-	healthy := func(i string) claim.Claimer { return be.OpenClient(i, backends.Client{MaxConns: 2}) }
+	healthy := func(i string) *claimers.Backend { return be.OpenClient(i, backends.Client{MaxConns: 2}) }
 	var ph phased
 	for p := range phases {
 		via := map[string]string{}
-		for _, s := range be.Servers[:proxied] {
+		for _, s := range servers[:proxied] {
 			via[s] = px.proxy(t, p, s)
 		}
-		conns := int32(1) // one renewal or release at a time is plenty
+		conns := 1 // one renewal or release at a time is plenty
 		if p == phClaim {
 			conns = 2
 		}

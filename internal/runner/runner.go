@@ -4,13 +4,37 @@
 // died, and shuts down gracefully.
 //
 // Goroutines and who owns them: Run owns the scheduling loop and, through
-// two wait groups, every goroutine it starts: one per dispatched run (claim,
-// stand by, execute), one keep-alive per executing run, with a
-// claim.BatchClaimer one goroutine sending batches while bids wait, and with
-// a claim.BatchReleaser one sending release batches while releases queue
-// behind the batch in flight. Standbys stop when Run's ctx is done; executing handlers get ShutdownGrace, then their context
-// is cancelled with cause job.ErrShutdown and their claims are released as
+// two wait groups, every goroutine it starts. The standby group holds one
+// goroutine per dispatched run (hold, claim, stand by), the start-up
+// recovery, and the one sending claim batches while bids wait; the exec
+// group holds one goroutine per executing run, each of which joins its own
+// keep-alive before it ends, and the one sending release batches while
+// releases queue behind the batch in flight. Standbys stop when Run's ctx
+// is done; executing handlers get ShutdownGrace, then their context is
+// cancelled with cause job.ErrShutdown and their claims are released as
 // interrupted. Run returns only after every one of them has exited.
+//
+// Contexts: two bound that work, and every function that needs one takes
+// it as a parameter (ctx, then execCtx); none is stored in a struct.
+//
+//   - ctx, Run's, is done at shutdown. It bounds the scheduling loop, the
+//     start-up recovery, every standby (hold, claim, stand by) and every
+//     claim batch (each also bounded by Lease/3). To an execution and a
+//     release it is only a signal: once it is done, a run still waiting for
+//     its instant is handed back instead of started, a run whose lease was
+//     lost is not contended for again, and a failing release gives up a
+//     lease later.
+//   - execCtx, derived from ctx without its cancellation, is cancelled with
+//     cause job.ErrShutdown only once ShutdownGrace has passed. It bounds
+//     every execution: its handler (under the job's timeout, and cancelled
+//     when the lease is lost) and its overlap owner probe.
+//   - Neither bounds keep-alives or release calls, which take only their
+//     values: a keep-alive renews until its run's release has landed (a
+//     handler that outlives ShutdownGrace still holds its run), each release
+//     batch is bounded by a lease, and the hand-back of a grant whose bidder
+//     left by Lease/3.
+//
+// Trigger passes its own ctx as both.
 package runner
 
 import (
@@ -80,46 +104,15 @@ type Options struct {
 	// Lease/3: replicas reach the last of thousands of runs at different
 	// moments, and holds shorter than that difference would hand most runs
 	// to whichever replica got there first.
-	Spread time.Duration
-	// MaxClaims is how many claim calls this replica makes at once (default
-	// DefaultMaxClaims; negative: no limit). When many runs fall due at one
-	// instant, bids wait their turn in order instead of all reaching the
-	// backend's client at once, where they would queue for a connection
-	// inside their claim timeout, time out, and be sent again. Renewals and
-	// releases are never held back. A claimer that implements
-	// claim.BatchClaimer is sent one batch at a time instead, and MaxClaims
-	// does not apply; one that implements claim.BatchReleaser gets its
-	// releases the same way.
-	MaxClaims int
-	Logger    *slog.Logger
-	Metrics   *Metrics // nil: no metrics
+	Spread  time.Duration
+	Logger  *slog.Logger
+	Metrics *Metrics // nil: no metrics
 	// Now is the wall clock instants are computed on (default time.Now).
 	// Leases and trust windows use the monotonic clock, never this one.
 	Now func() time.Time
 	// Observe, when set, receives every run event synchronously; tests use it
 	// instead of sleeping.
 	Observe func(Event)
-}
-
-// Event kinds.
-const (
-	EventStarted  = "started"
-	EventReturned = "returned" // the handler returned; its release follows
-	EventFinished = "finished"
-	EventSkipped  = "skipped"
-)
-
-// Event reports what happened to a run on this replica.
-type Event struct {
-	Kind   string
-	Run    claim.Run
-	Claim  *claim.Claim // nil for skips before a grant
-	Status string       // for EventFinished
-	Reason string       // for EventSkipped
-	Err    error
-	// Ran is how long the handler ran (EventFinished; 0 if it never
-	// started). The event itself comes after the release.
-	Ran time.Duration
 }
 
 // Runner schedules and executes jobs on one replica.
@@ -152,7 +145,6 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	opts.RenewEvery = cmp.Or(opts.RenewEvery, opts.Lease/3)
 	opts.MaxClockSkew = cmp.Or(opts.MaxClockSkew, 2*time.Second)
 	opts.Spread = cmp.Or(opts.Spread, min(opts.Lease/10, DefaultSpread))
-	opts.MaxClaims = cmp.Or(opts.MaxClaims, DefaultMaxClaims)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -202,10 +194,6 @@ func (r *Runner) spreadFor(due int) time.Duration {
 const (
 	// DefaultSpread caps the default Spread.
 	DefaultSpread = 100 * time.Millisecond
-	// DefaultMaxClaims is enough to keep a backend's client busy (go-redis
-	// and pgx pools hold 4 to 20 connections on a small host) without a
-	// queue inside it.
-	DefaultMaxClaims = 32
 )
 
 // maxWait caps each sleep of the loop so that a wall-clock jump or a
@@ -240,16 +228,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	execCtx, cancelExec := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelExec(nil)
 	var standby, exec sync.WaitGroup
-	d := &dispatcher{r: r, ctx: ctx, execCtx: execCtx, standby: &standby, exec: &exec}
-	d.spread = r.opts.Spread
-	if bc, ok := r.opts.Claimer.(claim.BatchClaimer); ok {
-		d.batch = &batcher{c: bc, d: d, q: queue[*bid]{runID: func(x *bid) string { return x.run.ID() }}}
-	} else if r.opts.MaxClaims > 0 {
-		d.slots = make(chan struct{}, r.opts.MaxClaims)
-	}
-	if br, ok := r.opts.Claimer.(claim.BatchReleaser); ok {
-		d.ends = &releaser{c: br, d: d, q: queue[*ending]{runID: func(x *ending) string { return x.cl.ID() }}}
-	}
+	d := r.dispatcher(&standby, &exec)
 
 	now := r.opts.Now()
 	h := &dueHeap{}
@@ -258,14 +237,12 @@ func (r *Runner) Run(ctx context.Context) error {
 		// replica was up, or may still be running elsewhere: find out by
 		// claiming it like any run.
 		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() {
-			d.dispatch(j, prev, true)
+			d.dispatch(ctx, execCtx, j, prev, true)
 		}
 		heap.Push(h, due{at: j.Schedule.Next(now), job: j})
 	}
-	if hist, ok := r.opts.Claimer.(claim.Historian); ok {
-		started := now
-		standby.Go(func() { d.recover(hist, started) })
-	}
+	started := now
+	standby.Go(func() { d.recover(ctx, execCtx, started) })
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 loop:
@@ -287,11 +264,11 @@ loop:
 				// The loop was paused or the clock jumped: only the latest
 				// missed instant matters, under the job's misfire policy.
 				latest := e.job.Schedule.Prev(now, now.Sub(e.at))
-				d.dispatch(e.job, latest, true)
+				d.dispatch(ctx, execCtx, e.job, latest, true)
 				heap.Push(h, due{at: e.job.Schedule.Next(now), job: e.job})
 				continue
 			}
-			d.dispatch(e.job, e.at, false)
+			d.dispatch(ctx, execCtx, e.job, e.at, false)
 			heap.Push(h, due{at: e.job.Schedule.Next(e.at), job: e.job})
 		}
 		wait := maxWait
@@ -325,7 +302,8 @@ loop:
 }
 
 // Trigger claims and executes one run of the named job now, outside its
-// schedule, and returns its final status. The manual instant carries a
+// schedule, through the same claim path as scheduled runs (batched, timed,
+// counted), and returns its final status. The manual instant carries a
 // millisecond part, so it cannot collide with a scheduled instant (those are
 // whole seconds).
 func (r *Runner) Trigger(ctx context.Context, name string) (string, error) {
@@ -344,18 +322,14 @@ func (r *Runner) Trigger(ctx context.Context, name string) (string, error) {
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	d := &dispatcher{r: r, ctx: ctx, execCtx: ctx, standby: &wg, exec: &wg}
-	cl, err := r.opts.Claimer.Claim(ctx, claim.Run{Job: name, At: at}, r.opts.Lease)
+	d := r.dispatcher(&wg, &wg)
+	// ctx is both the claim's and the execution's: Trigger has no
+	// shutdown grace of its own.
+	cl, err := d.claim(ctx, claim.Run{Job: name, At: at})
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	return d.execute(j, cl), nil
-}
-
-func (r *Runner) emit(e Event) {
-	if r.opts.Observe != nil {
-		r.opts.Observe(e)
-	}
+	return d.execute(ctx, ctx, j, cl), nil
 }
 
 // errClosing stops work that would start after shutdown began.

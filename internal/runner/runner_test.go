@@ -177,11 +177,13 @@ type failing struct {
 
 func (f *failing) fails(job string) bool { return f.down.Load() && (f.only == "" || f.only == job) }
 
-func (f *failing) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
-	if f.fails(r.Job) {
-		return nil, claim.ErrUnavailable
-	}
-	return f.Claimer.Claim(ctx, r, l)
+func (f *failing) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
+	return claim.EachRun(runs, func(r claim.Run) (*claim.Claim, error) {
+		if f.fails(r.Job) {
+			return nil, claim.ErrUnavailable
+		}
+		return claim.ClaimOne(ctx, f.Claimer, r, l)
+	})
 }
 
 func (f *failing) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
@@ -191,11 +193,13 @@ func (f *failing) Renew(ctx context.Context, c *claim.Claim, l time.Duration) er
 	return f.Claimer.Renew(ctx, c, l)
 }
 
-func (f *failing) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	if f.fails(c.Run.Job) {
-		return claim.ErrUnavailable
-	}
-	return f.Claimer.Release(ctx, c, o)
+func (f *failing) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+	return claim.EachClaim(cls, outs, func(c *claim.Claim, o claim.Outcome) error {
+		if f.fails(c.Run.Job) {
+			return claim.ErrUnavailable
+		}
+		return claim.ReleaseOne(ctx, f.Claimer, c, o)
+	})
 }
 
 func TestHolderCutOffLosesLeaseAndStandbyTakesOver(t *testing.T) {

@@ -17,21 +17,21 @@ import (
 	"github.com/scheduler-dev/scheduler/job"
 )
 
-// slowClaims makes every claim take a little (fake) time and records how
-// many are in flight at once.
+// slowClaims makes every claim batch take a little (fake) time and records
+// how many are in flight at once.
 type slowClaims struct {
 	claim.Claimer
 	inFlight, most *atomic.Int32
 	delay          time.Duration
 }
 
-func (s slowClaims) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
+func (s slowClaims) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
 	n := s.inFlight.Add(1)
 	defer s.inFlight.Add(-1)
 	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
 	}
 	time.Sleep(s.delay)
-	return s.Claimer.Claim(ctx, r, l)
+	return s.Claimer.Claim(ctx, runs, l)
 }
 
 // shareOut runs jobs jobs, all due at the same instants, on three replicas
@@ -101,40 +101,36 @@ func TestSpreadSharesRunsDueAtOneInstantAmongReplicas(t *testing.T) {
 	})
 }
 
-func TestMaxClaimsBoundsClaimsInFlight(t *testing.T) {
+// TestOneClaimBatchInFlightPerReplica: when many runs fall due at once,
+// a replica sends one claim batch at a time (the rest wait for the next,
+// group commit) instead of putting every bid in flight, where they would
+// queue for a connection inside their claim timeout.
+func TestOneClaimBatchInFlightPerReplica(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		shares, _, most := shareOut(t, 50, runner.Options{MaxClaims: 4, Spread: -1}, 0, time.Millisecond)
+		shares, _, most := shareOut(t, 50, runner.Options{Spread: -1}, 0, time.Millisecond)
 		if total := shares[0] + shares[1] + shares[2]; total < 150 {
 			t.Fatalf("%d runs started, want 50 jobs × 3 instants or more", total)
 		}
-		if most > 3*4 {
-			t.Fatalf("%d claims in flight at once on 3 replicas, want at most 3 × MaxClaims = 12", most)
-		}
-		// Without the limit, the same instants put every bid in flight at once.
-		if _, _, most := shareOut(t, 50, runner.Options{MaxClaims: -1, Spread: -1}, 0, time.Millisecond); most <= 12 {
-			t.Fatalf("without MaxClaims only %d claims were in flight at once: the case proves nothing", most)
+		if most > 3 {
+			t.Fatalf("%d claim batches in flight at once on 3 replicas, want at most one each", most)
 		}
 	})
 }
 
-// batchMemory claims in batches, one Claim per run underneath, and counts
-// batches.
+// batchMemory counts the claim batches it is sent, and makes each take one
+// (fake) round trip.
 type batchMemory struct {
 	claim.Claimer
 	batches, runs, biggest *atomic.Int32
 }
 
-func (b batchMemory) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+func (b batchMemory) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	b.batches.Add(1)
 	b.runs.Add(int32(len(runs)))
 	for m := b.biggest.Load(); int32(len(runs)) > m && !b.biggest.CompareAndSwap(m, int32(len(runs))); m = b.biggest.Load() {
 	}
 	time.Sleep(time.Millisecond) // one round trip
-	cls, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
-	for i, r := range runs {
-		cls[i], errs[i] = b.Claimer.Claim(ctx, r, lease)
-	}
-	return cls, errs
+	return b.Claimer.Claim(ctx, runs, lease)
 }
 
 // runInstants runs 3 replicas, without spread, on the claimers open
@@ -187,21 +183,20 @@ func TestBatchClaimerGetsRunsDueAtOneInstantInFewBatches(t *testing.T) {
 	})
 }
 
-// releasingMemory is batchMemory that also releases in batches, one Release
-// per claim underneath, and counts release batches.
+// releasingMemory is batchMemory that also counts release batches.
 type releasingMemory struct {
 	batchMemory
 	releaseBatches, released, biggestRelease *atomic.Int32
 }
 
-func (b releasingMemory) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+func (b releasingMemory) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
 	b.releaseBatches.Add(1)
 	for m := b.biggestRelease.Load(); int32(len(cls)) > m && !b.biggestRelease.CompareAndSwap(m, int32(len(cls))); m = b.biggestRelease.Load() {
 	}
 	time.Sleep(time.Millisecond) // one round trip
-	errs := make([]error, len(cls))
-	for i, cl := range cls {
-		if errs[i] = b.Claimer.Release(ctx, cl, outs[i]); errs[i] == nil {
+	errs := b.Claimer.Release(ctx, cls, outs)
+	for _, err := range errs {
+		if err == nil {
 			b.released.Add(1)
 		}
 	}
@@ -235,7 +230,7 @@ func TestBatchReleaserEndsRunsFinishingTogetherInFewBatches(t *testing.T) {
 			if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
 				t.Fatalf("run %s finished %v, want once, succeeded", id, f)
 			}
-			if _, err := probe.Claim(t.Context(), s[0].Run, time.Second); !errors.Is(err, claim.ErrDone) {
+			if _, err := claim.ClaimOne(t.Context(), probe, s[0].Run, time.Second); !errors.Is(err, claim.ErrDone) {
 				t.Fatalf("run %s after its release: %v, want done", id, err)
 			}
 		}

@@ -22,12 +22,14 @@ type staleGrants struct {
 	n    atomic.Int32
 }
 
-func (s *staleGrants) Claim(ctx context.Context, r claim.Run, l time.Duration) (*claim.Claim, error) {
-	cl, err := s.Claimer.Claim(ctx, r, l)
-	if err == nil && !r.At.Before(s.from) && s.n.Add(-1) >= 0 {
-		cl.Requested = cl.Requested.Add(-l)
+func (s *staleGrants) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
+	cls, errs := s.Claimer.Claim(ctx, runs, l)
+	for i, r := range runs {
+		if errs[i] == nil && !r.At.Before(s.from) && s.n.Add(-1) >= 0 {
+			cls[i].Requested = cls[i].Requested.Add(-l)
+		}
 	}
-	return cl, err
+	return cls, errs
 }
 
 func TestGrantPastItsTrustWindowIsHandedBackUnstarted(t *testing.T) {

@@ -7,23 +7,21 @@
 package testenv
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/scheduler-dev/scheduler/internal/procs"
 )
 
 // Environment variables read by tests (and only by tests).
@@ -136,109 +134,45 @@ func dial(addr string) error {
 	return c.Close()
 }
 
-// Redis is a redis-server process started by a test, without persistence
-// unless its extra arguments turn it on. It is stopped (by pid) when the
-// test ends.
+// Redis is a redis-server process started by a test (internal/procs),
+// without persistence unless its extra arguments turn it on; Dir is where
+// it keeps an RDB snapshot or an AOF then, which a restart loads. It is
+// stopped (by pid) when the test ends.
 type Redis struct {
-	t    testing.TB
-	port int
-	dir  string
-	args []string
-	cmd  *exec.Cmd
+	t testing.TB
+	*procs.Redis
 }
 
 // StartRedis starts a private redis-server on a free loopback port. Extra
 // arguments are passed to redis-server (e.g. "--maxmemory", "1mb").
 func StartRedis(t testing.TB, extra ...string) *Redis {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
+	if _, err := procs.RedisBin(""); err != nil {
 		Missing(t, "redis-server", "not on PATH")
 	}
-	r := &Redis{t: t, dir: t.TempDir(), args: extra}
-	r.port = freePort(t)
-	r.Start()
-	t.Cleanup(r.Stop)
-	return r
+	s, err := procs.StartRedis(t.Context(), procs.RedisOptions{Dir: t.TempDir(), Args: extra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return &Redis{t: t, Redis: s}
 }
-
-// Addr is the node's host:port.
-func (r *Redis) Addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-// Dir is the node's working directory, where it keeps an RDB snapshot or
-// an AOF when started with persistence ("--appendonly", "yes"); a restart
-// loads what is there, as a server restarted from disk would.
-func (r *Redis) Dir() string { return r.dir }
 
 // Start (re)starts the process on the same port: empty, unless extra
 // arguments turned persistence on or the test saved a snapshot (SAVE).
 func (r *Redis) Start() {
 	r.t.Helper()
-	if r.cmd != nil {
-		return
-	}
-	args := append([]string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir, "--daemonize", "no"}, r.args...)
-	cmd := exec.Command("redis-server", args...)
-	cmd.Dir = r.dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
+	if err := r.Redis.Start(context.Background()); err != nil {
 		r.t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("start redis-server: %v", err)
-	}
-	r.cmd = cmd
-	ready := make(chan struct{})
-	go func() { // drains the log so the server never blocks on a full pipe
-		signal := ready
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if signal != nil && strings.Contains(sc.Text(), "Ready to accept connections") {
-				close(signal)
-				signal = nil
-			}
-		}
-		if signal != nil {
-			close(signal)
-		}
-	}()
-	select {
-	case <-ready:
-	case <-time.After(15 * time.Second):
-		r.t.Fatalf("redis-server on port %d not ready after 15s", r.port)
-	}
-	if err := dial(r.Addr()); err != nil {
-		r.t.Fatalf("redis-server on port %d: %v", r.port, err)
-	}
-}
-
-// Stop kills the process (SIGKILL: its data is gone) and waits for it.
-func (r *Redis) Stop() {
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
-	r.cmd = nil
 }
 
 // Restart kills the node and starts it again on the same port: empty, unless
 // it persists its data (see Start).
 func (r *Redis) Restart() {
+	r.t.Helper()
 	r.Stop()
 	r.Start()
-}
-
-// freePort asks the kernel for an unused loopback port.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // CleanupContext is for t.Cleanup work: t.Context is already cancelled then.

@@ -39,7 +39,7 @@ type Options struct {
 	Instance string
 	Claimer  string // kind, never its address or credentials
 	Jobs     []JobInfo
-	History  claim.Historian // nil: no run history on the page
+	History  claim.Claimer // its History fills the page; nil: no run history
 	// Ready reports whether the backend is reachable and migrated.
 	Ready    func(ctx context.Context) error
 	Gatherer prometheus.Gatherer

@@ -39,7 +39,7 @@ func TestProbesMetricsAndStatusPage(t *testing.T) {
 	store := memory.NewStore(nil)
 	c := memory.New(store, "replica-1")
 	run := claim.Run{Job: "billing.nightly", At: time.Now().Truncate(time.Second)}
-	if _, err := c.Claim(t.Context(), run, time.Minute); err != nil {
+	if _, err := claim.ClaimOne(t.Context(), c, run, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	var down atomic.Bool

@@ -10,24 +10,23 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
-// batchCases run only against claimers that implement claim.BatchClaimer.
+// batchCases check that a batch answers each run as a single claim would.
 func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 	t.Run("BatchClaimAnswersEachRunLikeClaim", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
-		bb := implemented[claim.BatchClaimer](t, opts, Batch, b)
 		held, done, interrupted, fresh := runAt("job.batch", 0), runAt("job.batch", 1), runAt("job.batch", 2), runAt("job.batch", 3)
 		mustClaim(t, a, held, longLease)
-		if err := a.Release(ctxT(t), mustClaim(t, a, done, longLease), claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, mustClaim(t, a, done, longLease), claim.Succeeded); err != nil {
 			t.Fatal(err)
 		}
 		first := mustClaim(t, a, interrupted, longLease)
-		if err := a.Release(ctxT(t), first, claim.Interrupted); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, first, claim.Interrupted); err != nil {
 			t.Fatal(err)
 		}
 		runs := []claim.Run{held, done, interrupted, fresh, {Job: "", At: base}}
-		cls, errs := bb.ClaimBatch(ctxT(t), runs, longLease)
+		cls, errs := b.Claim(ctxT(t), runs, longLease)
 		if len(cls) != len(runs) || len(errs) != len(runs) {
 			t.Fatalf("ClaimBatch of %d runs returned %d claims and %d errors", len(runs), len(cls), len(errs))
 		}
@@ -46,28 +45,27 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 			t.Fatalf("batch grant = %+v; want attempt 1, a fence, a token, Requested and Lease set", c)
 		}
 		// The grants are ordinary claims.
-		_, err := a.Claim(ctxT(t), fresh, longLease)
+		_, err := claim.ClaimOne(ctxT(t), a, fresh, longLease)
 		wantErr(t, err, claim.ErrHeld, "single claim of a batch-granted run")
 		if err := b.Renew(ctxT(t), cls[3], longLease); err != nil {
 			t.Fatalf("renew a batch grant: %v", err)
 		}
-		if err := b.Release(ctxT(t), cls[2], claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), b, cls[2], claim.Succeeded); err != nil {
 			t.Fatalf("release a batch grant: %v", err)
 		}
 		// Edge cases.
-		if cls, errs := bb.ClaimBatch(ctxT(t), nil, longLease); len(cls) != 0 || len(errs) != 0 {
+		if cls, errs := b.Claim(ctxT(t), nil, longLease); len(cls) != 0 || len(errs) != 0 {
 			t.Fatalf("empty batch: %v %v", cls, errs)
 		}
-		_, errs = bb.ClaimBatch(ctxT(t), []claim.Run{runAt("job.batch", 9)}, 0)
+		_, errs = b.Claim(ctxT(t), []claim.Run{runAt("job.batch", 9)}, 0)
 		wantErr(t, errs[0], claim.ErrInvalid, "batch with zero lease")
 	})
 
 	t.Run("BatchAndSingleClaimersRaceOneWinnerPerRun", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)
-		clients := []claim.Claimer{open("replica-0")}
-		implemented[claim.BatchClaimer](t, opts, Batch, clients[0])
-		for g := 1; g < 4; g++ {
+		var clients []claim.Claimer
+		for g := 0; g < 4; g++ {
 			clients = append(clients, open(fmt.Sprintf("replica-%d", g)))
 		}
 		n := max(opts.Runs/4, 50)
@@ -99,12 +97,11 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 			wg.Go(func() {
 				if g%2 == 1 { // one claim at a time, from the last run down
 					for i := n - 1; i >= 0; i-- {
-						cl, err := c.Claim(t.Context(), runs[i], longLease)
+						cl, err := claim.ClaimOne(t.Context(), c, runs[i], longLease)
 						record(i, cl, err)
 					}
 					return
 				}
-				bc := c.(claim.BatchClaimer)
 				// Batches in different orders and sizes, overlapping.
 				order := make([]int, n)
 				for i := range order {
@@ -116,7 +113,7 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 					for j, i := range order[:k] {
 						part[j] = runs[i]
 					}
-					cls, errs := bc.ClaimBatch(t.Context(), part, longLease)
+					cls, errs := c.Claim(t.Context(), part, longLease)
 					for j, i := range order[:k] {
 						record(i, cls[j], errs[j])
 					}
@@ -146,7 +143,7 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 		// Later grants of the job, batched or not, get higher fences.
 		c := open("replica-late")
 		later := mustClaim(t, c, runAt("job.batchrace", n), longLease)
-		cls, errs := implemented[claim.BatchClaimer](t, opts, Batch, c).ClaimBatch(ctxT(t), []claim.Run{runAt("job.batchrace", n+1), runAt("job.batchrace", n+2)}, longLease)
+		cls, errs := c.Claim(ctxT(t), []claim.Run{runAt("job.batchrace", n+1), runAt("job.batchrace", n+2)}, longLease)
 		for i := range errs {
 			if errs[i] != nil {
 				t.Fatalf("late batch: %v", errs[i])

@@ -35,11 +35,11 @@ func Throughput(b *testing.B, unit string, op func(b *testing.B, i int64)) {
 // claimer's cost per executed run.
 func BenchClaimRelease(b *testing.B, c claim.Claimer) {
 	Throughput(b, "claims", func(b *testing.B, i int64) {
-		cl, err := c.Claim(b.Context(), RunAt("job.bench", i), time.Minute)
+		cl, err := claim.ClaimOne(b.Context(), c, RunAt("job.bench", i), time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := c.Release(b.Context(), cl, claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(b.Context(), c, cl, claim.Succeeded); err != nil {
 			b.Fatal(err)
 		}
 	})

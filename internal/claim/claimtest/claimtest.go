@@ -7,20 +7,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 )
 
 // Factory returns an opener for claimers that share one namespace (schema,
 // key prefix, store) isolated from every other call of the Factory. Each
 // opened claimer is a separate client, as a separate replica would have.
 // The factory registers its own cleanup with t.
-type Factory func(t *testing.T) (open func(instance string) claim.Claimer)
+type Factory func(t *testing.T) (open func(instance string) *claimers.Backend)
 
 // Options tune the suite for a backend.
 type Options struct {
@@ -33,38 +33,10 @@ type Options struct {
 	// Clients is how many separate claimers the contenders share
 	// (default 4).
 	Clients int
-	// Implements lists the optional interfaces the backend's claimer has.
-	// Their cases skip for a claimer without them, and fail for one listed
-	// here, so that a factory or wrapper hiding one cannot turn its
-	// guarantees into silent skips.
-	Implements []Optional
-}
-
-// Optional names an optional claimer interface the suite has cases for.
-type Optional string
-
-// The optional interfaces.
-const (
-	Batch        Optional = "claim.BatchClaimer"
-	BatchRelease Optional = "claim.BatchReleaser"
-	History      Optional = "claim.Historian"
-	Prune        Optional = "claim.Pruner"
-)
-
-// implemented returns c as the optional interface T (named i). When c
-// lacks it, the calling case is skipped, unless opts says this backend's
-// claimer has it: then a wrapper hid it, and the case fails.
-func implemented[T any](t *testing.T, opts Options, i Optional, c claim.Claimer) T {
-	t.Helper()
-	x, ok := c.(T)
-	switch {
-	case ok:
-	case slices.Contains(opts.Implements, i):
-		t.Fatalf("the claimer under test does not implement %s, which this backend's claimer does: a wrapper hid it", i)
-	default:
-		t.Skipf("claimer does not implement %s", i)
-	}
-	return x
+	// Prunes says the backend keeps finished runs until pruned (the SQL
+	// backends): its prune case fails, rather than skips, if the opener
+	// offers no Pruner.
+	Prunes bool
 }
 
 func (o *Options) defaults() {
@@ -102,7 +74,7 @@ func ctxT(t *testing.T) context.Context {
 
 func mustClaim(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration) *claim.Claim {
 	t.Helper()
-	cl, err := c.Claim(ctxT(t), run, lease)
+	cl, err := claim.ClaimOne(ctxT(t), c, run, lease)
 	if err != nil {
 		t.Fatalf("claim %s: %v", run.ID(), err)
 	}
@@ -122,7 +94,7 @@ func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration)
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
 	for {
-		cl, err := c.Claim(ctxT(t), run, lease)
+		cl, err := claim.ClaimOne(ctxT(t), c, run, lease)
 		if err == nil {
 			return cl
 		}
@@ -169,12 +141,12 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		a, b := open("replica-a"), open("replica-b")
 		run := runAt("job.held", 0)
 		mustClaim(t, a, run, longLease)
-		_, err := b.Claim(ctxT(t), run, longLease)
+		_, err := claim.ClaimOne(ctxT(t), b, run, longLease)
 		wantErr(t, err, claim.ErrHeld, "second replica")
-		_, err = a.Claim(ctxT(t), run, longLease)
+		_, err = claim.ClaimOne(ctxT(t), a, run, longLease)
 		wantErr(t, err, claim.ErrHeld, "same replica again")
 		// The same instant written in another zone is the same run.
-		_, err = b.Claim(ctxT(t), claim.Run{Job: run.Job, At: run.At.In(time.FixedZone("Y", -7200))}, longLease)
+		_, err = claim.ClaimOne(ctxT(t), b, claim.Run{Job: run.Job, At: run.At.In(time.FixedZone("Y", -7200))}, longLease)
 		wantErr(t, err, claim.ErrHeld, "same instant in another zone")
 		// Another instant, or another job at the same instant, is another run.
 		mustClaim(t, b, runAt("job.held", 1), longLease)
@@ -197,14 +169,14 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 				c := clients[g%len(clients)]
 				for i := range opts.Runs {
 					run := runAt("job.race", i)
-					cl, err := c.Claim(t.Context(), run, longLease)
+					cl, err := claim.ClaimOne(t.Context(), c, run, longLease)
 					switch {
 					case err == nil:
 						wins[i].Add(1)
 						fences[i].Store(cl.Fence)
 						// Release half the runs as done: losers then see ErrDone.
 						if i%2 == 1 {
-							if err := c.Release(t.Context(), cl, claim.Succeeded); err != nil {
+							if err := claim.ReleaseOne(t.Context(), c, cl, claim.Succeeded); err != nil {
 								errs <- fmt.Errorf("release %s: %w", run.ID(), err)
 								return
 							}
@@ -245,26 +217,26 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		forged.Token = claim.NewToken()
 		forged.Holder = "replica-b"
 		wantErr(t, b.Renew(ctxT(t), &forged, longLease), claim.ErrLeaseLost, "renew with another token")
-		wantErr(t, b.Release(ctxT(t), &forged, claim.Succeeded), claim.ErrLeaseLost, "release with another token")
-		wantErr(t, b.Release(ctxT(t), &forged, claim.Interrupted), claim.ErrLeaseLost, "interrupt with another token")
+		wantErr(t, claim.ReleaseOne(ctxT(t), b, &forged, claim.Succeeded), claim.ErrLeaseLost, "release with another token")
+		wantErr(t, claim.ReleaseOne(ctxT(t), b, &forged, claim.Interrupted), claim.ErrLeaseLost, "interrupt with another token")
 		// The real holder is untouched by the forgeries.
 		if err := a.Renew(ctxT(t), cl, longLease); err != nil {
 			t.Fatalf("renew by holder: %v", err)
 		}
-		_, err := b.Claim(ctxT(t), run, longLease)
+		_, err := claim.ClaimOne(ctxT(t), b, run, longLease)
 		wantErr(t, err, claim.ErrHeld, "claim after forged release")
-		if err := a.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, cl, claim.Succeeded); err != nil {
 			t.Fatalf("release by holder: %v", err)
 		}
 		// A retry of a release whose reply was lost succeeds and changes
 		// nothing; no other outcome can overwrite it.
-		if err := a.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, cl, claim.Succeeded); err != nil {
 			t.Fatalf("repeated release (a retry after a lost reply): %v", err)
 		}
-		wantErr(t, a.Release(ctxT(t), cl, claim.Failed), claim.ErrLeaseLost, "release as failed after succeeded")
-		wantErr(t, a.Release(ctxT(t), cl, claim.Interrupted), claim.ErrLeaseLost, "interrupt after succeeded")
+		wantErr(t, claim.ReleaseOne(ctxT(t), a, cl, claim.Failed), claim.ErrLeaseLost, "release as failed after succeeded")
+		wantErr(t, claim.ReleaseOne(ctxT(t), a, cl, claim.Interrupted), claim.ErrLeaseLost, "interrupt after succeeded")
 		wantErr(t, a.Renew(ctxT(t), cl, longLease), claim.ErrLeaseLost, "renew after release")
-		_, err = b.Claim(ctxT(t), run, longLease)
+		_, err = claim.ClaimOne(ctxT(t), b, run, longLease)
 		wantErr(t, err, claim.ErrDone, "claim after repeated release")
 	})
 
@@ -291,7 +263,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 					t.Fatalf("renew %v after the last grant or renewal was sent: %v", time.Since(sent), err)
 				}
 				sent = renewSent
-				_, err := b.Claim(ctxT(t), run, lease)
+				_, err := claim.ClaimOne(ctxT(t), b, run, lease)
 				if err == nil && time.Since(sent) >= lease {
 					return true
 				}
@@ -326,11 +298,11 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		}
 		// The stale holder can neither renew nor release any more.
 		wantErr(t, a.Renew(ctxT(t), first, longLease), claim.ErrLeaseLost, "renew after takeover")
-		wantErr(t, a.Release(ctxT(t), first, claim.Succeeded), claim.ErrLeaseLost, "release after takeover")
+		wantErr(t, claim.ReleaseOne(ctxT(t), a, first, claim.Succeeded), claim.ErrLeaseLost, "release after takeover")
 		// And the successor still holds it.
-		_, err := a.Claim(ctxT(t), run, longLease)
+		_, err := claim.ClaimOne(ctxT(t), a, run, longLease)
 		wantErr(t, err, claim.ErrHeld, "claim by stale holder")
-		if err := b.Release(ctxT(t), second, claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), b, second, claim.Succeeded); err != nil {
 			t.Fatalf("release by successor: %v", err)
 		}
 	})
@@ -351,17 +323,17 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped} {
 			run := runAt("job.done", i)
 			cl := mustClaim(t, a, run, lease)
-			if err := a.Release(ctxT(t), cl, o); err != nil {
+			if err := claim.ReleaseOne(ctxT(t), a, cl, o); err != nil {
 				t.Fatalf("release %s: %v", o, err)
 			}
-			_, err := b.Claim(ctxT(t), run, lease)
+			_, err := claim.ClaimOne(ctxT(t), b, run, lease)
 			wantErr(t, err, claim.ErrDone, "claim after "+string(o))
-			_, err = a.Claim(ctxT(t), run, lease)
+			_, err = claim.ClaimOne(ctxT(t), a, run, lease)
 			wantErr(t, err, claim.ErrDone, "holder's claim after "+string(o))
 		}
 		// Still done after the lease would have expired.
 		time.Sleep(lease + lease/2) // the case is about outliving the lease
-		_, err := b.Claim(ctxT(t), runAt("job.done", 0), lease)
+		_, err := claim.ClaimOne(ctxT(t), b, runAt("job.done", 0), lease)
 		wantErr(t, err, claim.ErrDone, "claim of a done run after its lease")
 	})
 
@@ -371,19 +343,19 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		a, b := open("replica-a"), open("replica-b")
 		run := runAt("job.interrupt", 0)
 		first := mustClaim(t, a, run, longLease)
-		if err := a.Release(ctxT(t), first, claim.Interrupted); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, first, claim.Interrupted); err != nil {
 			t.Fatalf("release interrupted: %v", err)
 		}
-		if err := a.Release(ctxT(t), first, claim.Interrupted); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, first, claim.Interrupted); err != nil {
 			t.Fatalf("repeated interrupt before a takeover: %v", err)
 		}
 		second := mustClaim(t, b, run, longLease) // no wait for the lease
 		if second.Attempt != 2 || second.Fence <= first.Fence {
 			t.Fatalf("reclaim = attempt %d fence %d; want attempt 2, fence > %d", second.Attempt, second.Fence, first.Fence)
 		}
-		wantErr(t, a.Release(ctxT(t), first, claim.Interrupted), claim.ErrLeaseLost, "repeated interrupt after a takeover")
+		wantErr(t, claim.ReleaseOne(ctxT(t), a, first, claim.Interrupted), claim.ErrLeaseLost, "repeated interrupt after a takeover")
 		wantErr(t, a.Renew(ctxT(t), first, longLease), claim.ErrLeaseLost, "renew of interrupted claim")
-		if err := b.Release(ctxT(t), second, claim.Interrupted); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), b, second, claim.Interrupted); err != nil {
 			t.Fatalf("second interrupt: %v", err)
 		}
 		third := mustClaim(t, a, run, longLease)
@@ -414,12 +386,12 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 			check(cl)
 			// Interleave another job: its grants must not disturb this one's order.
 			mustClaim(t, other, runAt("job.fence.other", i), longLease)
-			if err := c.Release(ctxT(t), cl, claim.Interrupted); err != nil {
+			if err := claim.ReleaseOne(ctxT(t), c, cl, claim.Interrupted); err != nil {
 				t.Fatalf("interrupt: %v", err)
 			}
 			again := mustClaim(t, other, run, longLease)
 			check(again)
-			if err := other.Release(ctxT(t), again, claim.Succeeded); err != nil {
+			if err := claim.ReleaseOne(ctxT(t), other, again, claim.Succeeded); err != nil {
 				t.Fatalf("release: %v", err)
 			}
 		}
@@ -440,14 +412,14 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 			{"NegativeLease", runAt("job.bad", 0), -time.Second},
 		}
 		for _, tc := range cases {
-			_, err := a.Claim(ctxT(t), tc.run, tc.lease)
+			_, err := claim.ClaimOne(ctxT(t), a, tc.run, tc.lease)
 			wantErr(t, err, claim.ErrInvalid, tc.name)
 		}
 		cl := mustClaim(t, a, runAt("job.bad", 1), longLease)
 		wantErr(t, a.Renew(ctxT(t), cl, 0), claim.ErrInvalid, "renew with zero lease")
-		wantErr(t, a.Release(ctxT(t), cl, claim.Outcome("maybe")), claim.ErrInvalid, "unknown outcome")
+		wantErr(t, claim.ReleaseOne(ctxT(t), a, cl, claim.Outcome("maybe")), claim.ErrInvalid, "unknown outcome")
 		wantErr(t, a.Renew(ctxT(t), nil, longLease), claim.ErrInvalid, "renew nil claim")
-		wantErr(t, a.Release(ctxT(t), nil, claim.Succeeded), claim.ErrInvalid, "release nil claim")
+		wantErr(t, claim.ReleaseOne(ctxT(t), a, nil, claim.Succeeded), claim.ErrInvalid, "release nil claim")
 	})
 
 	t.Run("CancelledContextReturnsPromptly", func(t *testing.T) {
@@ -458,14 +430,14 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		start := time.Now()
-		_, err := a.Claim(ctx, runAt("job.cancel", 1), longLease)
+		_, err := claim.ClaimOne(ctx, a, runAt("job.cancel", 1), longLease)
 		if !errors.Is(err, context.Canceled) || errors.Is(err, claim.ErrHeld) {
 			t.Fatalf("claim with cancelled ctx: %v, want context.Canceled and not ErrHeld", err)
 		}
 		if err := a.Renew(ctx, held, longLease); !errors.Is(err, context.Canceled) {
 			t.Fatalf("renew with cancelled ctx: %v, want context.Canceled", err)
 		}
-		if err := a.Release(ctx, held, claim.Succeeded); !errors.Is(err, context.Canceled) {
+		if err := claim.ReleaseOne(ctx, a, held, claim.Succeeded); !errors.Is(err, context.Canceled) {
 			t.Fatalf("release with cancelled ctx: %v, want context.Canceled", err)
 		}
 		if d := time.Since(start); d > time.Second {
@@ -481,13 +453,13 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		a := open("replica-a")
-		h := implemented[claim.Historian](t, opts, History, a)
+		h := a
 		ok1 := mustClaim(t, a, runAt("job.hist", 0), longLease)
-		if err := a.Release(ctxT(t), ok1, claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, ok1, claim.Succeeded); err != nil {
 			t.Fatal(err)
 		}
 		bad := mustClaim(t, a, runAt("job.hist", 1), longLease)
-		if err := a.Release(ctxT(t), bad, claim.Failed); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), a, bad, claim.Failed); err != nil {
 			t.Fatal(err)
 		}
 		live := mustClaim(t, a, runAt("job.hist", 2), longLease)
@@ -521,8 +493,14 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		c := open("replica-a")
-		p := implemented[claim.Pruner](t, opts, Prune, c) // others expire finished runs by themselves
-		h := c.(claim.Historian)
+		p := c.Pruner
+		switch {
+		case p == nil && opts.Prunes:
+			t.Fatal("the opener offers no Pruner for a backend that keeps finished runs")
+		case p == nil:
+			t.Skip("the backend expires finished runs by itself")
+		}
+		h := c
 		var live *claim.Claim
 		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {
 			cl := mustClaim(t, c, runAt("job.prune", i), longLease)
@@ -530,7 +508,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 				live = cl
 				continue
 			}
-			if err := c.Release(ctxT(t), cl, o); err != nil {
+			if err := claim.ReleaseOne(ctxT(t), c, cl, o); err != nil {
 				t.Fatal(err)
 			}
 		}

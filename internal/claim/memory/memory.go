@@ -55,18 +55,22 @@ func New(s *Store, instance string) *Claimer {
 	return &Claimer{s: s, instance: instance}
 }
 
-// Claim implements claim.Claimer.
-func (m *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
-	if err := claim.CheckClaim(run, lease); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+// Claim implements claim.Claimer, run by run under one lock.
+func (m *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	claims := make([]*claim.Claim, len(runs))
+	errs, valid := claim.CheckClaimBatch(ctx, runs, lease)
 	requested := time.Now()
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	for _, i := range valid {
+		claims[i], errs[i] = m.claim(runs[i], lease, requested)
+	}
+	return claims, errs
+}
+
+// claim grants one run. m.s.mu must be held.
+func (m *Claimer) claim(run claim.Run, lease time.Duration, requested time.Time) (*claim.Claim, error) {
 	s := m.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	now := s.now()
 	id := run.ID()
 	e := s.runs[id]
@@ -127,17 +131,26 @@ func (m *Claimer) Renew(ctx context.Context, c *claim.Claim, lease time.Duration
 	return nil
 }
 
-// Release implements claim.Claimer.
-func (m *Claimer) Release(ctx context.Context, c *claim.Claim, o claim.Outcome) error {
-	if err := claim.CheckRelease(c, o); err != nil {
-		return err
-	}
+// Release implements claim.Claimer, claim by claim under one lock.
+func (m *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+	errs, valid := claim.CheckReleaseBatch(cls, outcomes)
 	if err := ctx.Err(); err != nil {
-		return err
+		for _, i := range valid {
+			errs[i] = err
+		}
+		return errs
 	}
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	for _, i := range valid {
+		errs[i] = m.release(cls[i], outcomes[i])
+	}
+	return errs
+}
+
+// release ends one claim. m.s.mu must be held.
+func (m *Claimer) release(c *claim.Claim, o claim.Outcome) error {
 	s := m.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if e := s.runs[c.ID()]; e != nil && e.token == c.Token && e.rec.Status == claim.Status(o) {
 		return nil // a retry of a release that took effect
 	}
@@ -158,7 +171,7 @@ func (m *Claimer) Ping(ctx context.Context) error { return ctx.Err() }
 // Close implements claim.Claimer.
 func (m *Claimer) Close() error { return nil }
 
-// History implements claim.Historian.
+// History implements claim.Claimer.
 func (m *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

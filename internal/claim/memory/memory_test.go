@@ -12,5 +12,5 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("memory", backends.Options{}), claimtest.Options{Implements: []claimtest.Optional{claimtest.History}})
+	claimtest.Run(t, backends.Factory("memory", backends.Options{}), claimtest.Options{})
 }

@@ -21,7 +21,7 @@ func BenchmarkClaimRelease(b *testing.B) {
 // BenchmarkRawInsert is the floor: one bare pgx INSERT … ON CONFLICT DO
 // NOTHING RETURNING per run into a table shaped like scheduler_runs.
 func BenchmarkRawInsert(b *testing.B) {
-	pool, err := pgxpool.NewWithConfig(context.Background(), backends.MigratedSchema(b))
+	pool, err := pgxpool.New(context.Background(), backends.Prepare(b, "postgres", backends.Options{}).Config.Postgres.DSN)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -108,12 +108,7 @@ type Claimer struct {
 	owned    bool // Close closes pool
 }
 
-var (
-	_ claim.Claimer       = (*Claimer)(nil)
-	_ claim.Historian     = (*Claimer)(nil)
-	_ claim.BatchClaimer  = (*Claimer)(nil)
-	_ claim.BatchReleaser = (*Claimer)(nil)
-)
+var _ claim.Claimer = (*Claimer)(nil)
 
 // New returns a Claimer on pool, whose connections must see the migrated
 // schema (search_path). Close does not close pool: its owner does.
@@ -142,12 +137,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*Claimer, error) {
 	return c, nil
 }
 
-// Claim implements claim.Claimer. The first round trip inserts the run's
-// row; only if it exists does a second one try to take it over.
-func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
-	if err := claim.CheckClaim(run, lease); err != nil {
-		return nil, err
-	}
+// claimOne is Claim for a single run, in plain statements rather than
+// arrays: the first round trip inserts the run's row; only if it exists does
+// a second one try to take it over.
+func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
 	run.At = run.At.UTC()
 	id := run.ID()
 	cl := &claim.Claim{Run: run, Token: claim.NewToken(), Holder: c.instance, Lease: lease}
@@ -192,13 +185,18 @@ func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
 	}
 }
 
-// ClaimBatch implements claim.BatchClaimer in two round trips: one
-// multi-row insert for every run, then, pipelined, the takeover statement of
-// Claim for each run that already had a row. The second round runs in one
-// implicit transaction whose row locks are taken in run id order, like the
-// first's.
-func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+// Claim implements claim.Claimer in two round trips: one multi-row insert
+// for every run, then, pipelined, the takeover statement for each run that
+// already had a row. The second round runs in one implicit transaction
+// whose row locks are taken in run id order, like the first's.
+func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	if len(runs) == 1 {
+		if errs[0] = claim.CheckClaim(runs[0], lease); errs[0] == nil {
+			claims[0], errs[0] = c.claimOne(ctx, runs[0], lease)
+		}
+		return claims, errs
+	}
 	failAll := func(pending []int, err error) ([]*claim.Claim, []error) {
 		for _, i := range pending {
 			errs[i] = fmt.Errorf("claim %s: %w", runs[i].ID(), err)
@@ -312,11 +310,8 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return nil
 }
 
-// Release implements claim.Claimer.
-func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
-	if err := claim.CheckRelease(cl, o); err != nil {
-		return err
-	}
+// releaseOne is Release for a single claim, in one plain statement.
+func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
 	tag, err := c.pool.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(claim.Status(o)), o.Terminal())
 	switch {
 	case err != nil:
@@ -327,13 +322,17 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 	return nil
 }
 
-// ReleaseBatch implements claim.BatchReleaser: Release's statement for
-// every claim, pipelined in one round trip and one implicit transaction,
-// in run id order, the order ClaimBatch locks rows in, so that batches
-// racing over the same rows cannot deadlock.
-func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+// Release implements claim.Claimer: the release statement for every
+// claim, pipelined in one round trip and one implicit transaction, in run
+// id order, the order Claim locks rows in, so that batches racing over the
+// same rows cannot deadlock.
+func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
 	errs, pending := claim.CheckReleaseBatch(cls, outcomes)
-	if len(pending) == 0 {
+	switch len(pending) {
+	case 0:
+		return errs
+	case 1:
+		errs[pending[0]] = c.releaseOne(ctx, cls[pending[0]], outcomes[pending[0]])
 		return errs
 	}
 	slices.SortFunc(pending, func(a, b int) int { return strings.Compare(cls[a].ID(), cls[b].ID()) })
@@ -383,7 +382,7 @@ func (c *Claimer) Close() error {
 	return nil
 }
 
-// History implements claim.Historian: runs newest scheduled instant first,
+// History implements claim.Claimer: runs newest scheduled instant first,
 // of job or, if job is "", of every job; limit <= 0 means no limit.
 func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	var lim *int

@@ -25,7 +25,7 @@ func TestUnreachableServerIsUnavailable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 
-	_, claimErr := c.Claim(ctx, claim.Run{Job: "job.down", At: base}, time.Minute)
+	_, claimErr := claim.ClaimOne(ctx, c, claim.Run{Job: "job.down", At: base}, time.Minute)
 	pingErr := c.Ping(ctx)
 	_, histErr := c.History(ctx, "", 10)
 	for what, err := range map[string]error{"claim": claimErr, "ping": pingErr, "history": histErr} {
@@ -40,7 +40,7 @@ func TestUnreachableServerIsUnavailable(t *testing.T) {
 	if err := c.Renew(ctx, cl, time.Minute); !errors.Is(err, claim.ErrUnavailable) {
 		t.Errorf("renew: %v, want ErrUnavailable", err)
 	}
-	if err := c.Release(ctx, cl, claim.Succeeded); !errors.Is(err, claim.ErrUnavailable) {
+	if err := claim.ReleaseOne(ctx, c, cl, claim.Succeeded); !errors.Is(err, claim.ErrUnavailable) {
 		t.Errorf("release: %v, want ErrUnavailable", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -34,8 +35,7 @@ func isolated(tb testing.TB) (*goredis.Client, string) {
 }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("redis", backends.Options{}), claimtest.Options{
-		Implements: []claimtest.Optional{claimtest.Batch, claimtest.BatchRelease, claimtest.History}})
+	claimtest.Run(t, backends.Factory("redis", backends.Options{}), claimtest.Options{})
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -59,7 +59,7 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 	var last int64
 	var live *claim.Claim
 	for i := range 5 {
-		cl, err := a.Claim(ctxT(t), claim.Run{Job: run.Job, At: base.Add(time.Duration(i) * time.Minute)}, time.Minute)
+		cl, err := claim.ClaimOne(ctxT(t), a, claim.Run{Job: run.Job, At: base.Add(time.Duration(i) * time.Minute)}, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +68,7 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 			live = cl
 		}
 	}
-	if _, err := b.Claim(ctxT(t), run, time.Minute); !errors.Is(err, claim.ErrHeld) {
+	if _, err := claim.ClaimOne(ctxT(t), b, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
 		t.Fatalf("claim of a live run before the restart: %v, want ErrHeld", err)
 	}
 
@@ -78,7 +78,7 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 	var first time.Time // when the first claim the restarted server answered was sent
 	for {
 		sent := time.Now()
-		cl, err := b.Claim(ctxT(t), run, lease)
+		cl, err := claim.ClaimOne(ctxT(t), b, run, lease)
 		switch {
 		case errors.Is(err, claim.ErrUnavailable) && first.IsZero() && time.Now().Before(deadline):
 			time.Sleep(20 * time.Millisecond) // the pool is reconnecting to the restarted server
@@ -101,7 +101,7 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 				if err := a.Renew(ctxT(t), live, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
 					t.Fatalf("renewal of a claim the restart erased: %v, want ErrLeaseLost", err)
 				}
-				_, errs := a.(claim.BatchClaimer).ClaimBatch(ctxT(t), []claim.Run{run, {Job: run.Job, At: base.Add(time.Hour)}}, time.Minute)
+				_, errs := a.Claim(ctxT(t), []claim.Run{run, {Job: run.Job, At: base.Add(time.Hour)}}, time.Minute)
 				for i, err := range errs {
 					if !errors.Is(err, claim.ErrHeld) || !errors.As(err, new(*claim.DataLossError)) {
 						t.Fatalf("batch claim %d on the restarted server within the guard: %v, want ErrHeld for data loss", i, err)
@@ -133,7 +133,7 @@ func TestRestartThatLostTheDataHoldsEveryRunForALease(t *testing.T) {
 // whose finishing replica is still up stays done: that replica sees the
 // epoch marker change and writes its done marker back within the guard.
 // The one whose finishing replica is gone is granted to b after the guard,
-// the gap the package comment still admits.
+// the gap the design notes (doc.go) still admit.
 func TestRestartKeepsTheRunsALiveReplicaFinished(t *testing.T) {
 	node := testenv.StartRedis(t)
 	be := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}})
@@ -146,14 +146,14 @@ func TestRestartKeepsTheRunsALiveReplicaFinished(t *testing.T) {
 		holder claim.Claimer
 		run    claim.Run
 	}{{a, kept}, {gone, lost}} {
-		cl, err := x.holder.Claim(ctxT(t), x.run, lease)
+		cl, err := claim.ClaimOne(ctxT(t), x.holder, x.run, lease)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.Claim(ctxT(t), x.run, lease); !errors.Is(err, claim.ErrHeld) {
+		if _, err := claim.ClaimOne(ctxT(t), b, x.run, lease); !errors.Is(err, claim.ErrHeld) {
 			t.Fatalf("b's claim of %s while it runs: %v, want ErrHeld", x.run.ID(), err)
 		}
-		if err := x.holder.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctxT(t), x.holder, cl, claim.Succeeded); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -165,7 +165,7 @@ func TestRestartKeepsTheRunsALiveReplicaFinished(t *testing.T) {
 	settled := func(run claim.Run) error {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
-			_, err := b.Claim(ctxT(t), run, lease)
+			_, err := claim.ClaimOne(ctxT(t), b, run, lease)
 			waiting := errors.Is(err, claim.ErrUnavailable) || errors.As(err, new(*claim.DataLossError))
 			if !waiting {
 				return err
@@ -209,7 +209,7 @@ func TestUnreachableServerIsUnavailable(t *testing.T) {
 		Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond, MaxRetries: -1, ContextTimeoutEnabled: true,
 	}), redis.Options{Instance: "replica-a", Prefix: testenv.RandomPrefix(t.Name())})
 	defer c.Close()
-	_, err := c.Claim(ctxT(t), claim.Run{Job: "job.down", At: base}, time.Minute)
+	_, err := claim.ClaimOne(ctxT(t), c, claim.Run{Job: "job.down", At: base}, time.Minute)
 	if !errors.Is(err, claim.ErrUnavailable) || errors.Is(err, claim.ErrHeld) {
 		t.Fatalf("claim on an unreachable server: %v, want ErrUnavailable", err)
 	}
@@ -226,7 +226,7 @@ func TestPasswordNeverInErrors(t *testing.T) {
 		Addr: node.Addr(), Password: "wrong-password-2", MaxRetries: -1, ContextTimeoutEnabled: true,
 	}), redis.Options{Instance: "replica-a", Prefix: testenv.RandomPrefix(t.Name())})
 	defer c.Close()
-	_, err := c.Claim(ctxT(t), claim.Run{Job: "job.auth", At: base}, time.Minute)
+	_, err := claim.ClaimOne(ctxT(t), c, claim.Run{Job: "job.auth", At: base}, time.Minute)
 	if !errors.Is(err, claim.ErrUnavailable) || strings.Contains(err.Error(), "password-") {
 		t.Fatalf("claim with a wrong password: %v, want ErrUnavailable without the password", err)
 	}
@@ -234,14 +234,14 @@ func TestPasswordNeverInErrors(t *testing.T) {
 
 func TestDoneMarkerLivesForDoneTTL(t *testing.T) {
 	const doneTTL = time.Hour
-	ns := backends.Prepare(t, "redis", backends.Options{Redis: redis.Options{DoneTTL: doneTTL}})
+	ns := backends.Prepare(t, "redis", backends.Options{Tune: func(c *config.Claimer) { c.Redis.DoneTTL = config.Duration(doneTTL) }})
 	c := ns.Open("replica-a")
-	admin := newClient(ns.Servers[0])
+	admin := newClient(ns.Servers()[0])
 	defer admin.Close()
 	run := claim.Run{Job: "job.ttl", At: base}
-	key := ns.Prefix + "run:" + run.ID()
+	key := ns.Config.Redis.Prefix + "run:" + run.ID()
 
-	cl, err := c.Claim(ctxT(t), run, time.Minute)
+	cl, err := claim.ClaimOne(ctxT(t), c, run, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestDoneMarkerLivesForDoneTTL(t *testing.T) {
 	if ttl := admin.PTTL(ctxT(t), key).Val(); ttl <= doneTTL || ttl > doneTTL+time.Minute {
 		t.Fatalf("running run's TTL = %v, want in (%v, %v]", ttl, doneTTL, doneTTL+time.Minute)
 	}
-	if err := c.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+	if err := claim.ReleaseOne(ctxT(t), c, cl, claim.Succeeded); err != nil {
 		t.Fatal(err)
 	}
 	if ttl := admin.PTTL(ctxT(t), key).Val(); ttl <= doneTTL-time.Minute || ttl > doneTTL {
@@ -290,25 +290,4 @@ func BenchmarkRawSetNXDel(b *testing.B) {
 			b.Fatal(err)
 		}
 	})
-}
-
-func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
-	client, p := isolated(t)
-	if err := redis.MarkNew(ctxT(t), client, p); err != nil {
-		t.Fatal(err)
-	}
-	node := redis.NewNode(client, redis.Options{Prefix: p}, 0, 1)
-	run := claim.Run{Job: "job.key", At: base}
-	first := claim.NewToken()
-	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redis.Granted {
-		t.Fatalf("first claim: %+v, %v", r, err)
-	}
-	r, err := node.Claim(ctxT(t), run, claim.NewToken(), "replica-b", time.Minute)
-	if err != nil || r.Vote != redis.Held || r.Holder != "replica-a" || r.HolderKey != redis.TokenKey(first) {
-		t.Fatalf("second claim: %+v, %v; want held by replica-a with key %s", r, err, redis.TokenKey(first))
-	}
-	// A retried request (same token) is granted again, not held by itself.
-	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redis.Granted || r.Attempt != 1 {
-		t.Fatalf("retried claim: %+v, %v; want the same grant", r, err)
-	}
 }

@@ -46,7 +46,7 @@ func grantAfterGuard(t *testing.T, c claim.Claimer, run claim.Run, lease time.Du
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		cl, err := c.Claim(ctxT(t), run, lease)
+		cl, err := claim.ClaimOne(ctxT(t), c, run, lease)
 		if err == nil {
 			return cl
 		}
@@ -118,24 +118,24 @@ func TestRestartHoldsRunsUntilOldHoldersStandDown(t *testing.T) {
 			early, late := claim.Run{Job: "job.early", At: base}, claim.Run{Job: "job.late", At: base}
 			var last int64
 			claimed := func(c claim.Claimer, run claim.Run) *claim.Claim {
-				cl, err := c.Claim(ctxT(t), run, lease)
+				cl, err := claim.ClaimOne(ctxT(t), c, run, lease)
 				if err != nil {
 					t.Fatal(err)
 				}
 				last = max(last, cl.Fence)
 				return cl
 			}
-			if err := finisher.Release(ctxT(t), claimed(finisher, early), claim.Succeeded); err != nil {
+			if err := claim.ReleaseOne(ctxT(t), finisher, claimed(finisher, early), claim.Succeeded); err != nil {
 				t.Fatal(err)
 			}
 			held, lateClaim := claimed(holder, live), claimed(finisher, late)
-			if _, err := standby.Claim(ctxT(t), live, lease); !errors.Is(err, claim.ErrHeld) {
+			if _, err := claim.ClaimOne(ctxT(t), standby, live, lease); !errors.Is(err, claim.ErrHeld) {
 				t.Fatalf("standby's claim of the live run: %v, want ErrHeld", err)
 			}
 			restore := kind.mark(t, node)
 			// After the mark: a release and a renewal, acknowledged and
 			// then lost by every restart but the AOF's.
-			if err := finisher.Release(ctxT(t), lateClaim, claim.Succeeded); err != nil {
+			if err := claim.ReleaseOne(ctxT(t), finisher, lateClaim, claim.Succeeded); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(lease / 2) // the renewal cadence: this renewal extends the holder's trust past its grant's lease
@@ -150,7 +150,7 @@ func TestRestartHoldsRunsUntilOldHoldersStandDown(t *testing.T) {
 			}
 			node.Start()
 
-			_, err := answered(t, func() (*claim.Claim, error) { return standby.Claim(ctxT(t), live, lease) })
+			_, err := answered(t, func() (*claim.Claim, error) { return claim.ClaimOne(ctxT(t), standby, live, lease) })
 			heldForLoss(t, err, "first claim of the live run after the restart")
 			err = holder.Renew(ctxT(t), held, lease)
 			if !errors.Is(err, claim.ErrLeaseLost) {
@@ -164,7 +164,7 @@ func TestRestartHoldsRunsUntilOldHoldersStandDown(t *testing.T) {
 				t.Fatalf("fence %d after the restart, want above %d", cl.Fence, last)
 			}
 			for _, run := range []claim.Run{early, late} {
-				if _, err := standby.Claim(ctxT(t), run, lease); !errors.Is(err, claim.ErrDone) {
+				if _, err := claim.ClaimOne(ctxT(t), standby, run, lease); !errors.Is(err, claim.ErrDone) {
 					t.Fatalf("claim of %s, finished by a live replica before the restart: %v, want ErrDone", run.ID(), err)
 				}
 			}
@@ -182,13 +182,13 @@ func TestNewcomerAfterARestartIsHeld(t *testing.T) {
 	holder := be.Open("holder")
 	run := claim.Run{Job: "job.newcomer", At: base}
 	const lease = time.Minute
-	held, err := holder.Claim(ctxT(t), run, lease)
+	held, err := claim.ClaimOne(ctxT(t), holder, run, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
 	node.Restart()
 	newcomer := be.Open("newcomer")
-	_, err = answered(t, func() (*claim.Claim, error) { return newcomer.Claim(ctxT(t), run, lease) })
+	_, err = answered(t, func() (*claim.Claim, error) { return claim.ClaimOne(ctxT(t), newcomer, run, lease) })
 	heldForLoss(t, err, "newcomer's first claim after the restart")
 	if err := holder.Renew(ctxT(t), held, lease); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Fatalf("renewal of a claim the restart erased: %v, want ErrLeaseLost", err)
@@ -196,7 +196,7 @@ func TestNewcomerAfterARestartIsHeld(t *testing.T) {
 }
 
 // TestNewNamespaceWaitsOnlyOnAYoungServer: a namespace nobody declared new
-// (redis.MarkNew) cannot be told from one whose server restarted empty.
+// (redisnode.MarkNew) cannot be told from one whose server restarted empty.
 // On a server up for less than a lease it is held for one; on a server up
 // for longer every claim from an earlier incarnation has expired, and it
 // is granted at once.
@@ -205,7 +205,7 @@ func TestNewNamespaceWaitsOnlyOnAYoungServer(t *testing.T) {
 	c := redis.New(newClient(young.Addr()), redis.Options{Instance: "a", Prefix: testenv.RandomPrefix(t.Name())})
 	defer c.Close()
 	// A lease far longer than the server could have taken to start.
-	_, err := c.Claim(ctxT(t), claim.Run{Job: "job.young", At: base}, time.Minute)
+	_, err := claim.ClaimOne(ctxT(t), c, claim.Run{Job: "job.young", At: base}, time.Minute)
 	heldForLoss(t, err, "first claim in a new namespace on a server just started")
 
 	const lease = time.Second
@@ -222,7 +222,7 @@ func TestNewNamespaceWaitsOnlyOnAYoungServer(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the shared server was started this very second
 	}
 	old := redis.New(client, redis.Options{Instance: "a", Prefix: prefix})
-	if _, err := old.Claim(ctxT(t), claim.Run{Job: "job.old", At: base}, lease); err != nil {
+	if _, err := claim.ClaimOne(ctxT(t), old, claim.Run{Job: "job.old", At: base}, lease); err != nil {
 		t.Fatalf("first claim in a new namespace on a server up for more than the lease: %v", err)
 	}
 }
@@ -242,7 +242,7 @@ func TestWriteBackOfManyRunsLandsWithinTheGuard(t *testing.T) {
 		runs[i] = claim.Run{Job: fmt.Sprintf("job.%d", i%10), At: base.Add(time.Duration(i) * time.Second)}
 	}
 	for i := 0; i < n; i += batch {
-		cls, errs := finisher.(claim.BatchClaimer).ClaimBatch(ctxT(t), runs[i:i+batch], lease)
+		cls, errs := finisher.Claim(ctxT(t), runs[i:i+batch], lease)
 		outs := make([]claim.Outcome, len(cls))
 		for k, err := range errs {
 			if err != nil {
@@ -250,7 +250,7 @@ func TestWriteBackOfManyRunsLandsWithinTheGuard(t *testing.T) {
 			}
 			outs[k] = claim.Succeeded
 		}
-		for _, err := range finisher.(claim.BatchReleaser).ReleaseBatch(ctxT(t), cls, outs) {
+		for _, err := range finisher.Release(ctxT(t), cls, outs) {
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +259,7 @@ func TestWriteBackOfManyRunsLandsWithinTheGuard(t *testing.T) {
 
 	// The standby has claimed on the server before: it knows the marker.
 	probe := claim.Run{Job: "job.probe", At: base}
-	if _, err := standby.Claim(ctxT(t), probe, lease); err != nil {
+	if _, err := claim.ClaimOne(ctxT(t), standby, probe, lease); err != nil {
 		t.Fatal(err)
 	}
 
@@ -277,13 +277,13 @@ func TestWriteBackOfManyRunsLandsWithinTheGuard(t *testing.T) {
 			for k := range more {
 				more[k] = claim.Run{Job: "job.busy", At: base.Add(time.Duration(i*200+k) * time.Second)}
 			}
-			_, _ = busy.(claim.BatchClaimer).ClaimBatch(ctxT(t), more, lease)
+			_, _ = busy.Claim(ctxT(t), more, lease)
 		}
 	})
 	defer func() { close(stop); wg.Wait() }()
 
 	grantAfterGuard(t, standby, probe, lease)
-	_, errs := standby.(claim.BatchClaimer).ClaimBatch(ctxT(t), runs, lease)
+	_, errs := standby.Claim(ctxT(t), runs, lease)
 	granted := 0
 	for i, err := range errs {
 		if !errors.Is(err, claim.ErrDone) {

@@ -22,14 +22,14 @@ func TestDoneLogRemembersTerminalReleasesWithinItsBounds(t *testing.T) {
 		[]claim.Outcome{claim.Succeeded, claim.Interrupted, claim.Failed, claim.Succeeded},
 		[]error{nil, nil, nil, errors.New("lost")})
 	got := d.recent()
-	if len(got) != 2 || got[0].run != cl(0).Run || got[1].run != cl(2).Run || got[1].status != claim.StatusFailed {
+	if len(got) != 2 || got[0].Run != cl(0).Run || got[1].Run != cl(2).Run || got[1].Status != claim.StatusFailed {
 		t.Fatalf("remembered %+v, want runs 0 (succeeded) and 2 (failed) only", got)
 	}
 
 	// Past DoneTTL: forgotten.
 	d.mu.Lock()
 	for i := range d.runs {
-		d.runs[i].at = d.runs[i].at.Add(-2 * time.Hour)
+		d.runs[i].At = d.runs[i].At.Add(-2 * time.Hour)
 	}
 	d.mu.Unlock()
 	if got := d.recent(); len(got) != 0 {
@@ -41,8 +41,8 @@ func TestDoneLogRemembersTerminalReleasesWithinItsBounds(t *testing.T) {
 		d.released([]*claim.Claim{cl(i)}, []claim.Outcome{claim.Succeeded}, []error{nil})
 	}
 	got = d.recent()
-	if len(got) != maxRemembered || got[0].run != cl(10).Run || got[len(got)-1].run != cl(maxRemembered+9).Run {
-		t.Fatalf("remembered %d releases from %v to %v, want the newest %d", len(got), got[0].run.At, got[len(got)-1].run.At, maxRemembered)
+	if len(got) != maxRemembered || got[0].Run != cl(10).Run || got[len(got)-1].Run != cl(maxRemembered+9).Run {
+		t.Fatalf("remembered %d releases from %v to %v, want the newest %d", len(got), got[0].Run.At, got[len(got)-1].Run.At, maxRemembered)
 	}
 	d.close()
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
+	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -22,7 +23,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreRedisDialPr
 
 // options has a nodeTimeout generous for a loaded 2-core CI box; it is
 // capped at lease/3 anyway.
-var options = backends.Options{Redlock: redlock.Options{NodeTimeout: time.Second}}
+var options = backends.Options{Tune: func(c *config.Claimer) { c.Redlock.NodeTimeout = config.Duration(time.Second) }}
 
 // prepare is a namespace on nodes (default: testenv's five) for claimers
 // with options.
@@ -33,8 +34,7 @@ func prepare(t testing.TB, nodes []string) *backends.Namespace {
 }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second,
-		Implements: []claimtest.Optional{claimtest.Batch, claimtest.BatchRelease, claimtest.History}})
+	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
 }
 
 func TestNewRejectsNoNodesAndBadClients(t *testing.T) {
@@ -79,7 +79,7 @@ func race(t *testing.T, claimers []claim.Claimer, run claim.Run, lease time.Dura
 	var wg sync.WaitGroup
 	for _, c := range claimers {
 		wg.Go(func() {
-			cl, err := c.Claim(ctxT(t), run, lease)
+			cl, err := claim.ClaimOne(ctxT(t), c, run, lease)
 			switch {
 			case err == nil:
 				mu.Lock()
@@ -100,7 +100,7 @@ func eventually(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duratio
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		cl, err := c.Claim(ctxT(t), run, lease)
+		cl, err := claim.ClaimOne(ctxT(t), c, run, lease)
 		if !errors.Is(err, claim.ErrUnavailable) || time.Now().After(deadline) {
 			return cl, err
 		}
@@ -134,7 +134,7 @@ func TestNodesDown(t *testing.T) {
 	t.Log("three of five down: no quorum, nothing granted")
 	nodes[2].Stop()
 	run := runAt("job.down", 100)
-	_, err := claimers[0].Claim(ctxT(t), run, time.Minute)
+	_, err := claim.ClaimOne(ctxT(t), claimers[0], run, time.Minute)
 	if !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("claim with three of five nodes down: %v, want ErrUnavailable", err)
 	}
@@ -173,7 +173,7 @@ func TestRestartedNodeGrantsNoSecondHolder(t *testing.T) {
 	open := prepare(t, addrs).Open
 	a, b := open("replica-a"), open("replica-b")
 	run := runAt("job.restart", 0)
-	held, err := a.Claim(ctxT(t), run, time.Minute)
+	held, err := claim.ClaimOne(ctxT(t), a, run, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestRestartedNodeGrantsNoSecondHolder(t *testing.T) {
 		}
 		last = cl.Fence
 	}
-	if err := a.Release(ctxT(t), held, claim.Succeeded); err != nil {
+	if err := claim.ReleaseOne(ctxT(t), a, held, claim.Succeeded); err != nil {
 		t.Fatalf("release with two nodes restarted: %v", err)
 	}
 	nodes[2].Restart()
@@ -221,11 +221,11 @@ func BenchmarkClaimRelease(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		cl, err := c.Claim(ctx, claim.Run{Job: "job.bench", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
+		cl, err := claim.ClaimOne(ctx, c, claim.Run{Job: "job.bench", At: base.Add(time.Duration(i) * time.Second)}, time.Minute)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := c.Release(ctx, cl, claim.Succeeded); err != nil {
+		if err := claim.ReleaseOne(ctx, c, cl, claim.Succeeded); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -236,21 +236,21 @@ func TestStaleReleaseOnAMinorityIsNotDone(t *testing.T) {
 	ns := prepare(t, nil)
 	a, c := ns.Open("replica-a"), ns.Open("replica-c")
 	// b reaches only the first four nodes, so its takeover misses the last.
-	b := ns.OpenClient("replica-b", backends.Client{Via: map[string]string{ns.Servers[4]: "127.0.0.1:1"}})
+	b := ns.OpenClient("replica-b", backends.Client{Via: map[string]string{ns.Servers()[4]: "127.0.0.1:1"}})
 
 	// Long enough that a loaded CI box still commits within the validity time.
 	const lease = time.Second
 	run := runAt("job.stale", 0)
-	first, err := a.Claim(ctxT(t), run, lease)
+	first, err := claim.ClaimOne(ctxT(t), a, run, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
 	second := takeOver(t, b, run, lease)
 	// a no longer holds a majority, but its release lands on the node b missed.
-	if err := a.Release(ctxT(t), first, claim.Succeeded); !errors.Is(err, claim.ErrLeaseLost) {
+	if err := claim.ReleaseOne(ctxT(t), a, first, claim.Succeeded); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Fatalf("stale release: %v, want ErrLeaseLost", err)
 	}
-	if _, err := c.Claim(ctxT(t), run, lease); !errors.Is(err, claim.ErrHeld) {
+	if _, err := claim.ClaimOne(ctxT(t), c, run, lease); !errors.Is(err, claim.ErrHeld) {
 		t.Fatalf("claim while b holds the run and one node says done by a: %v, want ErrHeld", err)
 	}
 	// b dies without releasing: its run is taken over, not lost to a's stale "done".
@@ -258,10 +258,10 @@ func TestStaleReleaseOnAMinorityIsNotDone(t *testing.T) {
 	if third.Attempt != 3 || third.Fence <= second.Fence {
 		t.Fatalf("takeover after b: attempt %d fence %d, want attempt 3 and fence > %d", third.Attempt, third.Fence, second.Fence)
 	}
-	if err := c.Release(ctxT(t), third, claim.Succeeded); err != nil {
+	if err := claim.ReleaseOne(ctxT(t), c, third, claim.Succeeded); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Claim(ctxT(t), run, lease); !errors.Is(err, claim.ErrDone) {
+	if _, err := claim.ClaimOne(ctxT(t), a, run, lease); !errors.Is(err, claim.ErrDone) {
 		t.Fatalf("claim after c finished: %v, want ErrDone", err)
 	}
 }
@@ -273,7 +273,7 @@ func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration)
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		cl, err := c.Claim(ctxT(t), run, lease)
+		cl, err := claim.ClaimOne(ctxT(t), c, run, lease)
 		if err == nil {
 			return cl
 		}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 )
 
 // tally counts per-node results: nil is a yes, ErrLeaseLost a no, and
@@ -77,9 +77,9 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	start := time.Now()
 	until := make([]time.Time, len(c.nodes))
 	errs := make([]error, len(c.nodes))
-	c.each(ctx, c.timeout(lease), func(ctx context.Context, i int, n *redis.Node) {
+	c.each(ctx, c.timeout(lease), func(ctx context.Context, i int, n *redisnode.Node) {
 		// A node that lost the claim is given it back (repair): see the
-		// package comment.
+		// design notes in doc.go.
 		until[i], errs[i] = n.Renew(ctx, cl, lease, true)
 	})
 	if err := ctx.Err(); err != nil {
@@ -102,18 +102,10 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return nil
 }
 
-// Release implements claim.Claimer: it succeeds when a majority released.
-func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
-	if err := claim.CheckRelease(cl, o); err != nil {
-		return err
-	}
-	return c.ReleaseBatch(ctx, []*claim.Claim{cl}, []claim.Outcome{o})[0]
-}
-
-// ReleaseBatch implements claim.BatchReleaser: Release's script for every
-// claim, pipelined to each node in one round; each claim is released when
-// a majority released it.
-func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+// Release implements claim.Claimer: the release script for every claim,
+// pipelined to each node in one round; each claim is released when a
+// majority released it.
+func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
 	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
 	if len(idx) == 0 {
 		return errs
@@ -124,11 +116,7 @@ func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes
 	}
 	nodeErrs := make([][]error, len(c.nodes)) // by node, then claim
 	if ctx.Err() == nil {
-		c.each(ctx, batchTimeout(c.nodeTimeout, len(ids), 0), func(ctx context.Context, i int, n *redis.Node) {
-			if len(ids) == 1 {
-				nodeErrs[i] = []error{n.Release(ctx, ids[0], tokens[0], outs[0])}
-				return
-			}
+		c.each(ctx, batchTimeout(c.nodeTimeout, len(ids), 0), func(ctx context.Context, i int, n *redisnode.Node) {
 			nodeErrs[i] = n.ReleaseBatch(ctx, ids, tokens, outs)
 		})
 	}
@@ -145,7 +133,7 @@ func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes
 // Ping implements claim.Claimer: a majority must answer.
 func (c *Claimer) Ping(ctx context.Context) error {
 	errs := make([]error, len(c.nodes))
-	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redis.Node) {
+	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redisnode.Node) {
 		errs[i] = n.Ping(ctx)
 	})
 	if err := ctx.Err(); err != nil {
@@ -154,11 +142,11 @@ func (c *Claimer) Ping(ctx context.Context) error {
 	return c.verdict("ping", errs)
 }
 
-// Check runs redis.Node.Check on every node: a node that may evict keys is
+// Check runs redisnode.Node.Check on every node: a node that may evict keys is
 // refused even if it is the only one; a majority must answer.
 func (c *Claimer) Check(ctx context.Context) error {
 	errs := make([]error, len(c.nodes))
-	c.each(ctx, max(c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redis.Node) {
+	c.each(ctx, max(c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redisnode.Node) {
 		if err := n.Check(ctx); err != nil {
 			errs[i] = fmt.Errorf("node %d: %w", i, err)
 		}
@@ -187,7 +175,7 @@ func (c *Claimer) Close() error {
 	return errors.Join(errs...)
 }
 
-// History implements claim.Historian. It merges what a majority of nodes
+// History implements claim.Claimer. It merges what a majority of nodes
 // remember. For each run it keeps the grant a majority of nodes hold (by
 // fence; of its copies, the most advanced), and only where no grant has a
 // majority the most advanced record of any node (highest attempt, then a
@@ -198,7 +186,7 @@ func (c *Claimer) Close() error {
 func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	lists := make([][]claim.Record, len(c.nodes))
 	errs := make([]error, len(c.nodes))
-	c.each(ctx, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redis.Node) {
+	c.each(ctx, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redisnode.Node) {
 		lists[i], errs[i] = n.History(ctx, job, limit)
 	})
 	if err := ctx.Err(); err != nil {
@@ -235,7 +223,7 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	for _, r := range best {
 		out = append(out, r)
 	}
-	redis.SortRecords(out)
+	redisnode.SortRecords(out)
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}

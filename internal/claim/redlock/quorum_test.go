@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
+	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/faultproxy"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
@@ -30,14 +30,14 @@ func raceAll(t *testing.T, claimers []claim.Claimer, job string, n int, lease ti
 	for _, c := range claimers {
 		wg.Go(func() {
 			for i := range n {
-				cl, err := c.Claim(ctxT(t), runAt(job, i), lease)
+				cl, err := claim.ClaimOne(ctxT(t), c, runAt(job, i), lease)
 				switch {
 				case err == nil:
 					wins[i].Add(1)
 					mu.Lock()
 					grants[i] = append(grants[i], fmt.Sprintf("%s fence %d attempt %d at %s", cl.Holder, cl.Fence, cl.Attempt, time.Now().Format("15:04:05.000")))
 					mu.Unlock()
-					if err := c.Release(ctxT(t), cl, claim.Succeeded); err != nil {
+					if err := claim.ReleaseOne(ctxT(t), c, cl, claim.Succeeded); err != nil {
 						errs <- err
 						return
 					}
@@ -85,7 +85,9 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 		{"SlowNodeTimesOut", 100 * time.Millisecond}, // the other four decide
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := backends.Prepare(t, "redlock", backends.Options{Servers: addrs, Redlock: redlock.Options{NodeTimeout: tc.nodeTimeout}})
+			ns := backends.Prepare(t, "redlock", backends.Options{Servers: addrs, Tune: func(c *config.Claimer) {
+				c.Redlock.NodeTimeout = config.Duration(tc.nodeTimeout)
+			}})
 			slow := backends.Client{Via: map[string]string{addrs[0]: proxy.Addr()}}
 			var claimers []claim.Claimer
 			for r := range 3 {
@@ -100,7 +102,7 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 				}
 			}
 			sent := time.Now()
-			cl, err := claimers[0].Claim(ctxT(t), runAt("job.slow.alone", 0), lease)
+			cl, err := claim.ClaimOne(ctxT(t), claimers[0], runAt("job.slow.alone", 0), lease)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +135,7 @@ func TestRacingReplicasLoseNoRunToSplitVotes(t *testing.T) {
 		case n == 0:
 			lost++
 			// Whatever the vote left behind was undone: the run is free.
-			if _, err := claimers[0].Claim(ctxT(t), runAt("job.split", i), time.Second); err != nil {
+			if _, err := claim.ClaimOne(ctxT(t), claimers[0], runAt("job.split", i), time.Second); err != nil {
 				t.Fatalf("run %d, won by nobody, is not claimable afterwards: %v", i, err)
 			}
 		}
@@ -150,7 +152,7 @@ func TestRacingReplicasLoseNoRunToSplitVotes(t *testing.T) {
 // each holder's batch release ends its runs on a majority.
 func TestRacingBatchesOfAThousandRuns(t *testing.T) {
 	testenv.WallClock(t)
-	ns := backends.Prepare(t, "redlock", backends.Options{Redlock: redlock.Options{NodeTimeout: 50 * time.Millisecond}})
+	ns := backends.Prepare(t, "redlock", backends.Options{Tune: func(c *config.Claimer) { c.Redlock.NodeTimeout = config.Duration(50 * time.Millisecond) }})
 	const n = 1000
 	runs := make([]claim.Run, n)
 	for i := range runs {
@@ -169,8 +171,8 @@ func TestRacingBatchesOfAThousandRuns(t *testing.T) {
 		}
 		wg.Go(func() {
 			start := time.Now()
-			cls, errs := c.(claim.BatchClaimer).ClaimBatch(ctxT(t), order, time.Minute)
-			t.Logf("r%d: ClaimBatch of %d runs took %v", r, n, time.Since(start).Round(time.Millisecond))
+			cls, errs := c.Claim(ctxT(t), order, time.Minute)
+			t.Logf("r%d: Claim of %d runs took %v", r, n, time.Since(start).Round(time.Millisecond))
 			for i, err := range errs {
 				switch {
 				case err == nil:
@@ -198,13 +200,13 @@ func TestRacingBatchesOfAThousandRuns(t *testing.T) {
 		for i := range outs {
 			outs[i] = claim.Succeeded
 		}
-		for i, err := range claimers[r].(claim.BatchReleaser).ReleaseBatch(ctxT(t), cls, outs) {
+		for i, err := range claimers[r].Release(ctxT(t), cls, outs) {
 			if err != nil {
 				t.Errorf("release %s: %v", cls[i].ID(), err)
 			}
 		}
 	}
-	if _, err := claimers[0].Claim(ctxT(t), runs[n/3], time.Minute); !errors.Is(err, claim.ErrDone) {
+	if _, err := claim.ClaimOne(ctxT(t), claimers[0], runs[n/3], time.Minute); !errors.Is(err, claim.ErrDone) {
 		t.Errorf("claim of a released run: %v, want ErrDone", err)
 	}
 }

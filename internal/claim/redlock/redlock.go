@@ -1,96 +1,3 @@
-// Package redlock is a claim.Claimer over N independent Redis servers: a
-// claim is won on a majority (N/2+1) of them within the lease's validity
-// time. Each server runs the same Lua scripts, with the same key layout, as
-// package redis; this package only counts their votes.
-//
-// # Claim
-//
-// The claim script is sent to every node in parallel, each call bounded by
-// a node timeout much shorter than the lease. The claim is won when a
-// majority granted it and time is left: validity = lease − elapsed − drift,
-// drift = lease/100 + 2ms (clock rate differences between the nodes and this
-// process). The fence is the largest one the granting nodes issued, the
-// attempt the largest attempt; a second, parallel round (commit) raises the
-// job's fence key to that fence on every node that answered and writes the
-// fence and attempt into the run on the granting nodes. Any majority formed
-// later shares a node with this one, so its fences and attempts count on
-// from there.
-//
-// Fences never collide: node i issues only fences congruent to i modulo 64,
-// so the fences of two grants differ whether their maxima came from one node
-// (which never repeats itself) or from two. This relies on every replica
-// listing the nodes in the same order.
-//
-// A claim that is not won is undone on every node that granted it or did
-// not answer (it may have granted late) with the abort script: a fresh run
-// disappears, a takeover returns to the attempt it replaced. Then:
-//
-//   - a node saying done gives ErrDone, unless another node has seen a
-//     later attempt. A node records a terminal outcome when a holder
-//     releases the run there. A holder whose claim was taken over can still
-//     do that on a node the takeover missed (its release then fails on the
-//     majority), but that node's attempt is older than the successor's. A
-//     done attempt at least as recent as every other node's means the run
-//     ended, even if the release reached only a minority or other nodes
-//     have lost the marker since, so it vetoes the grant. Otherwise the
-//     done vote is stale and counts for nothing;
-//   - fewer than a majority answering gives ErrUnavailable ("quorum not
-//     reached: k of n nodes answered");
-//   - another claim held on a majority gives ErrHeld;
-//   - otherwise the vote was split between contenders and nobody won. A
-//     claimer does not retry on the runner's behalf, but a split vote is no
-//     answer at all: left alone, every contender would report ErrHeld and
-//     nobody would run the job. So the round is tried again, at most three
-//     more times within ctx: at once by the contender whose token digest is
-//     the smallest among the votes, after one to two round-times plus up to
-//     10ms by the others; then the split is reported as ErrHeld.
-//
-// Renew and Release go to every node and succeed on a majority; Renew also
-// within the validity time.
-//
-// # Batches
-//
-// ClaimBatch sends every run through the same rounds, each round one
-// pipeline per node: the claim scripts, the commits of the runs a majority
-// granted, the aborts of the rest. Each run is decided on its own votes,
-// as Claim decides it (Claim is a batch of one), and split runs are
-// retried as above, those due together in one round. ReleaseBatch is
-// Release pipelined. A node's bound grows by perRunTimeout for each run
-// after the first, so that a large batch is not timed out by the node
-// timeout meant for one script.
-//
-// # Nodes that lose their data
-//
-// Nodes typically run without persistence. A node that restarts, empty or
-// from a snapshot, notices it as package redis does (the run_id in INFO
-// against the namespace's marker) and then, the "delayed restart" of the
-// Redlock write-up, abstains for a lease: it answers held to every claim
-// (held by no one; a DataLossError when the abstentions leave no majority
-// possible) so that it cannot help a newcomer to a run whose holder it
-// forgot. Meanwhile the holders' renewals give it their claims back
-// (repair): a node that lacks a claim, or has it only from before its
-// restart, is written the claim with a fresh lease, but that node does
-// not count towards the renewal's majority, which the nodes that kept the
-// claim must still make. So a rolling restart, one node at a time with
-// more than a renewal between two, never lets a live claim fall to a
-// minority: the holder keeps it and nobody else is granted it. If a
-// majority loses a claim faster than that (two of three nodes back to
-// back), the holder's renewals fail and it stands down within a lease of
-// its last renewal, while the restarted nodes still abstain. A newcomer
-// still needs a majority: a done run is not run again while a majority
-// keeps its marker. Fences do not go backwards: commits and repairs raise
-// the job's fence key on the nodes, and an empty node starts again from
-// its clock (package redis).
-//
-// Not covered: a majority restarting within DoneTTL of a finished run
-// forgets that it is done (done markers are not repaired), and a node whose
-// clock steps back breaks leases as it would without restarts. A
-// namespace on nodes up for less than a lease waits out their abstention
-// once (redis.MarkNew declares one new).
-//
-// Each node's client must set ContextTimeoutEnabled, so that the node
-// timeout bounds the call; MaxRetries -1 and DialerRetries 1 keep a dead
-// node from spending the timeout on retries.
 package redlock
 
 import (
@@ -105,7 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 )
 
 const (
@@ -133,21 +40,16 @@ type Options struct {
 	NodeTimeout time.Duration
 }
 
-// Claimer is a claim.Claimer and claim.Historian over independent nodes.
+// Claimer is a claim.Claimer over independent nodes.
 type Claimer struct {
-	nodes       []*redis.Node
+	nodes       []*redisnode.Node
 	clients     []goredis.UniversalClient
 	quorum      int
 	instance    string
 	nodeTimeout time.Duration
 }
 
-var (
-	_ claim.Claimer       = (*Claimer)(nil)
-	_ claim.Historian     = (*Claimer)(nil)
-	_ claim.BatchClaimer  = (*Claimer)(nil)
-	_ claim.BatchReleaser = (*Claimer)(nil)
-)
+var _ claim.Claimer = (*Claimer)(nil)
 
 // New returns a Claimer over one client per node, which it owns from now
 // on: Close closes them. Every replica must list the nodes in the same
@@ -161,7 +63,7 @@ func New(clients []goredis.UniversalClient, opts Options) (*Claimer, error) {
 		clients: clients, quorum: len(clients)/2 + 1, instance: opts.Instance,
 		nodeTimeout: cmp.Or(opts.NodeTimeout, DefaultNodeTimeout),
 	}
-	ropts := redis.Options{Instance: opts.Instance, Prefix: opts.Prefix, DoneTTL: opts.DoneTTL,
+	nopts := redisnode.Options{Prefix: opts.Prefix, DoneTTL: opts.DoneTTL,
 		HistoryLimit: opts.HistoryLimit, AllowEviction: opts.AllowEviction}
 	for i, cl := range clients {
 		if cl == nil {
@@ -171,7 +73,7 @@ func New(clients []goredis.UniversalClient, opts Options) (*Claimer, error) {
 			return nil, fmt.Errorf("redlock: node %d (%s): client must set ContextTimeoutEnabled so that the node timeout bounds each call",
 				i, rc.Options().Addr)
 		}
-		c.nodes = append(c.nodes, redis.NewNode(cl, ropts, i, maxNodes))
+		c.nodes = append(c.nodes, redisnode.New(cl, nopts, i, maxNodes))
 	}
 	return c, nil
 }
@@ -186,7 +88,7 @@ func (c *Claimer) timeout(lease time.Duration) time.Duration {
 // client encodes and decodes each: with a bound that did not grow, a large
 // batch would time out on every node, every time (measured: three replicas
 // racing 1,000-run batches on five nodes under -race on two busy cores
-// took 0.9–3.4s for the whole ClaimBatch, several rounds). A dead node
+// took 0.9–3.4s for the whole batch Claim, several rounds). A dead node
 // costs a 1,000-run round about 2s of a lease's validity.
 const perRunTimeout = 2 * time.Millisecond
 
@@ -207,7 +109,7 @@ func validity(start time.Time, lease time.Duration) time.Duration {
 
 // each calls f on every node in parallel, each under its own timeout, and
 // returns when all have returned.
-func (c *Claimer) each(ctx context.Context, timeout time.Duration, f func(ctx context.Context, i int, n *redis.Node)) {
+func (c *Claimer) each(ctx context.Context, timeout time.Duration, f func(ctx context.Context, i int, n *redisnode.Node)) {
 	var wg sync.WaitGroup
 	for i, n := range c.nodes {
 		wg.Go(func() {
@@ -219,25 +121,11 @@ func (c *Claimer) each(ctx context.Context, timeout time.Duration, f func(ctx co
 	wg.Wait()
 }
 
-// Claim implements claim.Claimer.
-func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
-	if err := claim.CheckClaim(run, lease); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	run.At = run.At.UTC()
-	b := &bid{run: run}
-	c.contend(ctx, []*bid{b}, lease)
-	return b.cl, b.err
-}
-
-// ClaimBatch implements claim.BatchClaimer: every round of Claim carries
-// all the runs, pipelined to each node (claim scripts, then commits, then
-// aborts), so a batch costs the round trips of one claim. Each run is
-// decided on its own votes, exactly as Claim would decide it.
-func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+// Claim implements claim.Claimer: every round carries all the runs,
+// pipelined to each node (claim scripts, then commits, then aborts), so a
+// batch costs the round trips of one run. Each run is decided on its own
+// votes.
+func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	claims := make([]*claim.Claim, len(runs))
 	errs, idx := claim.CheckClaimBatch(ctx, runs, lease)
 	bids := make([]*bid, len(idx))
@@ -351,7 +239,7 @@ type votes struct {
 }
 
 // tallyVotes counts the nodes' replies to bid k.
-func (c *Claimer) tallyVotes(k int, replies [][]redis.Reply, errs [][]error) votes {
+func (c *Claimer) tallyVotes(k int, replies [][]redisnode.Reply, errs [][]error) votes {
 	v := votes{holders: map[string]int{}}
 	// doneAt is the latest attempt a node recorded as done, newest the
 	// latest attempt any other node recorded before this round.
@@ -363,14 +251,14 @@ func (c *Claimer) tallyVotes(k int, replies [][]redis.Reply, errs [][]error) vot
 		}
 		v.answered++
 		switch r := replies[i][k]; r.Vote {
-		case redis.Granted:
+		case redisnode.Granted:
 			v.granted = append(v.granted, i)
 			v.undo = append(v.undo, i)
 			newest = max(newest, r.Attempt-1)
-		case redis.Done:
+		case redisnode.Done:
 			v.doneVotes++
 			doneAt = max(doneAt, r.Attempt)
-		case redis.Held:
+		case redisnode.Held:
 			v.held++
 			if r.Restarted {
 				v.restarted = append(v.restarted, i)
@@ -395,14 +283,9 @@ func (c *Claimer) round(ctx context.Context, bids []*bid, lease time.Duration) {
 		b.token, b.cl, b.split, b.err = claim.NewToken(), nil, nil, nil
 		runs[k], tokens[k] = b.run, b.token
 	}
-	replies := make([][]redis.Reply, len(c.nodes)) // by node, then bid
+	replies := make([][]redisnode.Reply, len(c.nodes)) // by node, then bid
 	errs := make([][]error, len(c.nodes))
-	c.each(ctx, batchTimeout(c.timeout(lease), len(bids), lease), func(ctx context.Context, i int, n *redis.Node) {
-		if len(runs) == 1 {
-			r, err := n.Claim(ctx, runs[0], tokens[0], c.instance, lease)
-			replies[i], errs[i] = []redis.Reply{r}, []error{err}
-			return
-		}
+	c.each(ctx, batchTimeout(c.timeout(lease), len(bids), lease), func(ctx context.Context, i int, n *redisnode.Node) {
 		replies[i], errs[i] = n.ClaimBatch(ctx, runs, tokens, c.instance, lease)
 	})
 	tallies := make([]votes, len(bids))
@@ -468,7 +351,7 @@ func (c *Claimer) decide(b *bid, v votes, why string, errs []error) (*split, err
 		loss := &claim.DataLossError{Backend: "redlock node(s) " + strings.Join(addrs, ", "), Until: v.guardUntil}
 		return nil, fmt.Errorf("claim %s: %s: %w: %w", id, tally, loss, claim.ErrHeld)
 	}
-	lead, mine := len(v.granted) > 0, redis.TokenKey(b.token)
+	lead, mine := len(v.granted) > 0, redisnode.TokenKey(b.token)
 	for k := range v.holders {
 		lead = lead && mine < k
 	}
@@ -480,7 +363,7 @@ func (c *Claimer) decide(b *bid, v votes, why string, errs []error) (*split, err
 // validity time; it sets the claim of each that does and returns, per bid,
 // why a winner's claim did not stand ("" otherwise).
 func (c *Claimer) commit(ctx context.Context, bids []*bid, winners []int, tallies []votes,
-	replies [][]redis.Reply, errs [][]error, start time.Time, lease time.Duration) []string {
+	replies [][]redisnode.Reply, errs [][]error, start time.Time, lease time.Duration) []string {
 	whys := make([]string, len(bids))
 	if len(winners) == 0 {
 		return whys
@@ -492,7 +375,7 @@ func (c *Claimer) commit(ctx context.Context, bids []*bid, winners []int, tallie
 		}
 	}
 	committed := make([][]bool, len(c.nodes)) // by node, then bid
-	c.each(ctx, batchTimeout(c.timeout(lease), len(winners), lease), func(ctx context.Context, i int, n *redis.Node) {
+	c.each(ctx, batchTimeout(c.timeout(lease), len(winners), lease), func(ctx context.Context, i int, n *redisnode.Node) {
 		committed[i] = make([]bool, len(bids))
 		// Every node that answered keeps the fence; granting ones the attempt.
 		var (
@@ -508,11 +391,7 @@ func (c *Claimer) commit(ctx context.Context, bids []*bid, winners []int, tallie
 				fs, ats = append(fs, fences[k]), append(ats, attempts[k])
 			}
 		}
-		switch len(ks) {
-		case 0:
-		case 1:
-			committed[i][ks[0]], _ = n.Commit(ctx, runs[0], tokens[0], fs[0], ats[0])
-		default:
+		if len(ks) > 0 {
 			ok, _ := n.CommitBatch(ctx, runs, tokens, fs, ats)
 			for j, k := range ks {
 				committed[i][k] = ok[j]
@@ -568,22 +447,18 @@ func (c *Claimer) abort(ctx context.Context, bids []*bid, tallies []votes) {
 	for i := range runs {
 		most = max(most, len(runs[i]))
 	}
-	c.each(context.WithoutCancel(ctx), batchTimeout(c.nodeTimeout, most, 0), func(ctx context.Context, i int, n *redis.Node) {
+	c.each(context.WithoutCancel(ctx), batchTimeout(c.nodeTimeout, most, 0), func(ctx context.Context, i int, n *redisnode.Node) {
 		// Best effort: the lease bounds what is left.
-		switch len(runs[i]) {
-		case 0:
-		case 1:
-			_ = n.Abort(ctx, runs[i][0], tokens[i][0])
-		default:
+		if len(runs[i]) > 0 {
 			n.AbortBatch(ctx, runs[i], tokens[i])
 		}
 	})
 }
 
 // ClientOptions are the settings a node's client needs: the node timeout
-// bounds every call (ContextTimeoutEnabled), and a dead node costs one
-// failed vote, not go-redis's own retries, which the validity time has no
-// room for.
+// bounds every call (ContextTimeoutEnabled), a dead node costs one failed
+// vote, not go-redis's own retries, which the validity time has no room
+// for, and a new connection costs no CLIENT SETINFO round trip.
 func ClientOptions(addr string) *goredis.Options {
-	return &goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1}
+	return &goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DisableIdentity: true}
 }

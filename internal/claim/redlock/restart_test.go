@@ -28,7 +28,7 @@ func TestRollingRestartKeepsALiveClaim(t *testing.T) {
 	holder, contender := ns.Open("holder"), ns.Open("contender")
 	const lease = 2 * time.Second
 	run := runAt("job.rolling", 0)
-	held, err := holder.Claim(ctxT(t), run, lease)
+	held, err := claim.ClaimOne(ctxT(t), holder, run, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestRollingRestartKeepsALiveClaim(t *testing.T) {
 				return
 			default:
 			}
-			cl, err := contender.Claim(ctxT(t), run, lease)
+			cl, err := claim.ClaimOne(ctxT(t), contender, run, lease)
 			if err != nil {
 				time.Sleep(20 * time.Millisecond) // standing by, as the runner does
 				continue

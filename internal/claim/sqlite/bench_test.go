@@ -7,8 +7,8 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
-	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+	"github.com/scheduler-dev/scheduler/migrations"
 )
 
 // BenchmarkClaimRelease claims a fresh run and releases it as succeeded: the
@@ -20,7 +20,7 @@ func BenchmarkClaimRelease(b *testing.B) {
 // BenchmarkRawInsert is the floor: one bare INSERT per run, autocommit, into
 // a table shaped like scheduler_runs in a file opened the same way.
 func BenchmarkRawInsert(b *testing.B) {
-	db, err := sql.Open("sqlite", sqlite.DSN(backends.MigratedFile(b)))
+	db, err := sql.Open("sqlite", migrations.SQLiteDSN(backends.Prepare(b, "sqlite", backends.Options{}).Config.SQLite.Path))
 	if err != nil {
 		b.Fatal(err)
 	}

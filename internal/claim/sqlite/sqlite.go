@@ -10,7 +10,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -103,22 +102,7 @@ type Claimer struct {
 	writer chan struct{}
 }
 
-var (
-	_ claim.Claimer       = (*Claimer)(nil)
-	_ claim.Historian     = (*Claimer)(nil)
-	_ claim.BatchClaimer  = (*Claimer)(nil)
-	_ claim.BatchReleaser = (*Claimer)(nil)
-)
-
-// DSN is the data source name for the file at path that Open builds on
-// (adding Options.SyncNormal's synchronous setting): WAL journal (readers
-// never block the writer), a 5s busy timeout (how long a write waits for
-// another connection's), and explicit transactions that take the write
-// lock at BEGIN (IMMEDIATE), so they cannot fail half-way on a lock.
-func DSN(path string) string {
-	return "file:" + (&url.URL{Path: path}).EscapedPath() +
-		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate"
-}
+var _ claim.Claimer = (*Claimer)(nil)
 
 // Open opens (creating it if needed) the SQLite file at path, applies the
 // migrations, and returns a Claimer that closes the file on Close.
@@ -127,7 +111,7 @@ func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
 	if opts.SyncNormal {
 		sync = "NORMAL"
 	}
-	db, err := sql.Open("sqlite", DSN(path)+"&_pragma=synchronous("+sync+")")
+	db, err := sql.Open("sqlite", migrations.SQLiteDSN(path)+"&_pragma=synchronous("+sync+")")
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
@@ -156,15 +140,12 @@ func leaseMS(lease time.Duration) int64 {
 	return int64((lease+time.Millisecond-1)/time.Millisecond) + 1
 }
 
-// Claim implements claim.Claimer. Most bids are lost (every replica bids
+// claimOne is Claim for a single run. Most bids are lost (every replica bids
 // for every run), so it first reads the run, which in WAL mode never waits
 // for the write lock, and answers held or done from that read. Only a run
 // that looks free is bid for with the write statement, which decides; a bid
 // lost in that race reads the run again to tell held from done.
-func (c *Claimer) Claim(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
-	if err := claim.CheckClaim(run, lease); err != nil {
-		return nil, err
-	}
+func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
 	run.At = run.At.UTC()
 	id := run.ID()
 	if err := c.lostBid(ctx, id, true); err != nil {
@@ -252,11 +233,8 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return nil
 }
 
-// Release implements claim.Claimer.
-func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
-	if err := claim.CheckRelease(cl, o); err != nil {
-		return err
-	}
+// releaseOne is Release for a single claim, in one statement.
+func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
 	var res sql.Result
 	err := c.write(ctx, func() (err error) {
 		res, err = c.stmts.exec(ctx, releaseRun, cl.ID(), cl.Token, string(claim.Status(o)), o.Terminal())
@@ -275,13 +253,18 @@ func (c *Claimer) Release(ctx context.Context, cl *claim.Claim, o claim.Outcome)
 	return nil
 }
 
-// ClaimBatch implements claim.BatchClaimer: Claim's read of every run,
-// then its write statement for each run that looked free, all in one
-// transaction. SQLite commits (and syncs) once per transaction, so 1,000
+// Claim implements claim.Claimer: claimOne's read of every run, then its
+// write statement for each run that looked free, all in one transaction. SQLite commits (and syncs) once per transaction, so 1,000
 // runs cost one commit instead of 1,000. If the transaction fails, no run
 // of it was granted.
-func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	if len(runs) == 1 {
+		if errs[0] = claim.CheckClaim(runs[0], lease); errs[0] == nil {
+			claims[0], errs[0] = c.claimOne(ctx, runs[0], lease)
+		}
+		return claims, errs
+	}
 	var bids []int
 	for i, run := range runs {
 		if errs[i] = claim.CheckClaim(run, lease); errs[i] != nil {
@@ -337,12 +320,16 @@ func (c *Claimer) ClaimBatch(ctx context.Context, runs []claim.Run, lease time.D
 	return claims, errs
 }
 
-// ReleaseBatch implements claim.BatchReleaser: Release's statement for
+// Release implements claim.Claimer: releaseOne's statement for
 // every claim, in one transaction. If the transaction fails, none of its
 // releases stands.
-func (c *Claimer) ReleaseBatch(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
 	errs, pending := claim.CheckReleaseBatch(cls, outcomes)
-	if len(pending) == 0 {
+	switch len(pending) {
+	case 0:
+		return errs
+	case 1:
+		errs[pending[0]] = c.releaseOne(ctx, cls[pending[0]], outcomes[pending[0]])
 		return errs
 	}
 	err := c.write(ctx, func() error {
@@ -395,7 +382,7 @@ func (c *Claimer) Close() error {
 	return err
 }
 
-// History implements claim.Historian: runs newest scheduled instant first,
+// History implements claim.Claimer: runs newest scheduled instant first,
 // of job or, if job is "", of every job; limit <= 0 means no limit.
 func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	if limit <= 0 {

@@ -32,11 +32,11 @@ func TestOpenCreatesAndMigratesTheFile(t *testing.T) {
 	}
 	defer b.Close()
 	run := claim.Run{Job: "job.open", At: base}
-	cl, err := a.Claim(ctx, run, time.Minute)
+	cl, err := claim.ClaimOne(ctx, a, run, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Claim(ctx, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
+	if _, err := claim.ClaimOne(ctx, b, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
 		t.Fatalf("claim through a second open: %v, want ErrHeld", err)
 	}
 	if err := a.Ping(ctx); err != nil {

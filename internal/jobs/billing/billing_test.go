@@ -18,6 +18,8 @@ import (
 	_ "time/tzdata"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -39,14 +41,14 @@ func eachDialect(t *testing.T, f func(t *testing.T, open opener)) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "billing.db")
 		f(t, opener(func(t *testing.T, onReject func(string)) *Store {
-			return openStore(t, Options{Kind: KindSQLite, DSN: path, OnReject: onReject})
+			return openStore(t, Options{Database: job.Database{Kind: KindSQLite, Path: path}, OnReject: onReject})
 		}))
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
 		dsn := schemaDSN(t, testenv.PostgresDSN(t))
 		f(t, opener(func(t *testing.T, onReject func(string)) *Store {
-			return openStore(t, Options{Kind: KindPostgres, DSN: dsn, OnReject: onReject})
+			return openStore(t, Options{Database: job.Database{Kind: KindPostgres, DSN: dsn}, OnReject: onReject})
 		}))
 	})
 }
@@ -55,7 +57,7 @@ func openStore(t *testing.T, o Options) *Store {
 	t.Helper()
 	s, err := Open(t.Context(), o)
 	if err != nil {
-		t.Fatalf("open %s: %v", o.Kind, err)
+		t.Fatalf("open %s: %v", o.Database.Kind, err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -475,7 +477,7 @@ func TestTakeover(t *testing.T) {
 				next := idle(replicas, func(r *replica) bool {
 					return slices.ContainsFunc(stalledHolders, func(s stalled) bool { return s.r == r })
 				})
-				succ, err := next.claimer.Claim(ctx, run, lease)
+				succ, err := claim.ClaimOne(ctx, next.claimer, run, lease)
 				if err != nil {
 					t.Fatalf("%s: takeover after the lease expired: %v", next.name, err)
 				}
@@ -487,7 +489,7 @@ func TestTakeover(t *testing.T) {
 			if err := execute(holder, cl); err != nil {
 				t.Fatalf("%s: period %v: %v", holder.name, p, err)
 			}
-			if err := holder.claimer.Release(ctx, cl, claim.Succeeded); err != nil {
+			if err := claim.ReleaseOne(ctx, holder.claimer, cl, claim.Succeeded); err != nil {
 				t.Fatalf("%s: release: %v", holder.name, err)
 			}
 			final[pi] = cl
@@ -499,13 +501,13 @@ func TestTakeover(t *testing.T) {
 				if err := <-s.done; !errors.Is(err, job.ErrLeaseLost) {
 					t.Fatalf("%s (stale, fence %d): handler returned %v, want ErrLeaseLost", s.r.name, s.cl.Fence, err)
 				}
-				if err := s.r.claimer.Release(ctx, s.cl, claim.Succeeded); !errors.Is(err, claim.ErrLeaseLost) {
+				if err := claim.ReleaseOne(ctx, s.r.claimer, s.cl, claim.Succeeded); !errors.Is(err, claim.ErrLeaseLost) {
 					t.Fatalf("%s (stale): release %v, want ErrLeaseLost", s.r.name, err)
 				}
 				stale = append(stale, s.p)
 			}
 			for _, r := range replicas {
-				if _, err := r.claimer.Claim(ctx, run, lease); !errors.Is(err, claim.ErrDone) {
+				if _, err := claim.ClaimOne(ctx, r.claimer, run, lease); !errors.Is(err, claim.ErrDone) {
 					t.Fatalf("%s: claim of a finished run: %v, want ErrDone", r.name, err)
 				}
 			}
@@ -567,7 +569,7 @@ func race(t *testing.T, replicas []*replica, run claim.Run, lease time.Duration)
 	errs := make([]error, len(replicas))
 	var wg sync.WaitGroup
 	for i, r := range replicas {
-		wg.Go(func() { claims[i], errs[i] = r.claimer.Claim(t.Context(), run, lease) })
+		wg.Go(func() { claims[i], errs[i] = claim.ClaimOne(t.Context(), r.claimer, run, lease) })
 	}
 	wg.Wait()
 	winner := -1
@@ -595,4 +597,31 @@ func idle(replicas []*replica, busy func(*replica) bool) *replica {
 		}
 	}
 	panic("no idle replica")
+}
+
+// TestOpener opens billing.nightly as the CLI does: on the database block,
+// migrated, with scheduler_fence_rejections_total exported at 0 before any
+// rejection; opening it again (another run of the command in one process)
+// keeps counting in the same metric.
+func TestOpener(t *testing.T) {
+	prom := prometheus.NewRegistry()
+	res := job.Resources{Database: job.Database{Kind: KindSQLite, Path: filepath.Join(t.TempDir(), "billing.db")}, Metrics: prom}
+	for range 2 {
+		h, closeStore, err := Opener(t.Context(), res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h(t.Context(), job.Run{Job: JobName, ScheduledAt: time.Now(), Fence: 1, Logger: testLogger(t)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := closeStore(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := testutil.GatherAndCount(prom, "scheduler_fence_rejections_total"); err != nil || n != 1 {
+		t.Fatalf("scheduler_fence_rejections_total series: %d, %v; want 1", n, err)
+	}
+	if _, _, err := Opener(t.Context(), job.Resources{Database: job.Database{Kind: "mysql"}}); err == nil {
+		t.Fatal("opened an unknown database kind")
+	}
 }

@@ -3,9 +3,12 @@ package billing
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -56,6 +59,48 @@ func period(run job.Run) (Period, error) {
 	default:
 		return Period{}, fmt.Errorf("params.period: %v: want a date such as 2026-01-31", v)
 	}
+}
+
+// Opener opens billing.nightly for a command that executes it: the Store on
+// res.Database, migrated, and Handler over it; close closes the store. With
+// res.Metrics set, rejected writes are counted there in
+// scheduler_fence_rejections_total{resource="invoices"}. Register it with
+// job.Registry.RegisterOpener under JobName.
+func Opener(ctx context.Context, res job.Resources) (job.Handler, func() error, error) {
+	var onReject func(string)
+	if res.Metrics != nil {
+		rejections, err := registerRejections(res.Metrics)
+		if err != nil {
+			return nil, nil, err
+		}
+		rejections.WithLabelValues(Resource) // exported as 0 until the first rejection
+		onReject = func(resource string) { rejections.WithLabelValues(resource).Inc() }
+	}
+	s, err := Open(ctx, Options{Database: res.Database, OnReject: onReject})
+	if err != nil {
+		return nil, nil, err
+	}
+	return Handler(s), s.Close, nil
+}
+
+// registerRejections registers scheduler_fence_rejections_total in reg, or
+// returns the one registered there already.
+func registerRejections(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scheduler_fence_rejections_total",
+		Help: "Fenced writes rejected because a holder with a higher fence had written the resource.",
+	}, []string{"resource"})
+	err := reg.Register(c)
+	var dup prometheus.AlreadyRegisteredError
+	if errors.As(err, &dup) {
+		if old, ok := dup.ExistingCollector.(*prometheus.CounterVec); ok {
+			return old, nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("billing: metrics: %w", err)
+	}
+	return c, nil
 }
 
 // Handler returns the billing.nightly handler over s. For each customer, in

@@ -1,6 +1,7 @@
-// Package billing is the shipped billing.nightly job: for each customer it
-// computes a period's charge from usage rows and writes one invoice per
-// (customer, period), on PostgreSQL or SQLite.
+// Package billing is the billing.nightly job that cmd/scheduler ships: for
+// each customer it computes a period's charge from usage rows and writes one
+// invoice per (customer, period), on PostgreSQL or SQLite, in the
+// configuration's `database` block (see Opener).
 //
 // Invoices are idempotent and fenced. The primary key (customer_id,
 // period_start) makes a second invoice for a period impossible, and every
@@ -30,7 +31,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
-	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
 	"github.com/scheduler-dev/scheduler/job"
 	"github.com/scheduler-dev/scheduler/migrations"
 )
@@ -85,15 +85,11 @@ ON CONFLICT (customer_id, at) DO NOTHING`
 
 // Options configure Open.
 type Options struct {
-	// Kind is KindSQLite or KindPostgres.
-	Kind string
-	// DSN is the pgx connection string for postgres, or the file path for
-	// sqlite.
-	DSN string
-	// Password, when not empty, replaces the DSN's password (postgres).
-	Password string
+	// Database is where the store lives: Kind KindSQLite with Path, or
+	// KindPostgres with DSN (and Password, which replaces the DSN's).
+	Database job.Database
 	// OnReject, when set, is called with Resource for every rejected write;
-	// the CLI counts scheduler_fence_rejections_total with it.
+	// Opener counts scheduler_fence_rejections_total with it.
 	OnReject func(resource string)
 }
 
@@ -117,28 +113,28 @@ type Store struct {
 func Open(ctx context.Context, o Options) (*Store, error) {
 	var db *sql.DB
 	var d migrations.Dialect
-	switch o.Kind {
+	switch c := o.Database; c.Kind {
 	case KindSQLite:
-		if o.DSN == "" {
+		if c.Path == "" {
 			return nil, errors.New("billing: sqlite: empty path")
 		}
 		var err error
-		if db, err = sql.Open("sqlite", sqlite.DSN(o.DSN)); err != nil {
-			return nil, fmt.Errorf("billing: sqlite %s: %w", o.DSN, err)
+		if db, err = sql.Open("sqlite", migrations.SQLiteDSN(c.Path)); err != nil {
+			return nil, fmt.Errorf("billing: sqlite %s: %w", c.Path, err)
 		}
 		d = migrations.SQLite
 	case KindPostgres:
-		cc, err := pgx.ParseConfig(o.DSN)
+		cc, err := pgx.ParseConfig(c.DSN)
 		if err != nil {
 			return nil, fmt.Errorf("billing: postgres: %v", err) // pgx redacts the password
 		}
-		if o.Password != "" {
-			cc.Password = o.Password
+		if c.Password != "" {
+			cc.Password = c.Password
 		}
 		db = stdlib.OpenDB(*cc)
 		d = migrations.Postgres
 	default:
-		return nil, fmt.Errorf("billing: database kind %q: want %s or %s", o.Kind, KindSQLite, KindPostgres)
+		return nil, fmt.Errorf("billing: database kind %q: want %s or %s", c.Kind, KindSQLite, KindPostgres)
 	}
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()

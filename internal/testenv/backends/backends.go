@@ -1,47 +1,63 @@
-// Package backends opens every claimer kind against its real service for
-// tests above the claimer level (runner, compare, benchmarks) and for the
-// claimers' own conformance runs: one isolated namespace per call, one
+// Package backends opens every claimer kind against its real test service,
+// through the same opener `scheduler run` uses (claimers.Open), for tests
+// above the claimer level (runner, explorer, compare, benchmarks) and for
+// the claimers' own conformance runs: one isolated namespace per call, one
 // client per opened replica.
 package backends
 
 import (
-	"cmp"
 	"context"
-	"errors"
-	"net"
+	"crypto/rand"
+	"encoding/hex"
 	"path/filepath"
-	"strconv"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/memory"
-	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
-	"github.com/scheduler-dev/scheduler/internal/claim/redis"
-	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
-	"github.com/scheduler-dev/scheduler/internal/claim/sqlite"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
-	"github.com/scheduler-dev/scheduler/migrations"
 )
 
 // Kinds lists every claimer kind.
-var Kinds = []string{"memory", "sqlite", "postgres", "redis", "redlock"}
+var Kinds = claimers.Kinds()
+
+// services says where each kind's test service is: servers, when set, are
+// the redis server or the redlock nodes to use instead of testenv's.
+var services = map[string]func(t testing.TB, c *config.Claimer, servers []string){
+	config.ClaimerMemory: func(testing.TB, *config.Claimer, []string) {},
+	config.ClaimerSQLite: func(t testing.TB, c *config.Claimer, _ []string) {
+		// A testenv.FastDir: the tests that use it run leases of hundreds
+		// of ms.
+		c.SQLite.Path = filepath.Join(testenv.FastDir(t), "claims.db")
+	},
+	config.ClaimerPostgres: func(t testing.TB, c *config.Claimer, _ []string) {
+		c.Postgres.DSN = testenv.PostgresDSN(t)
+	},
+	config.ClaimerRedis: func(t testing.TB, c *config.Claimer, servers []string) {
+		c.Redis.Addr = testenv.RedisAddr(t)
+		if len(servers) > 0 {
+			c.Redis.Addr = servers[0]
+		}
+	},
+	config.ClaimerRedlock: func(t testing.TB, c *config.Claimer, servers []string) {
+		c.Redlock.Addrs = servers
+		if len(servers) == 0 {
+			c.Redlock.Addrs = testenv.RedlockAddrs(t, 5)
+		}
+	},
+}
 
 // Open prepares an isolated namespace for kind and returns an opener of
 // claimers sharing it, each a separate client. Everything is closed and
 // dropped when t ends.
-func Open(t testing.TB, kind string) func(instance string) claim.Claimer {
+func Open(t testing.TB, kind string) func(instance string) *claimers.Backend {
 	t.Helper()
 	return Prepare(t, kind, Options{}).Open
 }
 
 // Factory is Open as a claimtest.Factory: the conformance suite's cases
 // each get a fresh namespace prepared with opts.
-func Factory(kind string, opts Options) func(t *testing.T) func(instance string) claim.Claimer {
-	return func(t *testing.T) func(instance string) claim.Claimer {
+func Factory(kind string, opts Options) func(t *testing.T) func(instance string) *claimers.Backend {
+	return func(t *testing.T) func(instance string) *claimers.Backend {
 		t.Helper()
 		return Prepare(t, kind, opts).Open
 	}
@@ -53,20 +69,15 @@ type Options struct {
 	// testenv's (five nodes for redlock): a private server a test
 	// restarts, say, or nodes many tests share.
 	Servers []string
-	// Redis and Redlock are the claimers' options; Open sets Instance and
-	// Prefix.
-	Redis   redis.Options
-	Redlock redlock.Options
+	// Tune, when set, adjusts the claimer's configuration (a done_ttl, a
+	// node_timeout) before the namespace is prepared.
+	Tune func(c *config.Claimer)
 }
 
 // Namespace is one isolated namespace on a kind's service.
 type Namespace struct {
-	// Servers are what the claimers dial: the postgres host:port, the
-	// redis server or the redlock nodes; none for memory and sqlite.
-	Servers []string
-	// Prefix is the redis and redlock claimers' key prefix.
-	Prefix string
-	open   func(instance string, c Client) claim.Claimer
+	*claimers.Namespace
+	t testing.TB
 }
 
 // Client shapes one opened claimer's connections.
@@ -75,158 +86,67 @@ type Client struct {
 	// (a fault proxy's, say); servers not in it are dialled directly.
 	Via map[string]string
 	// MaxConns caps a postgres pool (0: pgxpool's default).
-	MaxConns int32
+	MaxConns int
 }
 
 // Open opens a claimer for instance with its own client, closed when the
 // Prepare's t ends.
-func (n *Namespace) Open(instance string) claim.Claimer { return n.open(instance, Client{}) }
+func (n *Namespace) Open(instance string) *claimers.Backend { return n.OpenClient(instance, Client{}) }
 
 // OpenClient is Open with the client shaped by c.
-func (n *Namespace) OpenClient(instance string, c Client) claim.Claimer { return n.open(instance, c) }
-
-func (c Client) dial(addr string) string {
-	if via, ok := c.Via[addr]; ok {
-		return via
+func (n *Namespace) OpenClient(instance string, c Client) *claimers.Backend {
+	n.t.Helper()
+	b, err := n.Dial(instance, c)
+	if err != nil {
+		n.t.Fatal(err)
 	}
-	return addr
+	return b
+}
+
+// Dial is OpenClient returning the opener's error (a server that cannot
+// be reached, say) instead of failing the test.
+func (n *Namespace) Dial(instance string, c Client) (*claimers.Backend, error) {
+	ns := n.Namespace
+	if c.MaxConns > 0 {
+		cp := *ns
+		cp.Config.Postgres.MaxConns = c.MaxConns
+		ns = &cp
+	}
+	addrs := ns.Servers()
+	for i, a := range addrs {
+		if via, ok := c.Via[a]; ok {
+			addrs[i] = via
+		}
+	}
+	b, err := ns.OpenVia(context.Background(), instance, addrs)
+	if err != nil {
+		return nil, err
+	}
+	n.t.Cleanup(func() { _ = b.Close() })
+	return b, nil
 }
 
 // Prepare prepares an isolated namespace for kind. Everything it and its
 // claimers open is closed and dropped when t ends.
 func Prepare(t testing.TB, kind string, opts Options) *Namespace {
 	t.Helper()
-	switch kind {
-	case "memory":
-		s := memory.NewStore(nil)
-		return &Namespace{open: func(instance string, _ Client) claim.Claimer { return memory.New(s, instance) }}
-	case "sqlite":
-		path := MigratedFile(t)
-		return &Namespace{open: func(instance string, _ Client) claim.Claimer {
-			c, err := sqlite.Open(context.Background(), path, sqlite.Options{Instance: instance})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = c.Close() })
-			return c
-		}}
-	case "postgres":
-		cfg := MigratedSchema(t)
-		addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-		return &Namespace{Servers: []string{addr}, open: func(instance string, cl Client) claim.Claimer {
-			c := cfg.Copy()
-			c.MaxConns = cmp.Or(cl.MaxConns, c.MaxConns)
-			if via := cl.dial(addr); via != addr {
-				host, port, err := net.SplitHostPort(via)
-				if err != nil {
-					t.Fatal(err)
-				}
-				p, err := strconv.ParseUint(port, 10, 16)
-				if err != nil {
-					t.Fatal(err)
-				}
-				c.ConnConfig.Host, c.ConnConfig.Port = host, uint16(p)
-			}
-			pool, err := pgxpool.NewWithConfig(context.Background(), c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			return postgres.New(pool, postgres.Options{Instance: instance})
-		}}
-	case "redis":
-		addrs := opts.Servers
-		if len(addrs) == 0 {
-			addrs = []string{testenv.RedisAddr(t)}
-		}
-		ns := &Namespace{Servers: addrs, Prefix: testenv.RedisPrefix(t, addrs...)}
-		markNew(t, addrs, ns.Prefix)
-		ns.open = func(instance string, cl Client) claim.Claimer {
-			client := goredis.NewClient(&goredis.Options{Addr: cl.dial(addrs[0]), ContextTimeoutEnabled: true})
-			o := opts.Redis
-			o.Instance, o.Prefix = instance, ns.Prefix
-			c := redis.New(client, o)
-			t.Cleanup(func() { _ = c.Close() }) // and so the client
-			return c
-		}
-		return ns
-	case "redlock":
-		addrs := opts.Servers
-		if len(addrs) == 0 {
-			addrs = testenv.RedlockAddrs(t, 5)
-		}
-		ns := &Namespace{Servers: addrs, Prefix: testenv.RedisPrefix(t, addrs...)}
-		markNew(t, addrs, ns.Prefix)
-		ns.open = func(instance string, cl Client) claim.Claimer {
-			clients := make([]goredis.UniversalClient, len(addrs))
-			for i, a := range addrs {
-				c := goredis.NewClient(redlock.ClientOptions(cl.dial(a)))
-				t.Cleanup(func() { _ = c.Close() })
-				clients[i] = c
-			}
-			o := opts.Redlock
-			o.Instance, o.Prefix = instance, ns.Prefix
-			c, err := redlock.New(clients, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return c
-		}
-		return ns
+	find, ok := services[kind]
+	if !ok {
+		t.Fatalf("unknown claimer kind %q", kind)
 	}
-	t.Fatalf("unknown claimer kind %q", kind)
-	return nil
-}
-
-// markNew declares the namespace under prefix new on every server
-// (redis.MarkNew): its first claims need not wait out the restart guard
-// that a young server (one the test just started) would otherwise hold.
-func markNew(t testing.TB, addrs []string, prefix string) {
-	t.Helper()
-	ctx, cancel := testenv.CleanupContext()
-	defer cancel()
-	for _, addr := range addrs {
-		client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
-		err := redis.MarkNew(ctx, client, prefix)
-		_ = client.Close()
-		switch {
-		case errors.Is(err, claim.ErrUnavailable):
-			// A node the test keeps down; its first claims once up wait.
-			t.Logf("mark namespace %s new on %s: %v", prefix, addr, err)
-		case err != nil:
-			t.Fatalf("mark namespace %s new on %s: %v", prefix, addr, err)
-		}
+	c := config.Default().Claimer
+	c.Kind = kind
+	find(t, &c, opts.Servers)
+	if opts.Tune != nil {
+		opts.Tune(&c)
 	}
-}
-
-// MigratedSchema creates a private, migrated schema on the test server and
-// returns a pool config whose connections use it. The schema is dropped
-// when t ends.
-func MigratedSchema(t testing.TB) *pgxpool.Config {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testenv.PostgresSchema(t))
+	c.Redis.Prefix, c.Redlock.Prefix = "test:", "test:"
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	ns, err := claimers.Isolate(t.Context(), c, "t_"+hex.EncodeToString(b[:]))
 	if err != nil {
-		t.Fatal(err)
+		testenv.Missing(t, kind, err.Error())
 	}
-	db := stdlib.OpenDB(*cfg.ConnConfig.Copy())
-	err = migrations.Up(t.Context(), db, migrations.Postgres)
-	_ = db.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg
-}
-
-// MigratedFile returns the path of a fresh, migrated SQLite file, in a
-// testenv.FastDir: the tests that use it run leases of hundreds of ms. It
-// is migrated here, before replicas race to open it.
-func MigratedFile(t testing.TB) string {
-	t.Helper()
-	path := filepath.Join(testenv.FastDir(t), "claims.db")
-	c, err := sqlite.Open(t.Context(), path, sqlite.Options{Instance: "migrate"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = c.Close()
-	return path
+	t.Cleanup(ns.Drop)
+	return &Namespace{Namespace: ns, t: t}
 }

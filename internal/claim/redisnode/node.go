@@ -1,6 +1,7 @@
-package redis
+package redisnode
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -16,9 +17,36 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
+// Defaults for Options.
+const (
+	DefaultPrefix       = "scheduler:"
+	DefaultDoneTTL      = 48 * time.Hour
+	DefaultHistoryLimit = 1000
+)
+
+// Options configure a Node. Prefix, DoneTTL, HistoryLimit and
+// AllowEviction are those of redis.Options, which documents them; zero
+// values take the defaults above.
+type Options struct {
+	Prefix        string
+	DoneTTL       time.Duration
+	HistoryLimit  int
+	AllowEviction bool
+	// Restarted, if set, is called when a script reports another run_id
+	// than the last one: the server restarted (redis.Claimer's write-back).
+	Restarted func()
+}
+
+func (o Options) withDefaults() Options {
+	o.Prefix = cmp.Or(o.Prefix, DefaultPrefix)
+	o.DoneTTL = cmp.Or(o.DoneTTL, DefaultDoneTTL)
+	o.HistoryLimit = cmp.Or(o.HistoryLimit, DefaultHistoryLimit)
+	return o
+}
+
 // Node runs the claim scripts against one Redis server and reports what
-// that server said. Claimer decides on the answer of one Node; package
-// redlock decides on the answers of several.
+// that server said. redis.Claimer decides on the answer of one Node;
+// redlock.Claimer decides on the answers of several.
 type Node struct {
 	client        goredis.UniversalClient
 	keys          keys
@@ -31,16 +59,15 @@ type Node struct {
 	// on: the script tells a marker that vanished under it (keys deleted)
 	// from a new namespace by it.
 	seen atomic.Pointer[string]
-	// changed, if set, is called when a script reports another run_id
-	// than the last one: the server restarted (Claimer's write-back).
-	changed func()
+	// restarted is Options.Restarted.
+	restarted func()
 }
 
-// NewNode returns a Node over client. Fences this node grants are congruent
+// New returns a Node over client. Fences this node grants are congruent
 // to slot modulo slots: redlock gives each node its own residue so that two
 // nodes never hand out the same fence. A single server uses slot 0 of 1.
 // It panics on a nil client or a slot outside [0, slots).
-func NewNode(client goredis.UniversalClient, opts Options, slot, slots int) *Node {
+func New(client goredis.UniversalClient, opts Options, slot, slots int) *Node {
 	if client == nil {
 		panic("redis: nil client")
 	}
@@ -51,13 +78,16 @@ func NewNode(client goredis.UniversalClient, opts Options, slot, slots int) *Nod
 	n := &Node{
 		client: client, keys: keys{opts.Prefix}, doneTTL: opts.DoneTTL,
 		historyLimit: opts.HistoryLimit, allowEviction: opts.AllowEviction,
-		slot: int64(slot), slots: int64(slots),
+		slot: int64(slot), slots: int64(slots), restarted: opts.Restarted,
 	}
 	if cl, ok := client.(*goredis.Client); ok {
 		n.addr = cl.Options().Addr
 	}
 	return n
 }
+
+// DoneTTL is how long a run's hash outlives its lease or release.
+func (n *Node) DoneTTL() time.Duration { return n.doneTTL }
 
 // Addr is the server's address, or "" if the client does not tell.
 func (n *Node) Addr() string { return n.addr }
@@ -109,12 +139,8 @@ func TokenKey(token string) string {
 
 // Claim asks the node to grant run to token for lease.
 func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, lease time.Duration) (Reply, error) {
-	keys, args := n.claimArgs(run, token, holder, lease)
-	vals, err := claimScript.Run(ctx, n.client, keys, args...).Slice()
-	if err != nil {
-		return Reply{}, translate(ctx, err)
-	}
-	return n.claimReply(vals)
+	replies, errs := n.ClaimBatch(ctx, []claim.Run{run}, []string{token}, holder, lease)
+	return replies[0], errs[0]
 }
 
 func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duration) ([]string, []any) {
@@ -134,8 +160,8 @@ func (n *Node) seenID() string {
 // ran records the run_id a script reported: the namespace's marker now
 // names it, unless the server loses its data.
 func (n *Node) ran(id string) {
-	if old := n.seen.Swap(&id); old != nil && *old != id && n.changed != nil {
-		n.changed()
+	if old := n.seen.Swap(&id); old != nil && *old != id && n.restarted != nil {
+		n.restarted()
 	}
 }
 
@@ -165,8 +191,8 @@ func (n *Node) claimReply(vals []any) (Reply, error) {
 	return out, nil
 }
 
-// ClaimBatch is Claim for many runs in one pipeline. Each run is still one
-// atomic script.
+// ClaimBatch is Claim for many runs in one pipeline (a single run goes
+// without one). Each run is still one atomic script.
 func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
 	replies := make([]Reply, len(runs))
 	errs := n.pipeline(ctx, claimScript, len(runs), func(i int) ([]string, []any) {
@@ -185,10 +211,20 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 // pipeline runs script count times in one pipeline, with the keys and
 // arguments args gives for each, and hands each reply to read; it returns
 // each run's error (a second pipeline loads the script if the server lost
-// it).
+// it). A single run is sent without a pipeline, as a bare script call.
 func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
 	args func(i int) ([]string, []any), read func(i int, cmd *goredis.Cmd) error) []error {
 	errs := make([]error, count)
+	if count == 1 {
+		keys, argv := args(0)
+		cmd := script.Run(ctx, n.client, keys, argv...) // EVALSHA, then EVAL if the server lost the script
+		if err := cmd.Err(); err != nil {
+			errs[0] = translate(ctx, err)
+		} else {
+			errs[0] = read(0, cmd)
+		}
+		return errs
+	}
 	todo := make([]int, count)
 	for i := range todo {
 		todo[i] = i
@@ -226,8 +262,13 @@ func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
 	return errs
 }
 
-// AbortBatch is Abort for many runs in one pipeline, best effort.
+// AbortBatch is Abort for many runs in one pipeline (a single run goes
+// without one), best effort.
 func (n *Node) AbortBatch(ctx context.Context, runs []claim.Run, tokens []string) {
+	if len(runs) == 1 {
+		_ = n.Abort(ctx, runs[0], tokens[0])
+		return
+	}
 	pipe := n.client.Pipeline()
 	for i, run := range runs {
 		id := run.ID()
@@ -272,15 +313,11 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 // Release ends the claim token holds on runID with outcome o. It returns an
 // error wrapping claim.ErrLeaseLost if token no longer holds the run there.
 func (n *Node) Release(ctx context.Context, runID, token string, o claim.Outcome) error {
-	keys, args := n.releaseArgs(runID, token, o)
-	vals, err := releaseScript.Run(ctx, n.client, keys, args...).Slice()
-	if err != nil {
-		return translate(ctx, err)
-	}
-	return releaseReply(vals)
+	return n.ReleaseBatch(ctx, []string{runID}, []string{token}, []claim.Outcome{o})[0]
 }
 
-// ReleaseBatch is Release for many claims in one pipeline.
+// ReleaseBatch is Release for many claims in one pipeline (a single claim
+// goes without one).
 func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Outcome) []error {
 	return n.pipeline(ctx, releaseScript, len(runIDs), func(i int) ([]string, []any) {
 		return n.releaseArgs(runIDs[i], tokens[i], outcomes[i])
@@ -317,19 +354,10 @@ func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
 		[]string{n.keys.run(id), n.keys.runs(run.Job)}, token, id).Err())
 }
 
-// Commit raises the job's fence key to at least fence and, if token still
-// holds run, records fence and attempt in the run. It reports whether the
-// run was updated.
-func (n *Node) Commit(ctx context.Context, run claim.Run, token string, fence int64, attempt int) (bool, error) {
-	keys, args := n.commitArgs(run, token, fence, attempt)
-	v, err := commitScript.Run(ctx, n.client, keys, args...).Int()
-	if err != nil {
-		return false, translate(ctx, err)
-	}
-	return v == 1, nil
-}
-
-// CommitBatch is Commit for many runs in one pipeline.
+// CommitBatch raises, for each of runs, the job's fence key to at least
+// fences[i] and, if tokens[i] still holds the run, records fences[i] and
+// attempts[i] in it; it reports which runs were updated. The commits go in
+// one pipeline (a single run goes without one).
 func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []string, fences []int64, attempts []int) ([]bool, []error) {
 	updated := make([]bool, len(runs))
 	errs := n.pipeline(ctx, commitScript, len(runs), func(i int) ([]string, []any) {

@@ -1,7 +1,6 @@
-package compare
+package procs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,36 +18,45 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// pgServer is a PostgreSQL cluster compare created for one cell (initdb in
-// a temporary directory) and serves on a free loopback port. Unlike the
-// shared server a team points --postgres-dsn at, compare may crash and
-// restart it: that is the postgres-restart fault. A restart is an
-// immediate shutdown (SIGQUIT: no checkpoint, as after a crash), so the
-// next start replays the WAL; committed claims survive, as they must on a
-// real server, and what was in flight is lost.
-type pgServer struct {
+// PostgresOptions configure StartPostgres.
+type PostgresOptions struct {
+	// Bin is the directory holding initdb and postgres; "": see
+	// PostgresBin.
+	Bin string
+	// TempDir is where the cluster's directory is made; "": the system's
+	// temp directory. Under root the cluster runs as the postgres account,
+	// which must be able to enter every directory above it.
+	TempDir string
+}
+
+// Postgres is a PostgreSQL cluster made by initdb in a temporary
+// directory, served on a free loopback port. A crash is an immediate
+// shutdown (SIGQUIT: no checkpoint), so the next start replays the WAL:
+// committed transactions survive, as they must on a real server, and what
+// was in flight is lost. Its methods are not safe for concurrent use.
+type Postgres struct {
 	bin  string // directory holding initdb and postgres
 	dir  string // temporary directory; the cluster is dir/data
 	port int
 	cred *syscall.Credential // whom the server runs as: PostgreSQL refuses root
 	cmd  *exec.Cmd
-	// exited is closed once cmd has been reaped; log, the server's output
-	// for an error that needs it, may be read from then on.
+	// exited is closed once cmd has been reaped.
 	exited chan struct{}
-	log    *bytes.Buffer
+	log    *logTail
 }
 
-// pgUser is the superuser initdb creates in a private cluster.
-const pgUser = "scheduler"
+// PostgresUser is the superuser initdb creates in a private cluster.
+const PostgresUser = "scheduler"
 
-// postgresBin finds the directory holding initdb and postgres: o.PostgresBin,
-// else initdb's directory on PATH, else what pg_config reports.
-func (o *Options) postgresBin() (string, error) {
-	if o.PostgresBin != "" {
-		if _, err := os.Stat(filepath.Join(o.PostgresBin, "initdb")); err != nil {
-			return "", fmt.Errorf("--postgres-bin %s: no initdb there", o.PostgresBin)
+// PostgresBin finds the directory holding initdb and postgres: dir when
+// set, else initdb's directory on PATH, else what pg_config reports. Its
+// error is Unavailable when there is none.
+func PostgresBin(dir string) (string, error) {
+	if dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err != nil {
+			return "", fmt.Errorf("%s: no initdb there", dir)
 		}
-		return o.PostgresBin, nil
+		return dir, nil
 	}
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil {
@@ -57,12 +65,12 @@ func (o *Options) postgresBin() (string, error) {
 		return filepath.Dir(p), nil
 	}
 	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		dir := strings.TrimSpace(string(out))
-		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
-			return dir, nil
+		d := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
 		}
 	}
-	return "", errSkip{"no initdb on PATH or in pg_config --bindir (give --postgres-bin)"}
+	return "", &Unavailable{"no initdb on PATH or in pg_config --bindir"}
 }
 
 // serverCredential is whom a private cluster runs as. PostgreSQL refuses
@@ -73,7 +81,7 @@ func serverCredential() (*syscall.Credential, error) {
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
-		return nil, errSkip{"running as root, and PostgreSQL will not: no postgres account to run a private cluster as"}
+		return nil, &Unavailable{"running as root, and PostgreSQL will not: no postgres account to run a private cluster as"}
 	}
 	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
 	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
@@ -83,23 +91,27 @@ func serverCredential() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// startPostgres creates a cluster with the binaries in bin and starts it.
-func startPostgres(ctx context.Context, bin, tempDir string) (*pgServer, error) {
+// StartPostgres creates a cluster and starts it.
+func StartPostgres(ctx context.Context, o PostgresOptions) (*Postgres, error) {
+	bin, err := PostgresBin(o.Bin)
+	if err != nil {
+		return nil, err
+	}
 	cred, err := serverCredential()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(tempDir, "scheduler-compare-pg-*")
+	dir, err := os.MkdirTemp(o.TempDir, "scheduler-pg-*")
 	if err != nil {
 		return nil, err
 	}
-	s := &pgServer{bin: bin, dir: dir, cred: cred}
+	s := &Postgres{bin: bin, dir: dir, cred: cred}
 	if err := s.init(ctx); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	if s.port, err = freePort(); err == nil {
-		err = s.start(ctx)
+	if s.port, err = FreePort(); err == nil {
+		err = s.Start(ctx)
 	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
@@ -108,28 +120,25 @@ func startPostgres(ctx context.Context, bin, tempDir string) (*pgServer, error) 
 	return s, nil
 }
 
-func (s *pgServer) command(name string, args ...string) *exec.Cmd {
+func (s *Postgres) command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(s.bin, name), args...)
 	cmd.Dir = s.dir
 	cmd.SysProcAttr = childAttr()
-	if s.cred != nil {
-		if cmd.SysProcAttr == nil {
-			cmd.SysProcAttr = &syscall.SysProcAttr{}
-		}
-		cmd.SysProcAttr.Credential = s.cred
-	}
+	cmd.SysProcAttr.Credential = s.cred
+	cmd.WaitDelay = waitDelay
 	return cmd
 }
 
 // init runs initdb: trust authentication on loopback only, no fsync (a
-// crash of the server, not of the machine, is what the fault is about).
-func (s *pgServer) init(ctx context.Context) error {
+// crash of the server, not of the machine, is what a private cluster is
+// for).
+func (s *Postgres) init(ctx context.Context) error {
 	if s.cred != nil {
 		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
 			return fmt.Errorf("private cluster: %w", err)
 		}
 	}
-	cmd := s.command("initdb", "-D", filepath.Join(s.dir, "data"), "-U", pgUser, "--auth=trust",
+	cmd := s.command("initdb", "-D", filepath.Join(s.dir, "data"), "-U", PostgresUser, "--auth=trust",
 		"--no-sync", "--encoding=UTF8", "--locale=C")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		if s.cred != nil && errors.Is(err, fs.ErrPermission) {
@@ -140,18 +149,22 @@ func (s *pgServer) init(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// DSN reaches the cluster over TCP.
-func (s *pgServer) DSN() string {
-	return fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable", pgUser, s.Addr())
+// DSN reaches the cluster over TCP as PostgresUser.
+func (s *Postgres) DSN() string {
+	return fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable", PostgresUser, s.Addr())
 }
 
 // Addr is the server's host:port.
-func (s *pgServer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+func (s *Postgres) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
 
-// start runs the postmaster in the foreground of a child process and waits
-// until it accepts a query (after a crash, that is after WAL replay).
-func (s *pgServer) start(ctx context.Context) error {
-	s.log = &bytes.Buffer{}
+// Start runs the postmaster in the foreground of a child process, on the
+// same port and data as before, and waits until it accepts a query (after
+// a crash, that is after WAL replay). A running server is left alone.
+func (s *Postgres) Start(ctx context.Context) error {
+	if s.cmd != nil {
+		return nil
+	}
+	s.log = newLogTail("")
 	cmd := s.command("postgres", "-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
 		"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "shared_buffers=16MB",
@@ -174,19 +187,14 @@ func (s *pgServer) start(ctx context.Context) error {
 		select {
 		case <-exited:
 			s.cmd = nil
-			return fmt.Errorf("postgres on port %d exited: %s", s.port, lastLines(s.log.Bytes(), 5))
+			return exitedErr("postgres", s.port, s.log)
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			s.stop(syscall.SIGQUIT)
 			return fmt.Errorf("postgres on port %d not ready: %w", s.port, err)
 		}
-		t := time.NewTimer(50 * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
+		sleep(ctx, 50*time.Millisecond)
 	}
 }
 
@@ -194,7 +202,7 @@ func (s *pgServer) start(ctx context.Context) error {
 // SIGQUIT is an immediate shutdown (a crash: recovery at the next start),
 // SIGINT a fast, clean one. SIGKILL would orphan the backends, which keep
 // the shared memory the next start needs.
-func (s *pgServer) stop(sig syscall.Signal) {
+func (s *Postgres) stop(sig syscall.Signal) {
 	if s.cmd == nil {
 		return
 	}
@@ -208,18 +216,15 @@ func (s *pgServer) stop(sig syscall.Signal) {
 	s.cmd = nil
 }
 
-// crash shuts the server down at once, as a crash would: started again,
+// Crash shuts the server down at once, as a crash would: started again,
 // it recovers from its WAL.
-func (s *pgServer) crash() { s.stop(syscall.SIGQUIT) }
+func (s *Postgres) Crash() { s.stop(syscall.SIGQUIT) }
 
-// close shuts the server down and removes its directory.
-func (s *pgServer) close() {
-	s.stop(syscall.SIGINT)
+// Stop shuts the server down cleanly (a fast shutdown).
+func (s *Postgres) Stop() { s.stop(syscall.SIGINT) }
+
+// Close shuts the server down and removes its directory.
+func (s *Postgres) Close() {
+	s.Stop()
 	_ = os.RemoveAll(s.dir)
-}
-
-// lastLines is the tail of a process's output, for an error message.
-func lastLines(out []byte, n int) string {
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }

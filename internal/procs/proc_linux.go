@@ -1,7 +1,7 @@
-package compare
+package procs
 
 import "syscall"
 
-// childAttr makes a redis-server compare started die with it, even if
-// compare itself is killed.
+// childAttr makes a server die with the process that started it, even if
+// that process is killed.
 func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} }

@@ -1,4 +1,4 @@
-package redis
+package redisnode
 
 import goredis "github.com/redis/go-redis/v9"
 
@@ -15,7 +15,7 @@ import goredis "github.com/redis/go-redis/v9"
 // trusted for it. incarnation() compares it with the namespace's marker
 // (a hash: run_id, since, hold) and returns the run_id, when the restart
 // guard began (0: no guard) and until when a write-back of done markers
-// extends it (restore.go). A marker naming another run_id means
+// extends it (Restore). A marker naming another run_id means
 // the data came back from disk or a replica, and may lack the latest
 // writes; a missing marker means an emptied server or a new namespace,
 // which nothing tells apart: either starts the guard now. Two missing

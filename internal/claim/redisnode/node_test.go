@@ -1,0 +1,99 @@
+package redisnode_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, testenv.IgnoreRedisDialProbe) }
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var base = time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+
+// isolated returns a client of the test server and a key prefix whose keys
+// are deleted when tb ends.
+func isolated(tb testing.TB) (*goredis.Client, string) {
+	addr := testenv.RedisAddr(tb)
+	client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	tb.Cleanup(func() { _ = client.Close() })
+	return client, testenv.RedisPrefix(tb, addr)
+}
+
+func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
+	client, p := isolated(t)
+	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+		t.Fatal(err)
+	}
+	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+	run := claim.Run{Job: "job.key", At: base}
+	first := claim.NewToken()
+	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
+		t.Fatalf("first claim: %+v, %v", r, err)
+	}
+	r, err := node.Claim(ctxT(t), run, claim.NewToken(), "replica-b", time.Minute)
+	if err != nil || r.Vote != redisnode.Held || r.Holder != "replica-a" || r.HolderKey != redisnode.TokenKey(first) {
+		t.Fatalf("second claim: %+v, %v; want held by replica-a with key %s", r, err, redisnode.TokenKey(first))
+	}
+	// A retried request (same token) is granted again, not held by itself.
+	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted || r.Attempt != 1 {
+		t.Fatalf("retried claim: %+v, %v; want the same grant", r, err)
+	}
+}
+
+// TestBatchesOfOneAndManyReloadLostScripts: a batch of one run goes as a
+// bare script call, a larger one as a pipeline; both load the scripts
+// again when the server lost them, and agree on the outcome.
+func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
+	server := testenv.StartRedis(t)
+	client := goredis.NewClient(&goredis.Options{Addr: server.Addr(), ContextTimeoutEnabled: true})
+	defer client.Close()
+	p := testenv.RandomPrefix(t.Name())
+	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+		t.Fatal(err)
+	}
+	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+	for _, n := range []int{1, 3} {
+		runs, tokens := make([]claim.Run, n), make([]string, n)
+		outs, ids := make([]claim.Outcome, n), make([]string, n)
+		for i := range runs {
+			runs[i], tokens[i] = claim.Run{Job: "job.reload", At: base.Add(time.Duration(10*n+i) * time.Minute)}, claim.NewToken()
+			outs[i], ids[i] = claim.Succeeded, runs[i].ID()
+		}
+		if err := client.ScriptFlush(ctxT(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		replies, errs := node.ClaimBatch(ctxT(t), runs, tokens, "replica-a", time.Minute)
+		for i := range runs {
+			if errs[i] != nil || replies[i].Vote != redisnode.Granted {
+				t.Fatalf("batch of %d, claim %d after SCRIPT FLUSH: %+v, %v", n, i, replies[i], errs[i])
+			}
+		}
+		if err := client.ScriptFlush(ctxT(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i, err := range node.ReleaseBatch(ctxT(t), ids, tokens, outs) {
+			if err != nil {
+				t.Fatalf("batch of %d, release %d after SCRIPT FLUSH: %v", n, i, err)
+			}
+		}
+		replies, errs = node.ClaimBatch(ctxT(t), runs, tokens, "replica-b", time.Minute)
+		for i := range runs {
+			if errs[i] != nil || replies[i].Vote != redisnode.Done {
+				t.Fatalf("batch of %d, claim %d of a released run: %+v, %v; want done", n, i, replies[i], errs[i])
+			}
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package redisnode
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// restoreChunk is how many done markers one script call writes back:
+// 50,000 markers cost a hundred round trips, and each call blocks the
+// server for a few milliseconds at most.
+const restoreChunk = 500
+
+// Finished is a run released with a terminal outcome, as Restore writes
+// its done marker back.
+type Finished struct {
+	Run     claim.Run
+	Token   string
+	Holder  string
+	Fence   int64
+	Attempt int
+	Status  claim.Status
+	At      time.Time // when the release was acknowledged (local clock)
+}
+
+// epochScript checks the namespace's marker against the server, as a
+// claim does (starting the restart guard if the server lost its data),
+// and returns it.
+//
+// KEYS: marker. ARGV: the run_id last seen, lease ms.
+// Reply: "<run_id> <guard start ms>".
+var epochScript = goredis.NewScript(incarnationLua + `
+local id, since = incarnation(KEYS[1], ARGV[1], tonumber(ARGV[2]), math.floor(clock() / 1000))
+return id .. ' ' .. s(since)
+`)
+
+// restoreScript writes finished runs' done markers back. It overwrites no
+// record of a run but one the restart left behind: none, or a live one
+// that is this replica's own grant or from an earlier incarnation of the
+// server (a snapshot taken before the release). A run granted again since
+// the restart keeps its new record. While the restart guard holds, each
+// call extends it to a lease from now, so that a write-back that has
+// begun lands before anyone can claim: a large one on a loaded server
+// delays the guard's end rather than racing it.
+//
+// KEYS: jobs set, marker, then per run: run hash, job history zset.
+// ARGV: lease ms, then per run: token, holder, fence, attempt, status,
+// finished ms (the releasing replica's clock), TTL ms, scheduled ms, run
+// id, job.
+// Reply: how many markers were written.
+var restoreScript = goredis.NewScript(incarnationLua + `
+local id = server()
+local now = math.floor(clock() / 1000)
+local lease = tonumber(ARGV[1])
+local m = redis.call('HMGET', KEYS[2], 'run_id', 'since', 'hold')
+local since, hold = tonumber(m[2]) or 0, tonumber(m[3]) or 0
+if m[1] == id and since > 0 and now < math.max(since + lease, hold) then
+  redis.call('HSET', KEYS[2], 'hold', s(math.max(hold, now + lease)))
+end
+local written = 0
+for i = 0, (#KEYS - 2) / 2 - 1 do
+  local run, a = KEYS[3 + 2 * i], 1 + 10 * i
+  local h = redis.call('HMGET', run, 'token', 'status', 'server')
+  local stale = (h[2] == 'running' or h[2] == 'interrupted') and (h[1] == ARGV[a + 1] or h[3] ~= id)
+  if not h[2] or stale then
+    redis.call('DEL', run)
+    redis.call('HSET', run, 'token', ARGV[a + 1], 'holder', ARGV[a + 2], 'fence', ARGV[a + 3],
+      'attempt', ARGV[a + 4], 'status', ARGV[a + 5], 'started_at', ARGV[a + 6], 'lease_until', ARGV[a + 6],
+      'finished_at', ARGV[a + 6])
+    redis.call('PEXPIRE', run, ARGV[a + 7])
+    redis.call('ZADD', KEYS[4 + 2 * i], ARGV[a + 8], ARGV[a + 9])
+    redis.call('SADD', KEYS[1], ARGV[a + 10])
+    written = written + 1
+  end
+end
+return written
+`)
+
+// markNewScript writes the marker of a namespace declared new.
+//
+// KEYS: marker. Reply: 1 if written, 0 if the namespace had one.
+var markNewScript = goredis.NewScript(incarnationLua + `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'run_id', server(), 'since', '0')
+return 1
+`)
+
+// MarkNew declares that the namespace under prefix ("" for DefaultPrefix)
+// is new on the server behind client: nothing was ever claimed in it, so
+// its first claims need not wait out the restart guard that a missing
+// marker otherwise starts on a server up for less than a lease (see
+// package redis). It does nothing to a namespace that has a marker.
+// Call it only where a namespace is created, as tests do: on a namespace
+// whose server restarted empty it would let a run still held by a replica
+// be granted again.
+func MarkNew(ctx context.Context, client goredis.UniversalClient, prefix string) error {
+	k := keys{Options{Prefix: prefix}.withDefaults().Prefix}
+	return translate(ctx, markNewScript.Run(ctx, client, []string{k.marker()}).Err())
+}
+
+// Epoch reads the marker, checked against the server as a claim under
+// lease would check it: "<run_id> <guard start ms>". A client closed
+// under it returns goredis.ErrClosed as it is.
+func (n *Node) Epoch(ctx context.Context, lease time.Duration) (string, error) {
+	v, err := epochScript.Run(ctx, n.client, []string{n.keys.marker()}, n.seenID(), lease.Milliseconds()).Text()
+	if errors.Is(err, goredis.ErrClosed) {
+		return "", err
+	}
+	if err == nil {
+		id, _, _ := strings.Cut(v, " ")
+		n.ran(id)
+	}
+	return v, translate(ctx, err)
+}
+
+// Restore writes back the done markers of runs, best effort, restoreChunk
+// to a script call, one call after another so that each extends the guard
+// as it lands; each marker lives what is left of ttl since its release.
+func (n *Node) Restore(ctx context.Context, runs []Finished, ttl, lease time.Duration) {
+	now := time.Now()
+	for len(runs) > 0 && ctx.Err() == nil {
+		chunk := runs[:min(restoreChunk, len(runs))]
+		runs = runs[len(chunk):]
+		keys := []string{n.keys.jobs(), n.keys.marker()}
+		args := []any{lease.Milliseconds()}
+		for _, f := range chunk {
+			left := ttl - now.Sub(f.At)
+			if left <= 0 {
+				continue
+			}
+			id := f.Run.ID()
+			keys = append(keys, n.keys.run(id), n.keys.runs(f.Run.Job))
+			args = append(args, f.Token, f.Holder, f.Fence, f.Attempt, string(f.Status), f.At.UnixMilli(),
+				left.Milliseconds()+1, f.Run.At.UnixMilli(), id, f.Run.Job)
+		}
+		if len(args) > 1 {
+			_ = restoreScript.Run(ctx, n.client, keys, args...).Err() // what did not land is exposed as if unremembered
+		}
+	}
+}

@@ -1,0 +1,368 @@
+// This file owns the life of a run up to its grant: dispatch and the
+// start-up recovery, the overlap check before a bid, the hold (spread),
+// claiming and standing by (contend), and what a won claim becomes
+// (granted, tooLate), plus the per-job record of live runs those read.
+
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// dispatcher carries what one Run call's goroutines share. It holds no
+// context: each goroutine gets the contexts that bound it as parameters
+// (see the package doc).
+type dispatcher struct {
+	r       *Runner
+	standby *sync.WaitGroup
+	exec    *sync.WaitGroup
+	// batch sends every claim call, ends every release, coalesced into
+	// batches.
+	batch *batcher
+	ends  *releaser
+	// spread is the hold window of the runs being dispatched; only Run's
+	// loop reads and writes it.
+	spread time.Duration
+}
+
+// dispatcher returns the state one Run (or Trigger) call's goroutines
+// share.
+func (r *Runner) dispatcher(standby, exec *sync.WaitGroup) *dispatcher {
+	d := &dispatcher{r: r, standby: standby, exec: exec, spread: r.opts.Spread}
+	d.batch = &batcher{d: d, q: queue[*bid]{runID: func(x *bid) string { return x.run.ID() }}}
+	d.ends = &releaser{d: d, q: queue[*ending]{runID: func(x *ending) string { return x.cl.ID() }}}
+	return d
+}
+
+// dispatch starts the life of one run: claim, stand by, execute. Only
+// Run's loop calls it (it reads the loop's spread). ctx is Run's: it
+// bounds the standby; execCtx bounds the execution, if the run is won.
+func (d *dispatcher) dispatch(ctx, execCtx context.Context, j *jobState, at time.Time, misfired bool) {
+	d.start(ctx, execCtx, j, at, misfired, d.spread)
+}
+
+func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Time, misfired bool, spread time.Duration) {
+	if at.IsZero() {
+		return
+	}
+	misfired = misfired && d.r.opts.Now().Sub(at) > d.r.lateTolerance()
+	run := claim.Run{Job: j.Name, At: at.UTC()}
+	j.setLive(at, watching, +1)
+	d.standby.Go(func() {
+		defer j.setLive(at, watching, -1)
+		if j.Overlap == OverlapForbid && d.overlaps(ctx, execCtx, j, at) {
+			// Record the skip in the backend, once: whichever replica wins
+			// the run ends it as skipped; the others hear done. A holder
+			// may be a ghost (a grant whose reply was lost) or die: stand
+			// by for it as for any run.
+			d.contend(ctx, execCtx, j, run, misfired, ReasonOverlap)
+			return
+		}
+		if !misfired && !d.hold(ctx, run, spread) {
+			return
+		}
+		d.contend(ctx, execCtx, j, run, misfired, "")
+	})
+}
+
+// recoverProbe is how many recent runs of each job the start-up recovery
+// reads. A run left live by a holder that died while no replica was up
+// is among its job's latest: nobody dispatched the instants after it.
+const recoverProbe = 16
+
+// recover finds, at start-up, the runs the backend still records as live
+// (running or interrupted) and contends for each like a standby: their
+// holder may have died while no replica stood by for them (a one-replica
+// deployment, or every standby restarted since), and the look-back at the
+// latest instant alone would leave an older one behind for good. A run
+// still held is waited for; one handed back or expired is taken over,
+// attempt+1, however old it is: a takeover is not a misfire. It retries
+// until the backend answers or ctx (Run's) ends.
+func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
+	r := d.r
+	warned := false
+	for _, j := range r.jobs {
+		for attempt := 0; ; attempt++ {
+			hctx, cancel := context.WithTimeout(ctx, r.opts.Lease)
+			recs, err := r.opts.Claimer.History(hctx, j.Name, recoverProbe)
+			cancel()
+			if err == nil {
+				for _, rec := range recs {
+					if rec.Status.Live() && !rec.At.After(now) {
+						d.start(ctx, execCtx, j, rec.At, false, 0)
+					}
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if !warned {
+				r.log.WarnContext(ctx, "cannot list live runs to recover; retrying", "instance", r.opts.Instance,
+					"claimer", r.opts.ClaimerName, "job", j.Name, "error", err.Error())
+				warned = true
+			}
+			t := time.NewTimer(jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// overlaps reports whether an earlier run of j still holds a claim. A run
+// executing here is known to; a run this replica only watched as held
+// elsewhere is probed again now, because the watcher's last look may be
+// stale and every replica must reach the same verdict.
+func (d *dispatcher) overlaps(ctx, execCtx context.Context, j *jobState, at time.Time) bool {
+	executing, watched := j.earlierLive(at)
+	if executing {
+		return true
+	}
+	for _, prev := range watched {
+		cl, err := d.claim(ctx, claim.Run{Job: j.Name, At: prev})
+		switch {
+		case err == nil:
+			// Its holder died: granted() hands it back as a missed run
+			// (its window has passed) or runs it (then it overlaps).
+			d.granted(ctx, execCtx, j, cl, false)
+			if executing, _ := j.earlierLive(at); executing {
+				return true
+			}
+		case errors.Is(err, claim.ErrDone):
+		default: // held, or unknown because the backend is unreachable
+			return true
+		}
+	}
+	return false
+}
+
+// hold waits until this replica's share of spread past run's instant
+// before its first bid for run (see Options.Spread). The hold counts from
+// the instant, not from now: a replica that took longer to get to the run
+// (thousands due at once) does not bid later for it. It returns false if
+// ctx (Run's) ended the wait.
+func (d *dispatcher) hold(ctx context.Context, run claim.Run, spread time.Duration) bool {
+	wait := holdFor(run.ID(), d.r.opts.Instance, spread) - d.r.opts.Now().Sub(run.At)
+	if wait <= 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// holdFor maps (run id, instance) uniformly onto [0, spread).
+func holdFor(runID, instance string, spread time.Duration) time.Duration {
+	if spread <= 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	h.Write([]byte(runID))
+	h.Write([]byte{0})
+	h.Write([]byte(instance))
+	// FNV's last bytes barely reach the high bits; mix them (splitmix64's
+	// finalizer) so instances that differ in one character spread too.
+	x := h.Sum64()
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	return time.Duration(float64(x>>11) / (1 << 53) * float64(spread))
+}
+
+// contend claims run, standing by while another replica holds it, until the
+// run is won, done, or no longer worth waiting for (ctx, Run's, ended).
+// With a skip reason, a won run is not executed but ended as skipped for
+// that reason, so that the decision is a fact of the backend (history,
+// status page, the other replicas) rather than a line in each replica's
+// log. A won run executes under execCtx.
+func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run claim.Run, misfired bool, skip string) {
+	r := d.r
+	var unavailable error
+	heldLogged := false
+	for attempt := 0; ; attempt++ {
+		cl, err := d.claim(ctx, run)
+		switch {
+		case err == nil && skip != "":
+			d.skip(ctx, run, cl, skip, slog.LevelInfo)
+			d.release(ctx, cl, claim.Skipped)
+			return
+		case err == nil:
+			if d.granted(ctx, execCtx, j, cl, misfired) {
+				return
+			}
+			// The grant came back too late to trust and was handed back as
+			// interrupted: keep contending, or nobody may run it.
+		case errors.Is(err, claim.ErrDone):
+			d.skip(ctx, run, nil, ReasonDone, slog.LevelDebug)
+			return
+		case errors.Is(err, claim.ErrHeld):
+			var loss *claim.DataLossError
+			if errors.As(err, &loss) {
+				r.dataLost(ctx, loss)
+			}
+			if !heldLogged {
+				d.skip(ctx, run, nil, ReasonHeld, slog.LevelDebug)
+				heldLogged = true
+			}
+			unavailable = nil
+		case ctx.Err() != nil:
+			return
+		default:
+			// Fail closed: nothing runs unclaimed. Log the first failure of a
+			// streak once, at error; the claim is retried below.
+			if unavailable == nil {
+				r.log.ErrorContext(ctx, "claim failed; retrying", append(runAttrs(r, run, nil), "error", err.Error())...)
+			}
+			unavailable = err
+		}
+		// Stand by. With overlap forbidden a held run keeps later instants
+		// skipped while it lives, so standing by lasts until it ends; the
+		// takeover itself is bounded in granted().
+		wait := jitter(r.opts.RenewEvery)
+		if unavailable != nil {
+			wait = jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// claim makes one bounded claim call, timed and counted. ctx is Run's:
+// a bidder it stops leaves its bid (see batcher.claim).
+func (d *dispatcher) claim(ctx context.Context, run claim.Run) (*claim.Claim, error) {
+	r := d.r
+	if r.isClosing() {
+		return nil, errClosing
+	}
+	return d.batch.claim(ctx, run)
+}
+
+// granted decides what to do with a won claim.
+// It returns false when the grant arrived too late to trust and was handed
+// back, so the caller should go on contending for the run. ctx is Run's;
+// the execution it starts, if any, runs under execCtx.
+func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, misfired bool) bool {
+	r := d.r
+	now := r.opts.Now()
+	// A run first granted long after its instant (the backend was out of
+	// reach meanwhile) misfired, however it was dispatched: its policy
+	// decides, as for a run found late by the loop. Retention is sized to
+	// that window (config.ClaimWindow), not to how long an outage lasts.
+	misfired = misfired || now.Sub(cl.Run.At) > r.lateTolerance()
+	switch {
+	case d.tooLate(ctx, cl):
+		return false
+	case misfired && cl.Attempt == 1 && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
+		// Only a run that never started misfires. A later attempt is a
+		// takeover of a run whose holder died or handed it back: it ran on
+		// time and must finish, however late this replica came to it.
+		d.skip(ctx, cl.Run, cl, ReasonMisfire, slog.LevelInfo)
+		d.release(ctx, cl, claim.Skipped)
+	case cl.Attempt > j.MaxAttempts:
+		err := fmt.Errorf("attempt %d exceeds max_attempts %d", cl.Attempt, j.MaxAttempts)
+		d.finished(cl, StatusFailed, 0, err)
+		d.release(ctx, cl, claim.Failed)
+	default:
+		// Live before the standby that won it stops counting, so a later
+		// instant never sees a gap and overlaps this run.
+		j.setLive(cl.Run.At, executing, +1)
+		d.exec.Go(func() {
+			status := d.execute(ctx, execCtx, j, cl)
+			if status != StatusLeaseLost || ctx.Err() != nil {
+				j.setLive(cl.Run.At, executing, -1)
+				return
+			}
+			// The run was handed back or taken over, not finished: stand
+			// by for it like any replica, or it may be left to nobody
+			// (the other standbys may have stopped meanwhile).
+			j.setLive(cl.Run.At, watching, +1)
+			j.setLive(cl.Run.At, executing, -1)
+			defer j.setLive(cl.Run.At, watching, -1)
+			d.contend(ctx, execCtx, j, cl.Run, false, "")
+		})
+	}
+	return true
+}
+
+// tooLate hands cl back as interrupted, and reports true, when it reached
+// this replica only after the window in which its lease may be trusted (a
+// stalled process, an overloaded host, a slow backend): the lease may be
+// gone and another replica running the run. keepAlive would cancel the
+// handler at once, but it would have started. ctx is Run's.
+func (d *dispatcher) tooLate(ctx context.Context, cl *claim.Claim) bool {
+	r := d.r
+	late := time.Since(cl.TrustedUntil(r.trustMargin()))
+	if late < 0 {
+		return false
+	}
+	err := fmt.Errorf("claim reached the handler %v past its trust window: %w", late.Round(time.Millisecond), claim.ErrLeaseLost)
+	r.opts.Logger.WarnContext(ctx, "lease not confirmed in time; not starting run", runAttrs(r, cl.Run, cl)...)
+	d.release(ctx, cl, claim.Interrupted)
+	d.finished(cl, StatusLeaseLost, 0, err)
+	return true
+}
+
+// jitter spreads retries of replicas that lost the same bid by ±20%.
+func jitter(d time.Duration) time.Duration {
+	return d - d/5 + rand.N(2*d/5+1)
+}
+
+// What a live entry is: a run executing on this replica, or one this
+// replica contends for or watches as held elsewhere.
+const (
+	executing = iota
+	watching
+)
+
+func (j *jobState) setLive(at time.Time, kind, delta int) {
+	k := at.UnixNano()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	e := j.live[k]
+	e[kind] += delta
+	if e == [2]int{} {
+		delete(j.live, k)
+	} else {
+		j.live[k] = e
+	}
+}
+
+// earlierLive reports whether a run of j before at executes here, and which
+// earlier runs this replica watches.
+func (j *jobState) earlierLive(at time.Time) (exec bool, watched []time.Time) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for k, e := range j.live {
+		if k >= at.UnixNano() {
+			continue
+		}
+		if e[executing] > 0 {
+			return true, nil
+		}
+		watched = append(watched, time.Unix(0, k).UTC())
+	}
+	return false, watched
+}

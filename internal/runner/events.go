@@ -1,0 +1,112 @@
+// This file owns what the runner reports about runs: the statuses, skip
+// reasons and events (Observe), their log lines and metrics (skip,
+// finished, runAttrs), and the warning that the backend lost its data.
+
+package runner
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Final statuses of a run on this replica, as logged and counted.
+const (
+	StatusSucceeded   = "succeeded"
+	StatusFailed      = "failed"
+	StatusLeaseLost   = "lease_lost"
+	StatusInterrupted = "interrupted"
+	StatusTimeout     = "timeout"
+)
+
+// Skip reasons.
+const (
+	ReasonHeld    = "held"
+	ReasonDone    = "done"
+	ReasonOverlap = "overlap"
+	ReasonMisfire = "misfire"
+)
+
+// Event kinds.
+const (
+	EventStarted  = "started"
+	EventReturned = "returned" // the handler returned; its release follows
+	EventFinished = "finished"
+	EventSkipped  = "skipped"
+)
+
+// Event reports what happened to a run on this replica.
+type Event struct {
+	Kind   string
+	Run    claim.Run
+	Claim  *claim.Claim // nil for skips before a grant
+	Status string       // for EventFinished
+	Reason string       // for EventSkipped
+	Err    error
+	// Ran is how long the handler ran (EventFinished; 0 if it never
+	// started). The event itself comes after the release.
+	Ran time.Duration
+}
+
+// emit hands e to Options.Observe, if set.
+func (r *Runner) emit(e Event) {
+	if r.opts.Observe != nil {
+		r.opts.Observe(e)
+	}
+}
+
+// skip reports that run is skipped here for reason: logged at level,
+// counted, and emitted. ctx is Run's; it only carries values to the
+// logger.
+func (d *dispatcher) skip(ctx context.Context, run claim.Run, cl *claim.Claim, reason string, level slog.Level) {
+	r := d.r
+	r.opts.Logger.Log(ctx, level, "run skipped", append(runAttrs(r, run, cl), "reason", reason)...)
+	r.opts.Metrics.skipped(run.Job, reason)
+	r.emit(Event{Kind: EventSkipped, Run: run, Claim: cl, Reason: reason})
+}
+
+// finished reports the final status of a run granted here: logged,
+// counted, and emitted.
+func (d *dispatcher) finished(cl *claim.Claim, status string, elapsed time.Duration, err error) {
+	r := d.r
+	attrs := append(runAttrs(r, cl.Run, cl), "status", status, "duration_ms", elapsed.Milliseconds())
+	level := slog.LevelInfo
+	if err != nil {
+		attrs = append(attrs, "error", err.Error())
+		level = slog.LevelWarn
+	}
+	r.opts.Logger.Log(context.Background(), level, "run finished", attrs...)
+	r.opts.Metrics.finished(cl.Run.Job, status, elapsed)
+	r.emit(Event{Kind: EventFinished, Run: cl.Run, Claim: cl, Status: status, Err: err, Ran: elapsed})
+}
+
+// runAttrs are the keys every run event carries (DESIGN.md, "Log events").
+func runAttrs(r *Runner, run claim.Run, cl *claim.Claim) []any {
+	a := []any{"job", run.Job, "scheduled_at", run.At.UTC().Format(time.RFC3339Nano),
+		"run_id", run.ID(), "instance", r.opts.Instance, "claimer", r.opts.ClaimerName}
+	if cl != nil {
+		a = append(a, "fence", cl.Fence, "attempt", cl.Attempt)
+	}
+	return a
+}
+
+// dataLost warns, once per loss, that the backend lost its data: every
+// run is held by it for a while, which is safe but deserves an operator's
+// eye (the done markers of runs finished just before went too). Every run
+// in flight reports the same loss; the first report warns and counts.
+func (r *Runner) dataLost(ctx context.Context, loss *claim.DataLossError) {
+	r.mu.Lock()
+	first := loss.Until.After(r.lossUntil)
+	if first {
+		r.lossUntil = loss.Until
+	}
+	r.mu.Unlock()
+	if !first {
+		return
+	}
+	r.opts.Metrics.dataLost(r.opts.ClaimerName)
+	r.log.WarnContext(ctx, "claimer backend lost its data", "instance", r.opts.Instance, "claimer", r.opts.ClaimerName,
+		"held_until", loss.Until.UTC().Format(time.RFC3339Nano), "error", loss.Error())
+}

@@ -1,0 +1,125 @@
+// This file owns ending runs: release retries until the backend answers
+// (or a lease after shutdown), and releaser coalesces the release calls of
+// one Run into batches (group commit, on batch.go's queue).
+
+package runner
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// release ends cl with o, retrying transient failures until the backend
+// answers (the keep-alive, where one runs, holds the lease meanwhile): a
+// lost release would let the run be executed again, and a release that
+// lands after an outage still ends the run if nobody took it over.
+// Release compares the token, so a retry past a takeover is refused,
+// never applied. Once Run is shutting down (ctx, Run's, is done) it gives
+// up after a lease; the calls themselves are detached from ctx.
+func (d *dispatcher) release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+	r := d.r
+	backoff := 50 * time.Millisecond
+	var giveUp <-chan time.Time
+	for logged := false; ; {
+		err := d.ends.release(ctx, cl, o)
+		if err == nil || errors.Is(err, claim.ErrLeaseLost) || errors.Is(err, claim.ErrInvalid) {
+			return err
+		}
+		if !logged {
+			r.log.ErrorContext(ctx, "release failed; retrying", append(runAttrs(r, cl.Run, cl), "outcome", string(o), "error", err.Error())...)
+			logged = true
+		}
+		if giveUp == nil && ctx.Err() != nil {
+			t := time.NewTimer(r.opts.Lease)
+			defer t.Stop()
+			giveUp = t.C
+		}
+		shutdown := ctx.Done()
+		if giveUp != nil {
+			shutdown = nil // already counting down
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-giveUp:
+			t.Stop()
+			r.log.ErrorContext(ctx, "release failed", append(runAttrs(r, cl.Run, cl), "outcome", string(o), "error", err.Error())...)
+			return err
+		case <-shutdown:
+			t.Stop()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// releaser coalesces one Run's release calls into batches, by group
+// commit as batcher does for claims: when 10,000 runs finish at once,
+// their releases cost a few round trips instead of 10,000 calls queued
+// for the pool.
+//
+// There is no sending goroutine of its own: the release that finds none in
+// flight sends its batch itself, and if releases queued up meanwhile it
+// hands on to a new goroutine of the exec group, so nobody waits for
+// batches other than its own. Adding to exec there is safe: releases come
+// from exec goroutines, whose own count keeps exec above zero, or from
+// standby goroutines, which Run waits for before it waits for exec.
+type releaser struct {
+	d *dispatcher
+	q queue[*ending]
+}
+
+// ending is one release call waiting for its batch.
+type ending struct {
+	cl   *claim.Claim
+	o    claim.Outcome
+	done chan struct{}
+	err  error
+}
+
+// release ends cl with o in the next batch and returns its answer. A batch
+// is bounded by a lease, so that a slow link does not turn every try into
+// a timeout while the keep-alive holds the lease; the caller retries.
+func (b *releaser) release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+	x := &ending{cl: cl, o: o, done: make(chan struct{})}
+	if b.q.add(x) {
+		b.send(ctx, x)
+	}
+	<-x.done
+	return x.err
+}
+
+// send sends batches until own is answered (or, with own nil, until none
+// is waiting), then hands what is still waiting to an exec goroutine. The
+// calls are detached from ctx: it lends them its values only, and a lease
+// bounds each batch.
+func (b *releaser) send(ctx context.Context, own *ending) {
+	for {
+		batch := b.q.take()
+		if len(batch) == 0 {
+			return
+		}
+
+		cls, outs := make([]*claim.Claim, len(batch)), make([]claim.Outcome, len(batch))
+		for i, x := range batch {
+			cls[i], outs[i] = x.cl, x.o
+		}
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.d.r.opts.Lease)
+		errs := b.d.r.opts.Claimer.Release(bctx, cls, outs)
+		cancel()
+		answered := false
+		for i, x := range batch {
+			x.err = errs[i]
+			answered = answered || x == own
+			close(x.done)
+		}
+		if answered {
+			if !b.q.idle() {
+				b.d.exec.Go(func() { b.send(ctx, nil) })
+			}
+			return
+		}
+	}
+}
