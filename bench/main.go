@@ -27,6 +27,7 @@ import (
 	goredislib "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/benchkit"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 )
 
 // Reference rows, measured here in turns with the peers and named as
@@ -113,7 +114,7 @@ func main() {
 		rows = append(rows, benchkit.Interleave(ctx, c, *d, benchkit.Rounds, group, ops)...)
 	}
 	for _, c := range append(five, one) {
-		benchkit.DropPrefix(ctx, c, prefix)
+		_ = redisnode.DropPrefix(ctx, c, prefix)
 	}
 
 	w := os.Stdout

@@ -19,6 +19,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 )
 
 // redisBenchmark runs redis-benchmark with SET key NX PX on random keys
@@ -35,7 +36,7 @@ func redisBenchmark(ctx context.Context, addr, prefix string, conc int, d time.D
 	prefix += "rb:"
 	defer func() {
 		c := goredis.NewClient(&goredis.Options{Addr: addr})
-		DropPrefix(context.WithoutCancel(ctx), c, prefix)
+		_ = redisnode.DropPrefix(context.WithoutCancel(ctx), c, prefix)
 		_ = c.Close()
 	}()
 	run := func(n int) ([]string, time.Duration, error) {
@@ -138,21 +139,6 @@ ON CONFLICT (run_id) DO NOTHING RETURNING fence;
 func lastLines(b []byte, n int) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(len(lines)-n, 0):], " | ")
-}
-
-// DropPrefix unlinks every key under prefix, in batches.
-func DropPrefix(ctx context.Context, c *goredis.Client, prefix string) {
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		if batch = append(batch, iter.Val()); len(batch) == 500 {
-			c.Unlink(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		c.Unlink(ctx, batch...)
-	}
 }
 
 // pgURL is dsn without a search_path, for pgbench (libpq takes a URI).

@@ -21,6 +21,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 	"github.com/scheduler-dev/scheduler/internal/procs"
 )
 
@@ -262,18 +263,12 @@ func RandomPrefix(name string) string {
 func RedisPrefix(t testing.TB, addrs ...string) string {
 	t.Helper()
 	prefix := RandomPrefix(t.Name())
-	// A test's name may hold glob characters; SCAN's MATCH must not read them.
-	match := strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(prefix) + "*"
 	t.Cleanup(func() {
 		ctx, cancel := CleanupContext()
 		defer cancel()
 		for _, addr := range addrs {
 			admin := goredis.NewClient(&goredis.Options{Addr: addr})
-			iter := admin.Scan(ctx, 0, match, 500).Iterator()
-			for iter.Next(ctx) {
-				admin.Del(ctx, iter.Val())
-			}
-			if err := iter.Err(); err != nil {
+			if err := redisnode.DropPrefix(ctx, admin, prefix); err != nil {
 				t.Errorf("delete keys %s* on %s: %v", prefix, addr, err)
 			}
 			_ = admin.Close()

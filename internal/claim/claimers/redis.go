@@ -83,10 +83,7 @@ func isolatePrefix(ctx context.Context, addrs []string, prefix string, dial func
 			if err != nil {
 				continue
 			}
-			iter := client.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-			for iter.Next(ctx) {
-				client.Del(ctx, iter.Val())
-			}
+			_ = redisnode.DropPrefix(ctx, client, prefix)
 			_ = client.Close()
 		}
 	}, nil

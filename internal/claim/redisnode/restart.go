@@ -143,3 +143,25 @@ func (n *Node) Restore(ctx context.Context, runs []Finished, ttl, lease time.Dur
 		}
 	}
 }
+
+// DropPrefix deletes every key under prefix (a namespace a harness made),
+// in batches; glob characters in prefix are matched literally.
+func DropPrefix(ctx context.Context, client goredis.UniversalClient, prefix string) error {
+	match := strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(prefix) + "*"
+	iter := client.Scan(ctx, 0, match, 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 500 {
+			if err := client.Unlink(ctx, batch...).Err(); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		if err := client.Unlink(ctx, batch...).Err(); err != nil {
+			return err
+		}
+	}
+	return iter.Err()
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,14 +38,21 @@ func TestConformance(t *testing.T) {
 	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
 }
 
-func TestNewRejectsNoNodesAndBadClients(t *testing.T) {
-	if _, err := redlock.New(nil, redlock.Options{}); err == nil {
+func TestNewRejectsNoNodesBadClientsAndNoNodeTimeout(t *testing.T) {
+	opts := redlock.Options{NodeTimeout: 50 * time.Millisecond}
+	if _, err := redlock.New(nil, opts); err == nil {
 		t.Fatal("New with no nodes: no error")
 	}
 	plain := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
 	defer plain.Close()
-	if _, err := redlock.New([]goredis.UniversalClient{plain}, redlock.Options{}); err == nil {
-		t.Fatal("New with a client that ignores context deadlines: no error")
+	if _, err := redlock.New([]goredis.UniversalClient{plain}, opts); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
+		t.Fatalf("New with a client that ignores context deadlines: %v", err)
+	}
+	// The default lives in the config's table alone; New does not guess one.
+	good := goredis.NewClient(redlock.ClientOptions("127.0.0.1:1"))
+	defer good.Close()
+	if _, err := redlock.New([]goredis.UniversalClient{good}, redlock.Options{}); err == nil || !strings.Contains(err.Error(), "node timeout") {
+		t.Fatalf("New without a node timeout: %v", err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package redlock
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -16,8 +15,6 @@ import (
 )
 
 const (
-	// DefaultNodeTimeout bounds each node's answer; it is capped at lease/3.
-	DefaultNodeTimeout = 100 * time.Millisecond
 	// maxNodes is the fence modulus: node i issues fences ≡ i (mod maxNodes).
 	maxNodes = 64
 	// splitRetries and splitPause resolve a vote split between contenders.
@@ -35,8 +32,9 @@ type Options struct {
 	DoneTTL       time.Duration
 	HistoryLimit  int
 	AllowEviction bool
-	// NodeTimeout bounds each node's answer (default 100ms, at most
-	// lease/3 so that a majority can answer within the validity time).
+	// NodeTimeout bounds each node's answer; required (claimer.redlock.
+	// node_timeout, whose default is in the config's table), and capped at
+	// lease/3 so that a majority can answer within the validity time.
 	NodeTimeout time.Duration
 }
 
@@ -56,12 +54,15 @@ var _ claim.Claimer = (*Claimer)(nil)
 // order. An odd count of at least 3 is what tolerates failures; New accepts
 // any count from 1 to 64 and leaves that advice to configuration.
 func New(clients []goredis.UniversalClient, opts Options) (*Claimer, error) {
-	if len(clients) == 0 || len(clients) > maxNodes {
+	switch {
+	case len(clients) == 0 || len(clients) > maxNodes:
 		return nil, fmt.Errorf("redlock: %d nodes, want 1 to %d", len(clients), maxNodes)
+	case opts.NodeTimeout <= 0:
+		return nil, fmt.Errorf("redlock: node timeout %v must be positive", opts.NodeTimeout)
 	}
 	c := &Claimer{
 		clients: clients, quorum: len(clients)/2 + 1, instance: opts.Instance,
-		nodeTimeout: cmp.Or(opts.NodeTimeout, DefaultNodeTimeout),
+		nodeTimeout: opts.NodeTimeout,
 	}
 	nopts := redisnode.Options{Prefix: opts.Prefix, DoneTTL: opts.DoneTTL,
 		HistoryLimit: opts.HistoryLimit, AllowEviction: opts.AllowEviction}

@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
+	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/job"
 	"github.com/scheduler-dev/scheduler/migrations"
 )
@@ -126,7 +127,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	case KindPostgres:
 		cc, err := pgx.ParseConfig(c.DSN)
 		if err != nil {
-			return nil, fmt.Errorf("billing: postgres: %v", err) // pgx redacts the password
+			return nil, fmt.Errorf("billing: postgres: %v", config.RedactError(err, c.DSN))
 		}
 		if c.Password != "" {
 			cc.Password = c.Password
