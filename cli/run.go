@@ -213,7 +213,7 @@ func (e *env) trigger(args []string) int {
 		return e.fail("%v", err)
 	}
 	fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
-	if status != runner.StatusSucceeded {
+	if status != claim.Succeeded {
 		return ExitRuntime
 	}
 	return ExitOK

@@ -107,7 +107,7 @@ func (c counting) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return c.Claimer.Renew(ctx, cl, lease)
 }
 
-func (c counting) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+func (c counting) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	c.calls.Add(1)
 	return c.Claimer.Release(ctx, cls, outcomes)
 }

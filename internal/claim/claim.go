@@ -134,29 +134,6 @@ func (c *Claim) TrustedUntil(margin time.Duration) time.Time {
 	return c.Requested.Add(c.Lease - margin)
 }
 
-// Outcome is how a holder releases a run.
-type Outcome string
-
-const (
-	// Succeeded and Failed are terminal: the run is done and is never
-	// granted again.
-	Succeeded Outcome = "succeeded"
-	Failed    Outcome = "failed"
-	// Skipped is terminal too: the run was deliberately not executed (a
-	// misfire under the skip policy, attempts exhausted). Recording it stops
-	// other replicas from executing it and shows it in the history.
-	Skipped Outcome = "skipped"
-	// Interrupted hands the run back: another replica may take it over at
-	// once, with attempt+1 and a higher fence, without waiting for the lease.
-	Interrupted Outcome = "interrupted"
-)
-
-// Terminal reports whether the outcome ends the run for good.
-func (o Outcome) Terminal() bool { return o == Succeeded || o == Failed || o == Skipped }
-
-// Valid reports whether o is one of the known outcomes.
-func (o Outcome) Valid() bool { return o.Terminal() || o == Interrupted }
-
 // Claimer grants at most one replica the right to execute a scheduled run.
 //
 // It is batch-first: Claim and Release take many runs and answer each on
@@ -193,7 +170,7 @@ type Claimer interface {
 	// with succeeds and changes nothing: a caller that lost the reply to a
 	// release that took effect retries it, and must not be told it lost the
 	// run it just finished. Claims must be of distinct runs.
-	Release(ctx context.Context, claims []*Claim, outcomes []Outcome) []error
+	Release(ctx context.Context, claims []*Claim, outcomes []Status) []error
 	// History lists recorded runs, newest scheduled instant first; job ""
 	// means every job. The runner reads it to decide overlap and to find
 	// live runs at start-up; the CLI and status page show it.
@@ -211,8 +188,8 @@ func ClaimOne(ctx context.Context, c Claimer, run Run, lease time.Duration) (*Cl
 }
 
 // ReleaseOne ends a single claim with outcome o.
-func ReleaseOne(ctx context.Context, c Claimer, cl *Claim, o Outcome) error {
-	return c.Release(ctx, []*Claim{cl}, []Outcome{o})[0]
+func ReleaseOne(ctx context.Context, c Claimer, cl *Claim, o Status) error {
+	return c.Release(ctx, []*Claim{cl}, []Status{o})[0]
 }
 
 // EachRun answers a Claim batch run by run with f, for claimers and
@@ -226,7 +203,7 @@ func EachRun(runs []Run, f func(Run) (*Claim, error)) ([]*Claim, []error) {
 }
 
 // EachClaim answers a Release batch claim by claim with f.
-func EachClaim(claims []*Claim, outcomes []Outcome, f func(*Claim, Outcome) error) []error {
+func EachClaim(claims []*Claim, outcomes []Status, f func(*Claim, Status) error) []error {
 	errs := make([]error, len(claims))
 	for i, c := range claims {
 		if i < len(outcomes) {
@@ -238,21 +215,43 @@ func EachClaim(claims []*Claim, outcomes []Outcome, f func(*Claim, Outcome) erro
 	return errs
 }
 
-// Status is the state of a run as recorded by a backend.
+// Status is how a run stands, or how it ended: one vocabulary for what a
+// backend records, what a holder releases a run as, and what the runner's
+// events, logs and metrics, and the explorer's history, report.
 type Status string
 
-// Run states. Running and Interrupted are the live states; the others are
-// terminal.
 const (
-	StatusRunning     Status = "running"
-	StatusSucceeded   Status = "succeeded"
-	StatusFailed      Status = "failed"
-	StatusInterrupted Status = "interrupted"
-	StatusSkipped     Status = "skipped"
+	// Running and Interrupted are the live states a backend records.
+	Running Status = "running"
+	// Interrupted hands the run back: another replica may take it over at
+	// once, with attempt+1 and a higher fence, without waiting for the
+	// lease.
+	Interrupted Status = "interrupted"
+
+	// Succeeded, Failed and Skipped are terminal: the run is done and is
+	// never granted again. Skipped means it was deliberately not executed
+	// (a misfire under the skip policy, attempts exhausted, an overlap).
+	Succeeded Status = "succeeded"
+	Failed    Status = "failed"
+	Skipped   Status = "skipped"
+
+	// LeaseLost and Timeout are ends a replica reports and no backend
+	// records: a run whose lease was lost is not released by its former
+	// holder (the new holder decides), and one that timed out is released
+	// as Failed.
+	LeaseLost Status = "lease_lost"
+	Timeout   Status = "timeout"
 )
 
-// Live reports whether a run in status s may still execute.
-func (s Status) Live() bool { return s == StatusRunning || s == StatusInterrupted }
+// Live reports whether a run a backend records in status s may still
+// execute.
+func (s Status) Live() bool { return s == Running || s == Interrupted }
+
+// Terminal reports whether s ends the run for good.
+func (s Status) Terminal() bool { return s == Succeeded || s == Failed || s == Skipped }
+
+// Releasable reports whether a holder may release a run as s.
+func (s Status) Releasable() bool { return s.Terminal() || s == Interrupted }
 
 // Record is one run as a backend remembers it, for history and status pages.
 type Record struct {
@@ -288,11 +287,11 @@ func NewToken() string {
 }
 
 // CheckRelease validates a Release call's arguments.
-func CheckRelease(c *Claim, o Outcome) error {
+func CheckRelease(c *Claim, o Status) error {
 	if c == nil || c.Token == "" {
 		return fmt.Errorf("%w: nil claim", ErrInvalid)
 	}
-	if !o.Valid() {
+	if !o.Releasable() {
 		return fmt.Errorf("%w: unknown outcome %q", ErrInvalid, o)
 	}
 	return nil
@@ -301,7 +300,7 @@ func CheckRelease(c *Claim, o Outcome) error {
 // CheckReleaseBatch validates a ReleaseBatch call's arguments: errs holds
 // CheckRelease's answer for each claim, valid the indexes of those that
 // passed.
-func CheckReleaseBatch(cls []*Claim, outcomes []Outcome) (errs []error, valid []int) {
+func CheckReleaseBatch(cls []*Claim, outcomes []Status) (errs []error, valid []int) {
 	errs = make([]error, len(cls))
 	for i, c := range cls {
 		if i >= len(outcomes) {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/runner"
 )
 
 // maxListed caps the example ids a cell lists (duplicates, missed runs,
@@ -87,7 +86,7 @@ func (c *cell) analyze(res *Cell) {
 				res.Takeovers++
 				takeovers = append(takeovers, e.started.Sub(prev))
 			}
-			if e.status == runner.StatusLeaseLost {
+			if e.status == claim.LeaseLost {
 				res.LeaseLost++
 			}
 			lag := e.started.Sub(e.run.At)
@@ -161,7 +160,7 @@ func (c *cell) overlap(e, g *grant) string {
 }
 
 func (c *cell) span(g *grant, dup bool, end time.Time) span {
-	s := span{job: g.run.Job, replica: g.replica, from: ms(g.started.Sub(c.t0)), status: g.status,
+	s := span{job: g.run.Job, replica: g.replica, from: ms(g.started.Sub(c.t0)), status: string(g.status),
 		attempt: g.attempt, dup: dup}
 	switch {
 	case !g.finished.IsZero():

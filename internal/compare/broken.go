@@ -32,7 +32,7 @@ func (b *broken) Renew(_ context.Context, c *claim.Claim, lease time.Duration) e
 	return nil
 }
 
-func (b *broken) Release(_ context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+func (b *broken) Release(_ context.Context, cls []*claim.Claim, outs []claim.Status) []error {
 	return make([]error, len(cls))
 }
 

@@ -204,10 +204,10 @@ func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration)
 }
 
 // Release is one call, faulted as a whole.
-func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
 	f.rep.gate()
 	if f.rep.crashed.Load() {
-		return claim.EachClaim(cls, outs, func(*claim.Claim, claim.Outcome) error { return errCrashed })
+		return claim.EachClaim(cls, outs, func(*claim.Claim, claim.Status) error { return errCrashed })
 	}
 	sent := time.Now()
 	errs := f.inner.Release(ctx, cls, outs)

@@ -64,7 +64,7 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 				res.Takeovers++
 			}
 		}
-		if e.Kind == history.End && e.Status == "lease_lost" {
+		if e.Kind == history.End && e.Status == claim.LeaseLost {
 			res.LeaseLost++
 		}
 	}

@@ -26,10 +26,10 @@ type grant struct {
 	lease     time.Duration
 	// released is when an accepted Release was sent, with its outcome.
 	released time.Time
-	outcome  claim.Outcome
+	outcome  claim.Status
 
 	started, finished time.Time
-	status            string
+	status            claim.Status
 	completed         bool // the handler returned nil: the run's work got done
 }
 
@@ -125,7 +125,7 @@ func (r *recorder) renewed(c *claim.Claim, err error) {
 	}
 }
 
-func (r *recorder) released(cls []*claim.Claim, outs []claim.Outcome, sent time.Time, errs []error) {
+func (r *recorder) released(cls []*claim.Claim, outs []claim.Status, sent time.Time, errs []error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++

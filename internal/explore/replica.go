@@ -324,7 +324,7 @@ func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duratio
 }
 
 // Release is one call, faulted as a whole.
-func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
 	errs, err := call(f, ctx, func(ctx context.Context) ([]error, error) {
 		sent := time.Now()
 		errs := f.inner.Release(ctx, cls, outs)

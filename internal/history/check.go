@@ -74,7 +74,7 @@ type holding struct {
 	grant    Event
 	until    time.Time // latest confirmed Sent+lease
 	released time.Time // Sent of the first accepted release
-	outcome  claim.Outcome
+	outcome  claim.Status
 }
 
 // Check judges events against spec and returns every violation found,
@@ -137,7 +137,7 @@ func (c *checker) index(events []Event) {
 			}
 		case Release:
 			if h := c.holds[e.Token]; h != nil && h.released.IsZero() {
-				h.released, h.outcome = e.Sent, e.Outcome
+				h.released, h.outcome = e.Sent, e.Status
 			}
 		}
 	}
@@ -156,10 +156,10 @@ func (c *checker) successes() {
 	for id, evs := range c.byRun {
 		var ended, released []string
 		for _, e := range evs {
-			if e.Kind == End && e.Status == string(claim.Succeeded) {
+			if e.Kind == End && e.Status == claim.Succeeded {
 				ended = append(ended, e.Replica)
 			}
-			if e.Kind == Release && e.Outcome.Terminal() && !slices.Contains(released, e.Token) {
+			if e.Kind == Release && e.Status.Terminal() && !slices.Contains(released, e.Token) {
 				released = append(released, e.Token)
 			}
 		}
@@ -334,9 +334,9 @@ func (c *checker) policy(events []Event) {
 		switch {
 		case e.Kind == Skip && e.Reason == "misfire" && e.Attempt > 1:
 			c.add(TakeoverMisfire, e.Run.ID(), fmt.Sprintf("%s skipped attempt %d as a misfire", e.Replica, e.Attempt))
-		case e.Kind == Return && e.Status == ReturnedNil:
+		case e.Kind == Return && e.Status == claim.Succeeded:
 			completed[e.Token] = true
-		case e.Kind == Release && e.Outcome == claim.Interrupted && completed[e.Token]:
+		case e.Kind == Release && e.Status == claim.Interrupted && completed[e.Token]:
 			c.add(HandedBackDone, e.Run.ID(), fmt.Sprintf("%s's handler returned nil, then the run was released as interrupted", e.Replica))
 		}
 	}
@@ -349,9 +349,9 @@ func (c *checker) policy(events []Event) {
 // alone was confirmed).
 func (c *checker) ended(id string) bool {
 	evs := c.byRun[id]
-	if slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Release && e.Outcome.Terminal() }) {
+	if slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Release && e.Status.Terminal() }) {
 		return true
 	}
-	finished := slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Return && e.Status == ReturnedNil })
+	finished := slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Return && e.Status == claim.Succeeded })
 	return finished && slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Skip && e.Reason == "done" })
 }

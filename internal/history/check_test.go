@@ -53,11 +53,11 @@ func (b *builder) event(kind Kind, replica, tok string, run claim.Run, f func(*E
 }
 
 // finish is a handler that ran and returned nil, then a release accepted.
-func (b *builder) finish(replica, tok string, run claim.Run, o claim.Outcome) *builder {
+func (b *builder) finish(replica, tok string, run claim.Run, o claim.Status) *builder {
 	b.event(Start, replica, tok, run, nil)
-	b.event(Return, replica, tok, run, func(e *Event) { e.Status = ReturnedNil })
-	b.event(Release, replica, tok, run, func(e *Event) { e.Outcome = o; e.Sent = b.now })
-	return b.event(End, replica, tok, run, func(e *Event) { e.Status = string(o) })
+	b.event(Return, replica, tok, run, func(e *Event) { e.Status = claim.Succeeded })
+	b.event(Release, replica, tok, run, func(e *Event) { e.Status = o; e.Sent = b.now })
+	return b.event(End, replica, tok, run, func(e *Event) { e.Status = o })
 }
 
 func invariants(vs []Violation) []string {
@@ -142,8 +142,8 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		name: "FinishedWorkHandedBack",
 		build: func(b *builder) {
 			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
-			b.event(Return, "r1", "a", runA, func(e *Event) { e.Status = ReturnedNil })
-			b.event(Release, "r1", "a", runA, func(e *Event) { e.Outcome = claim.Interrupted; e.Sent = b.now })
+			b.event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+			b.event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Interrupted; e.Sent = b.now })
 		},
 		want: []string{HandedBackDone},
 	}}

@@ -32,12 +32,13 @@ const (
 	Grant Kind = "grant"
 	// Renew: a renewal was confirmed. Until is its Sent+lease.
 	Renew Kind = "renew"
-	// Start and Return bracket a handler's execution; End, after its
-	// release, carries the run's Status on that replica.
+	// Start and Return bracket a handler's execution (a Return's Status is
+	// Succeeded when the handler returned nil); End, after its release,
+	// carries the run's Status on that replica.
 	Start  Kind = "start"
 	Return Kind = "return"
 	End    Kind = "end"
-	// Release: the backend accepted a release (Outcome). Sent is when the
+	// Release: the backend accepted a release as Status. Sent is when the
 	// accepted request left.
 	Release Kind = "release"
 	// Skip: a replica decided not to execute a run (Reason); Token is set
@@ -52,9 +53,6 @@ const (
 	Fault Kind = "fault"
 )
 
-// ReturnedNil is the Status of a Return whose handler returned nil.
-const ReturnedNil = "nil"
-
 // Event is one fact of a history.
 type Event struct {
 	Seq     int
@@ -67,8 +65,7 @@ type Event struct {
 	Attempt int
 	Sent    time.Time
 	Until   time.Time
-	Status  string
-	Outcome claim.Outcome
+	Status  claim.Status
 	Reason  string
 	Note    string
 	// Ran is, on an End, how long the handler ran: it stopped at
@@ -85,7 +82,7 @@ func (e Event) String() string {
 	if e.Token != "" {
 		fmt.Fprintf(&b, " fence=%d attempt=%d tok=%.6s", e.Fence, e.Attempt, e.Token)
 	}
-	for _, kv := range [][2]string{{"status", e.Status}, {"outcome", string(e.Outcome)}, {"reason", e.Reason}, {"note", e.Note}} {
+	for _, kv := range [][2]string{{"status", string(e.Status)}, {"reason", e.Reason}, {"note", e.Note}} {
 		if kv[1] != "" {
 			fmt.Fprintf(&b, " %s=%s", kv[0], kv[1])
 		}
@@ -147,13 +144,13 @@ func (l *Log) Renewed(replica string, c *claim.Claim) {
 }
 
 // Released logs the accepted releases among cls (errs[i] == nil).
-func (l *Log) Released(replica string, sent time.Time, cls []*claim.Claim, outs []claim.Outcome, errs []error) {
+func (l *Log) Released(replica string, sent time.Time, cls []*claim.Claim, outs []claim.Status, errs []error) {
 	for i, c := range cls {
 		if c == nil || i >= len(errs) || errs[i] != nil {
 			continue
 		}
 		l.Add(Event{Kind: Release, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence,
-			Attempt: c.Attempt, Sent: sent, Outcome: outs[i]})
+			Attempt: c.Attempt, Sent: sent, Status: outs[i]})
 	}
 }
 
@@ -174,7 +171,7 @@ func (l *Log) Observer(replica string, keep func() bool) func(runner.Event) {
 		case runner.EventReturned:
 			h.Kind, h.Ran = Return, e.Ran
 			if e.Err == nil {
-				h.Status = ReturnedNil
+				h.Status = claim.Succeeded
 			}
 		case runner.EventFinished:
 			h.Kind, h.Status, h.Ran = End, e.Status, e.Ran

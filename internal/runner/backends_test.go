@@ -117,7 +117,7 @@ func TestReplicasOnRealBackends(t *testing.T) {
 							t.Errorf("%s started %d times, want once", id, len(s))
 							continue
 						}
-						if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
+						if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Succeeded {
 							t.Errorf("%s finished %+v, want one success", id, f)
 						}
 						ids = append(ids, id)

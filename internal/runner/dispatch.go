@@ -283,7 +283,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		d.release(ctx, cl, claim.Skipped)
 	case cl.Attempt > j.MaxAttempts:
 		err := fmt.Errorf("attempt %d exceeds max_attempts %d", cl.Attempt, j.MaxAttempts)
-		d.finished(cl, StatusFailed, 0, err)
+		d.finished(cl, claim.Failed, 0, err)
 		d.release(ctx, cl, claim.Failed)
 	default:
 		// Live before the standby that won it stops counting, so a later
@@ -291,7 +291,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		j.setLive(cl.Run.At, executing, +1)
 		d.exec.Go(func() {
 			status := d.execute(ctx, execCtx, j, cl)
-			if status != StatusLeaseLost || ctx.Err() != nil {
+			if status != claim.LeaseLost || ctx.Err() != nil {
 				j.setLive(cl.Run.At, executing, -1)
 				return
 			}
@@ -321,7 +321,7 @@ func (d *dispatcher) tooLate(ctx context.Context, cl *claim.Claim) bool {
 	err := fmt.Errorf("claim reached the handler %v past its trust window: %w", late.Round(time.Millisecond), claim.ErrLeaseLost)
 	r.opts.Logger.WarnContext(ctx, "lease not confirmed in time; not starting run", runAttrs(r, cl.Run, cl)...)
 	d.release(ctx, cl, claim.Interrupted)
-	d.finished(cl, StatusLeaseLost, 0, err)
+	d.finished(cl, claim.LeaseLost, 0, err)
 	return true
 }
 

@@ -12,15 +12,6 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
-// Final statuses of a run on this replica, as logged and counted.
-const (
-	StatusSucceeded   = "succeeded"
-	StatusFailed      = "failed"
-	StatusLeaseLost   = "lease_lost"
-	StatusInterrupted = "interrupted"
-	StatusTimeout     = "timeout"
-)
-
 // Skip reasons.
 const (
 	ReasonHeld    = "held"
@@ -42,7 +33,7 @@ type Event struct {
 	Kind   string
 	Run    claim.Run
 	Claim  *claim.Claim // nil for skips before a grant
-	Status string       // for EventFinished
+	Status claim.Status // for EventFinished: how the run ended on this replica
 	Reason string       // for EventSkipped
 	Err    error
 	// Ran is how long the handler ran (EventFinished; 0 if it never
@@ -69,7 +60,7 @@ func (d *dispatcher) skip(ctx context.Context, run claim.Run, cl *claim.Claim, r
 
 // finished reports the final status of a run granted here: logged,
 // counted, and emitted.
-func (d *dispatcher) finished(cl *claim.Claim, status string, elapsed time.Duration, err error) {
+func (d *dispatcher) finished(cl *claim.Claim, status claim.Status, elapsed time.Duration, err error) {
 	r := d.r
 	attrs := append(runAttrs(r, cl.Run, cl), "status", status, "duration_ms", elapsed.Milliseconds())
 	level := slog.LevelInfo

@@ -21,10 +21,10 @@ import (
 // handler (with job.ErrShutdown once ShutdownGrace has passed); ctx is
 // Run's: once it is done, a run still waiting for its instant is handed
 // back instead of started, and a failing release gives up after a lease.
-func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim) string {
+func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim) claim.Status {
 	r := d.r
 	if d.tooLate(ctx, cl) { // checked again: the exec goroutine may start late too
-		return StatusLeaseLost
+		return claim.LeaseLost
 	}
 	// The backend's clock as of the grant, read before keepAlive owns
 	// cl's lease fields: Deadline is backend time, Requested local.
@@ -55,7 +55,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		defer close(keepDone)
 		d.keepAlive(keepCtx, ectx, cl, cancel)
 	}()
-	settle := func(status string, o claim.Outcome, elapsed time.Duration, err error) string {
+	settle := func(status, o claim.Status, elapsed time.Duration, err error) claim.Status {
 		status, err = d.settle(ctx, cl, status, o, err)
 		stopKeep()
 		<-keepDone
@@ -75,10 +75,10 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		select {
 		case <-ectx.Done():
 			t.Stop()
-			return settle(StatusLeaseLost, claim.Interrupted, 0, context.Cause(ectx))
+			return settle(claim.LeaseLost, claim.Interrupted, 0, context.Cause(ectx))
 		case <-ctx.Done(): // shutting down: the run has not started, hand it back
 			t.Stop()
-			return settle(StatusInterrupted, claim.Interrupted, 0, job.ErrShutdown)
+			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
 		case <-t.C:
 		}
 	}
@@ -86,13 +86,13 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		owner, err := d.owner(ectx, j, cl, grantedAt, backendNow)
 		switch {
 		case err != nil:
-			return settle(StatusLeaseLost, claim.Interrupted, 0, err)
+			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		case owner != nil:
 			d.skip(ctx, cl.Run, cl, ReasonOverlap, slog.LevelInfo)
 			stopKeep()
 			<-keepDone
 			d.release(ctx, cl, claim.Skipped)
-			return string(claim.StatusSkipped)
+			return claim.Skipped
 		}
 	}
 
@@ -110,24 +110,24 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	elapsed := time.Since(start)
 	r.emit(Event{Kind: EventReturned, Run: cl.Run, Claim: cl, Err: err, Ran: elapsed})
 
-	var status string
-	var outcome claim.Outcome
+	var status claim.Status
+	var outcome claim.Status
 	switch {
 	case err == nil:
 		// The work is done, whatever happened meanwhile (a shutdown, a lost
 		// lease): handing it back would run it again. If the lease was
 		// lost, the release says so.
-		status, outcome = StatusSucceeded, claim.Succeeded
+		status, outcome = claim.Succeeded, claim.Succeeded
 	case errors.Is(cause, claim.ErrLeaseLost):
 		// Hand the run back at once in case the claim is still ours; another
 		// replica then takes over without waiting for the lease.
-		status, outcome = StatusLeaseLost, claim.Interrupted
+		status, outcome = claim.LeaseLost, claim.Interrupted
 	case errors.Is(cause, job.ErrShutdown):
-		status, outcome = StatusInterrupted, claim.Interrupted
+		status, outcome = claim.Interrupted, claim.Interrupted
 	case errors.Is(cause, job.ErrTimeout):
-		status, outcome = StatusTimeout, claim.Failed
+		status, outcome = claim.Timeout, claim.Failed
 	default:
-		status, outcome = StatusFailed, claim.Failed
+		status, outcome = claim.Failed, claim.Failed
 	}
 	return settle(status, outcome, elapsed, err)
 }
@@ -137,20 +137,20 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 // the run was taken over, or never confirmed, ends the run as lease_lost,
 // whatever its handler did: another replica may run it again, and only
 // one of them may report success. ctx is Run's (see release).
-func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status string, o claim.Outcome, err error) (string, error) {
+func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status, o claim.Status, err error) (claim.Status, error) {
 	rerr := d.release(ctx, cl, o)
 	switch {
 	case rerr == nil:
 	case errors.Is(rerr, claim.ErrLeaseLost):
-		status = StatusLeaseLost
+		status = claim.LeaseLost
 		if err == nil {
 			err = fmt.Errorf("release refused, the run was taken over: %w", rerr)
 		}
 	default:
-		status = StatusLeaseLost
+		status = claim.LeaseLost
 		err = errors.Join(err, fmt.Errorf("release not confirmed: %w", rerr))
 	}
-	if status == StatusLeaseLost && err == nil {
+	if status == claim.LeaseLost && err == nil {
 		err = claim.ErrLeaseLost
 	}
 	return status, err
@@ -197,14 +197,14 @@ func (d *dispatcher) owner(ctx context.Context, j *jobState, cl *claim.Claim, gr
 			now := backendNow()
 			mine := firstChance(cl.Run.At, grantedAt)
 			for _, rec := range recs {
-				if rec.RunID == cl.ID() || rec.Status != claim.StatusRunning || !rec.LeaseUntil.After(now) {
+				if rec.RunID == cl.ID() || rec.Status != claim.Running || !rec.LeaseUntil.After(now) {
 					continue
 				}
 				if theirs := firstChance(rec.At, rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
 					return &rec, nil
 				}
 			}
-			if len(recs) == limit && recs[len(recs)-1].Status == claim.StatusSkipped && limit < maxOwnerProbe {
+			if len(recs) == limit && recs[len(recs)-1].Status == claim.Skipped && limit < maxOwnerProbe {
 				limit *= 8
 				continue
 			}

@@ -58,7 +58,7 @@ func (p phased) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([
 func (p phased) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
 	return p[phRenew].Renew(ctx, c, l)
 }
-func (p phased) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+func (p phased) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
 	return p[phRelease].Release(ctx, cls, outs)
 }
 func (p phased) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
@@ -248,8 +248,8 @@ func (w *wrapped) Renew(ctx context.Context, c *claim.Claim, l time.Duration) er
 	return err
 }
 
-func (w *wrapped) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
-	return claim.EachClaim(cls, outs, func(c *claim.Claim, o claim.Outcome) error {
+func (w *wrapped) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	return claim.EachClaim(cls, outs, func(c *claim.Claim, o claim.Status) error {
 		if err := w.send(ctx, phRelease); err != nil {
 			return err
 		}

@@ -428,7 +428,7 @@ func (s *faultRun) check(t *testing.T, fc faultCase, kind string, begin, end, fa
 	}
 	for inst, evs := range s.events {
 		for _, e := range evs {
-			if e.Kind != runner.EventFinished || e.Status != runner.StatusLeaseLost {
+			if e.Kind != runner.EventFinished || e.Status != claim.LeaseLost {
 				continue
 			}
 			// The handler succeeded and nobody took the run over, so its

@@ -105,9 +105,9 @@ func (m *Metrics) started(job string, lag time.Duration) {
 	}
 }
 
-func (m *Metrics) finished(job, status string, d time.Duration) {
+func (m *Metrics) finished(job string, status claim.Status, d time.Duration) {
 	if m != nil {
-		m.runs.WithLabelValues(job, status).Inc()
+		m.runs.WithLabelValues(job, string(status)).Inc()
 		m.runDuration.WithLabelValues(job).Observe(d.Seconds())
 	}
 }

@@ -19,7 +19,7 @@ import (
 // Release compares the token, so a retry past a takeover is refused,
 // never applied. Once Run is shutting down (ctx, Run's, is done) it gives
 // up after a lease; the calls themselves are detached from ctx.
-func (d *dispatcher) release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+func (d *dispatcher) release(ctx context.Context, cl *claim.Claim, o claim.Status) error {
 	r := d.r
 	backoff := 50 * time.Millisecond
 	var giveUp <-chan time.Time
@@ -74,7 +74,7 @@ type releaser struct {
 // ending is one release call waiting for its batch.
 type ending struct {
 	cl   *claim.Claim
-	o    claim.Outcome
+	o    claim.Status
 	done chan struct{}
 	err  error
 }
@@ -82,7 +82,7 @@ type ending struct {
 // release ends cl with o in the next batch and returns its answer. A batch
 // is bounded by a lease, so that a slow link does not turn every try into
 // a timeout while the keep-alive holds the lease; the caller retries.
-func (b *releaser) release(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+func (b *releaser) release(ctx context.Context, cl *claim.Claim, o claim.Status) error {
 	x := &ending{cl: cl, o: o, done: make(chan struct{})}
 	if b.q.add(x) {
 		b.send(ctx, x)
@@ -102,7 +102,7 @@ func (b *releaser) send(ctx context.Context, own *ending) {
 			return
 		}
 
-		cls, outs := make([]*claim.Claim, len(batch)), make([]claim.Outcome, len(batch))
+		cls, outs := make([]*claim.Claim, len(batch)), make([]claim.Status, len(batch))
 		for i, x := range batch {
 			cls[i], outs[i] = x.cl, x.o
 		}

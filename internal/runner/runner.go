@@ -306,7 +306,7 @@ loop:
 // counted), and returns its final status. The manual instant carries a
 // millisecond part, so it cannot collide with a scheduled instant (those are
 // whole seconds).
-func (r *Runner) Trigger(ctx context.Context, name string) (string, error) {
+func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error) {
 	var j *jobState
 	for _, x := range r.jobs {
 		if x.Name == name {

@@ -151,7 +151,7 @@ func TestEveryInstantRunsExactlyOnceAcrossSkewedReplicas(t *testing.T) {
 					if s := led.starts(id); len(s) != 1 {
 						t.Fatalf("run %s started %d times, want once", id, len(s))
 					}
-					if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
+					if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Succeeded {
 						t.Fatalf("run %s finished %+v, want one success", id, f)
 					}
 					n++
@@ -193,8 +193,8 @@ func (f *failing) Renew(ctx context.Context, c *claim.Claim, l time.Duration) er
 	return f.Claimer.Renew(ctx, c, l)
 }
 
-func (f *failing) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
-	return claim.EachClaim(cls, outs, func(c *claim.Claim, o claim.Outcome) error {
+func (f *failing) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	return claim.EachClaim(cls, outs, func(c *claim.Claim, o claim.Status) error {
 		if f.fails(c.Run.Job) {
 			return claim.ErrUnavailable
 		}
@@ -246,11 +246,11 @@ func TestHolderCutOffLosesLeaseAndStandbyTakesOver(t *testing.T) {
 		if len(s) != 2 || s[0].Holder != "a" || s[1].Holder != "b" || s[1].Attempt != 2 || s[1].Fence <= s[0].Fence {
 			t.Fatalf("starts = %+v, want a then b with attempt 2 and a higher fence", s)
 		}
-		statuses := map[string]string{}
+		statuses := map[string]claim.Status{}
 		for _, f := range led.finishes(id) {
 			statuses[f.Claim.Holder] = f.Status
 		}
-		if statuses["a"] != runner.StatusLeaseLost || statuses["b"] != runner.StatusSucceeded {
+		if statuses["a"] != claim.LeaseLost || statuses["b"] != claim.Succeeded {
 			t.Fatalf("statuses = %v, want a lease_lost, b succeeded", statuses)
 		}
 	})
@@ -294,7 +294,7 @@ func TestShutdownReleasesRunAsInterruptedForImmediateTakeover(t *testing.T) {
 		b.stop()
 		id := claim.Run{Job: "long", At: time.Now().Truncate(time.Hour)}.ID()
 		f := led.finishes(id)
-		if len(f) != 2 || f[0].Status != runner.StatusInterrupted || f[1].Status != runner.StatusSucceeded || f[1].Claim.Attempt != 2 {
+		if len(f) != 2 || f[0].Status != claim.Interrupted || f[1].Status != claim.Succeeded || f[1].Claim.Attempt != 2 {
 			t.Fatalf("finishes = %+v, want interrupted on a then success on b at attempt 2", f)
 		}
 	})
@@ -314,7 +314,7 @@ func TestShutdownLetsShortRunsFinish(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond) // the run started half a second ago
 		a.stop()
 		id := claim.Run{Job: "short", At: time.Now().Truncate(10 * time.Second)}.ID()
-		if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
+		if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Succeeded {
 			t.Fatalf("finishes = %+v, want success within the grace", f)
 		}
 	})
@@ -362,9 +362,9 @@ func TestOverlapForbidSkipsWhileThePreviousRunLives(t *testing.T) {
 func TestMisfireOnStartup(t *testing.T) {
 	for _, tc := range []struct {
 		policy string
-		want   []string // statuses of the missed run across two replicas
+		want   []claim.Status // statuses of the missed run across two replicas
 	}{
-		{runner.MisfireRunOnce, []string{runner.StatusSucceeded}},
+		{runner.MisfireRunOnce, []claim.Status{claim.Succeeded}},
 		{runner.MisfireSkip, nil},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
@@ -384,7 +384,7 @@ func TestMisfireOnStartup(t *testing.T) {
 				a.stop()
 				b.stop()
 				id := claim.Run{Job: "nightly", At: day.Add(2 * time.Hour)}.ID()
-				var got []string
+				var got []claim.Status
 				for _, f := range led.finishes(id) {
 					got = append(got, f.Status)
 				}
@@ -395,9 +395,9 @@ func TestMisfireOnStartup(t *testing.T) {
 				if err != nil || len(recs) != 1 {
 					t.Fatalf("history = %+v, %v; want the missed run recorded once", recs, err)
 				}
-				wantStatus := claim.StatusSucceeded
+				wantStatus := claim.Succeeded
 				if tc.policy == runner.MisfireSkip {
-					wantStatus = claim.StatusSkipped
+					wantStatus = claim.Skipped
 				}
 				if recs[0].Status != wantStatus {
 					t.Fatalf("recorded status %s, want %s", recs[0].Status, wantStatus)
@@ -426,7 +426,7 @@ func TestTimeoutCancelsTheHandler(t *testing.T) {
 		synctest.Wait()
 		a.stop()
 		id := claim.Run{Job: "stuck", At: time.Now().Truncate(time.Minute)}.ID()
-		if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusTimeout {
+		if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Timeout {
 			t.Fatalf("finishes = %+v, want timeout", f)
 		}
 	})

@@ -189,7 +189,7 @@ type releasingMemory struct {
 	releaseBatches, released, biggestRelease *atomic.Int32
 }
 
-func (b releasingMemory) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Outcome) []error {
+func (b releasingMemory) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
 	b.releaseBatches.Add(1)
 	for m := b.biggestRelease.Load(); int32(len(cls)) > m && !b.biggestRelease.CompareAndSwap(m, int32(len(cls))); m = b.biggestRelease.Load() {
 	}
@@ -227,7 +227,7 @@ func TestBatchReleaserEndsRunsFinishingTogetherInFewBatches(t *testing.T) {
 			if len(s) != 1 {
 				t.Fatalf("run %s started %d times", id, len(s))
 			}
-			if f := led.finishes(id); len(f) != 1 || f[0].Status != runner.StatusSucceeded {
+			if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Succeeded {
 				t.Fatalf("run %s finished %v, want once, succeeded", id, f)
 			}
 			if _, err := claim.ClaimOne(t.Context(), probe, s[0].Run, time.Second); !errors.Is(err, claim.ErrDone) {

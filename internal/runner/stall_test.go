@@ -65,11 +65,11 @@ func TestGrantPastItsTrustWindowIsHandedBackUnstarted(t *testing.T) {
 		if n := ran.Load(); n != 1 {
 			t.Fatalf("handler ran %d times, want once", n)
 		}
-		statuses := map[string]string{}
+		statuses := map[string]claim.Status{}
 		for _, f := range led.finishes(id) {
 			statuses[f.Claim.Holder] = f.Status
 		}
-		if statuses["a"] != runner.StatusLeaseLost || statuses["b"] != runner.StatusSucceeded {
+		if statuses["a"] != claim.LeaseLost || statuses["b"] != claim.Succeeded {
 			t.Fatalf("statuses = %v, want a lease_lost (never started), b succeeded", statuses)
 		}
 	})

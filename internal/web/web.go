@@ -102,7 +102,7 @@ func (o Options) status(w http.ResponseWriter, r *http.Request) {
 			if _, seen := last[rec.Job]; !seen {
 				last[rec.Job] = string(rec.Status)
 			}
-			if rec.Status == claim.StatusRunning && rec.LeaseUntil.After(now) {
+			if rec.Status == claim.Running && rec.LeaseUntil.After(now) {
 				data.Claims = append(data.Claims, claimRow{Record: rec, Remaining: rec.LeaseUntil.Sub(now).Round(100 * time.Millisecond).String()})
 			}
 		}

@@ -320,7 +320,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
-		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped} {
+		for i, o := range []claim.Status{claim.Succeeded, claim.Failed, claim.Skipped} {
 			run := runAt("job.done", i)
 			cl := mustClaim(t, a, run, lease)
 			if err := claim.ReleaseOne(ctxT(t), a, cl, o); err != nil {
@@ -417,7 +417,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		}
 		cl := mustClaim(t, a, runAt("job.bad", 1), longLease)
 		wantErr(t, a.Renew(ctxT(t), cl, 0), claim.ErrInvalid, "renew with zero lease")
-		wantErr(t, claim.ReleaseOne(ctxT(t), a, cl, claim.Outcome("maybe")), claim.ErrInvalid, "unknown outcome")
+		wantErr(t, claim.ReleaseOne(ctxT(t), a, cl, claim.Status("maybe")), claim.ErrInvalid, "unknown outcome")
 		wantErr(t, a.Renew(ctxT(t), nil, longLease), claim.ErrInvalid, "renew nil claim")
 		wantErr(t, claim.ReleaseOne(ctxT(t), a, nil, claim.Succeeded), claim.ErrInvalid, "release nil claim")
 	})
@@ -471,7 +471,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		if len(recs) != 3 {
 			t.Fatalf("history has %d records, want 3: %+v", len(recs), recs)
 		}
-		want := []claim.Status{claim.StatusRunning, claim.StatusFailed, claim.StatusSucceeded}
+		want := []claim.Status{claim.Running, claim.Failed, claim.Succeeded}
 		for i, r := range recs {
 			if r.Status != want[i] || r.Job != "job.hist" || r.Holder != "replica-a" || r.Attempt != 1 {
 				t.Fatalf("record %d = %+v, want status %s by replica-a", i, r, want[i])
@@ -502,7 +502,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		}
 		h := c
 		var live *claim.Claim
-		for i, o := range []claim.Outcome{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {
+		for i, o := range []claim.Status{claim.Succeeded, claim.Failed, claim.Skipped, claim.Interrupted, ""} {
 			cl := mustClaim(t, c, runAt("job.prune", i), longLease)
 			if o == "" {
 				live = cl

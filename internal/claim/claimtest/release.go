@@ -36,8 +36,8 @@ func releaseBatchCases(t *testing.T, newClaimers Factory, opts Options) {
 		bogus := mustClaim(t, a, run(7), longLease)
 
 		cls := []*claim.Claim{succeeded, failed, interrupted, skipped, repeated, changed, taken, bogus}
-		outs := []claim.Outcome{claim.Succeeded, claim.Failed, claim.Interrupted, claim.Skipped,
-			claim.Succeeded, claim.Succeeded, claim.Succeeded, claim.Outcome("bogus")}
+		outs := []claim.Status{claim.Succeeded, claim.Failed, claim.Interrupted, claim.Skipped,
+			claim.Succeeded, claim.Succeeded, claim.Succeeded, claim.Status("bogus")}
 		errs := a.Release(ctxT(t), cls, outs)
 		if len(errs) != len(cls) {
 			t.Fatalf("ReleaseBatch of %d claims returned %d errors", len(cls), len(errs))
@@ -75,7 +75,7 @@ func releaseBatchCases(t *testing.T, newClaimers Factory, opts Options) {
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
 		n := max(opts.Runs/4, 50)
-		cls, outs := make([]*claim.Claim, n), make([]claim.Outcome, n)
+		cls, outs := make([]*claim.Claim, n), make([]claim.Status, n)
 		for i := range n {
 			cls[i], outs[i] = mustClaim(t, a, runAt("job.relmany", i), longLease), claim.Succeeded
 		}

@@ -79,7 +79,7 @@ func (m *Claimer) claim(run claim.Run, lease time.Duration, requested time.Time)
 		switch {
 		case !e.rec.Status.Live():
 			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
-		case e.rec.Status == claim.StatusRunning && now.Before(e.rec.LeaseUntil):
+		case e.rec.Status == claim.Running && now.Before(e.rec.LeaseUntil):
 			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
 		}
 		attempt = e.rec.Attempt + 1
@@ -91,7 +91,7 @@ func (m *Claimer) claim(run claim.Run, lease time.Duration, requested time.Time)
 		Requested: requested, Lease: lease,
 	}
 	s.runs[id] = &entry{token: c.Token, rec: claim.Record{
-		RunID: id, Job: run.Job, At: c.Run.At, Status: claim.StatusRunning,
+		RunID: id, Job: run.Job, At: c.Run.At, Status: claim.Running,
 		Holder: m.instance, Fence: c.Fence, Attempt: attempt, StartedAt: now, LeaseUntil: c.Deadline,
 	}}
 	return c, nil
@@ -100,7 +100,7 @@ func (m *Claimer) claim(run claim.Run, lease time.Duration, requested time.Time)
 // live returns the entry c holds, or ErrLeaseLost. s.mu must be held.
 func (s *Store) live(c *claim.Claim) (*entry, error) {
 	e := s.runs[c.ID()]
-	if e == nil || e.token != c.Token || e.rec.Status != claim.StatusRunning {
+	if e == nil || e.token != c.Token || e.rec.Status != claim.Running {
 		return nil, fmt.Errorf("claim %s: %w", c.ID(), claim.ErrLeaseLost)
 	}
 	return e, nil
@@ -132,7 +132,7 @@ func (m *Claimer) Renew(ctx context.Context, c *claim.Claim, lease time.Duration
 }
 
 // Release implements claim.Claimer, claim by claim under one lock.
-func (m *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+func (m *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	errs, valid := claim.CheckReleaseBatch(cls, outcomes)
 	if err := ctx.Err(); err != nil {
 		for _, i := range valid {
@@ -149,16 +149,16 @@ func (m *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 }
 
 // release ends one claim. m.s.mu must be held.
-func (m *Claimer) release(c *claim.Claim, o claim.Outcome) error {
+func (m *Claimer) release(c *claim.Claim, o claim.Status) error {
 	s := m.s
-	if e := s.runs[c.ID()]; e != nil && e.token == c.Token && e.rec.Status == claim.Status(o) {
+	if e := s.runs[c.ID()]; e != nil && e.token == c.Token && e.rec.Status == o {
 		return nil // a retry of a release that took effect
 	}
 	e, err := s.live(c)
 	if err != nil {
 		return err
 	}
-	e.rec.Status = claim.Status(o)
+	e.rec.Status = o
 	if o.Terminal() {
 		e.rec.FinishedAt = s.now()
 	}

@@ -311,8 +311,8 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 }
 
 // releaseOne is Release for a single claim, in one plain statement.
-func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
-	tag, err := c.pool.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(claim.Status(o)), o.Terminal())
+func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
+	tag, err := c.pool.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal())
 	switch {
 	case err != nil:
 		return fmt.Errorf("release %s: %w", cl.ID(), translate(err))
@@ -326,7 +326,7 @@ func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Outco
 // claim, pipelined in one round trip and one implicit transaction, in run
 // id order, the order Claim locks rows in, so that batches racing over the
 // same rows cannot deadlock.
-func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	errs, pending := claim.CheckReleaseBatch(cls, outcomes)
 	switch len(pending) {
 	case 0:
@@ -339,7 +339,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	b := &pgx.Batch{}
 	for _, i := range pending {
 		o := outcomes[i]
-		b.Queue(releaseRun, cls[i].ID(), cls[i].Token, string(claim.Status(o)), o.Terminal())
+		b.Queue(releaseRun, cls[i].ID(), cls[i].Token, string(o), o.Terminal())
 	}
 	res := c.pool.SendBatch(ctx, b)
 	for _, i := range pending {

@@ -173,17 +173,17 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 }
 
 // releaseOne is Release for a single claim: the script alone.
-func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
 	if err := c.node.Release(ctx, cl.ID(), cl.Token, o); err != nil {
 		return fmt.Errorf("release %s as %s: %w", cl.ID(), o, err)
 	}
-	c.done.released([]*claim.Claim{cl}, []claim.Outcome{o}, []error{nil})
+	c.done.released([]*claim.Claim{cl}, []claim.Status{o}, []error{nil})
 	return nil
 }
 
 // Release implements claim.Claimer: the release script of every claim,
 // pipelined in one round trip.
-func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
 	if len(idx) == 1 {
 		if err := ctx.Err(); err != nil {
@@ -193,7 +193,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 		}
 		return errs
 	}
-	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Outcome, len(idx))
+	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Status, len(idx))
 	for k, i := range idx {
 		ids[k], tokens[k], outs[k] = cls[i].ID(), cls[i].Token, outcomes[i]
 	}

@@ -243,7 +243,7 @@ func TestWriteBackOfManyRunsLandsWithinTheGuard(t *testing.T) {
 	}
 	for i := 0; i < n; i += batch {
 		cls, errs := finisher.Claim(ctxT(t), runs[i:i+batch], lease)
-		outs := make([]claim.Outcome, len(cls))
+		outs := make([]claim.Status, len(cls))
 		for k, err := range errs {
 			if err != nil {
 				t.Fatal(err)

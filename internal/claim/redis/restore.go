@@ -54,7 +54,7 @@ func newDoneLog(n *redisnode.Node, ttl time.Duration) *doneLog {
 
 // released remembers the terminal releases among cls that succeeded, and
 // starts the watcher on the first.
-func (d *doneLog) released(cls []*claim.Claim, outcomes []claim.Outcome, errs []error) {
+func (d *doneLog) released(cls []*claim.Claim, outcomes []claim.Status, errs []error) {
 	now := time.Now()
 	d.mu.Lock()
 	added := false
@@ -63,7 +63,7 @@ func (d *doneLog) released(cls []*claim.Claim, outcomes []claim.Outcome, errs []
 			continue
 		}
 		d.runs = append(d.runs, redisnode.Finished{Run: cl.Run, Token: cl.Token, Holder: cl.Holder, Fence: cl.Fence,
-			Attempt: cl.Attempt, Status: claim.Status(outcomes[i]), At: now})
+			Attempt: cl.Attempt, Status: outcomes[i], At: now})
 		added = true
 	}
 	d.prune(now)

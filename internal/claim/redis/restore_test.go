@@ -19,10 +19,10 @@ func TestDoneLogRemembersTerminalReleasesWithinItsBounds(t *testing.T) {
 		return &claim.Claim{Run: claim.Run{Job: "job", At: at.Add(time.Duration(i) * time.Second)}, Token: "t", Holder: "a"}
 	}
 	d.released([]*claim.Claim{cl(0), cl(1), cl(2), cl(3)},
-		[]claim.Outcome{claim.Succeeded, claim.Interrupted, claim.Failed, claim.Succeeded},
+		[]claim.Status{claim.Succeeded, claim.Interrupted, claim.Failed, claim.Succeeded},
 		[]error{nil, nil, nil, errors.New("lost")})
 	got := d.recent()
-	if len(got) != 2 || got[0].Run != cl(0).Run || got[1].Run != cl(2).Run || got[1].Status != claim.StatusFailed {
+	if len(got) != 2 || got[0].Run != cl(0).Run || got[1].Run != cl(2).Run || got[1].Status != claim.Failed {
 		t.Fatalf("remembered %+v, want runs 0 (succeeded) and 2 (failed) only", got)
 	}
 
@@ -38,7 +38,7 @@ func TestDoneLogRemembersTerminalReleasesWithinItsBounds(t *testing.T) {
 
 	// Beyond maxRemembered: the oldest go.
 	for i := range maxRemembered + 10 {
-		d.released([]*claim.Claim{cl(i)}, []claim.Outcome{claim.Succeeded}, []error{nil})
+		d.released([]*claim.Claim{cl(i)}, []claim.Status{claim.Succeeded}, []error{nil})
 	}
 	got = d.recent()
 	if len(got) != maxRemembered || got[0].Run != cl(10).Run || got[len(got)-1].Run != cl(maxRemembered+9).Run {

@@ -312,13 +312,13 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 
 // Release ends the claim token holds on runID with outcome o. It returns an
 // error wrapping claim.ErrLeaseLost if token no longer holds the run there.
-func (n *Node) Release(ctx context.Context, runID, token string, o claim.Outcome) error {
-	return n.ReleaseBatch(ctx, []string{runID}, []string{token}, []claim.Outcome{o})[0]
+func (n *Node) Release(ctx context.Context, runID, token string, o claim.Status) error {
+	return n.ReleaseBatch(ctx, []string{runID}, []string{token}, []claim.Status{o})[0]
 }
 
 // ReleaseBatch is Release for many claims in one pipeline (a single claim
 // goes without one).
-func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Outcome) []error {
+func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Status) []error {
 	return n.pipeline(ctx, releaseScript, len(runIDs), func(i int) ([]string, []any) {
 		return n.releaseArgs(runIDs[i], tokens[i], outcomes[i])
 	}, func(_ int, cmd *goredis.Cmd) error {
@@ -330,7 +330,7 @@ func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcom
 	})
 }
 
-func (n *Node) releaseArgs(runID, token string, o claim.Outcome) ([]string, []any) {
+func (n *Node) releaseArgs(runID, token string, o claim.Status) ([]string, []any) {
 	return []string{n.keys.run(runID)}, []any{token, string(o), n.doneTTL.Milliseconds(), terminal(o)}
 }
 
@@ -475,7 +475,7 @@ func (r *replyReader) int(i int) int64 {
 	return 0
 }
 
-func terminal(o claim.Outcome) string {
+func terminal(o claim.Status) string {
 	if o.Terminal() {
 		return "1"
 	}

@@ -67,7 +67,7 @@ func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
 	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
 	for _, n := range []int{1, 3} {
 		runs, tokens := make([]claim.Run, n), make([]string, n)
-		outs, ids := make([]claim.Outcome, n), make([]string, n)
+		outs, ids := make([]claim.Status, n), make([]string, n)
 		for i := range runs {
 			runs[i], tokens[i] = claim.Run{Job: "job.reload", At: base.Add(time.Duration(10*n+i) * time.Minute)}, claim.NewToken()
 			outs[i], ids[i] = claim.Succeeded, runs[i].ID()

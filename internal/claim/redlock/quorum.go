@@ -105,12 +105,12 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 // Release implements claim.Claimer: the release script for every claim,
 // pipelined to each node in one round; each claim is released when a
 // majority released it.
-func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
 	if len(idx) == 0 {
 		return errs
 	}
-	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Outcome, len(idx))
+	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Status, len(idx))
 	for k, i := range idx {
 		ids[k], tokens[k], outs[k] = cls[i].ID(), cls[i].Token, outcomes[i]
 	}

@@ -196,7 +196,7 @@ func TestRacingBatchesOfAThousandRuns(t *testing.T) {
 		}
 	}
 	for r, cls := range held {
-		outs := make([]claim.Outcome, len(cls))
+		outs := make([]claim.Status, len(cls))
 		for i := range outs {
 			outs[i] = claim.Succeeded
 		}

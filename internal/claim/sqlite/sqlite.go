@@ -193,7 +193,7 @@ func (c *Claimer) lostBid(ctx context.Context, id string, beforeBid bool) error 
 		return translate(err)
 	case !status.Live():
 		return claim.ErrDone
-	case status == claim.StatusRunning && live:
+	case status == claim.Running && live:
 		return claim.ErrHeld
 	}
 	return nil
@@ -234,10 +234,10 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 }
 
 // releaseOne is Release for a single claim, in one statement.
-func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Outcome) error {
+func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
 	var res sql.Result
 	err := c.write(ctx, func() (err error) {
-		res, err = c.stmts.exec(ctx, releaseRun, cl.ID(), cl.Token, string(claim.Status(o)), o.Terminal())
+		res, err = c.stmts.exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal())
 		return err
 	})
 	if err != nil {
@@ -323,7 +323,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 // Release implements claim.Claimer: releaseOne's statement for
 // every claim, in one transaction. If the transaction fails, none of its
 // releases stands.
-func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Outcome) []error {
+func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	errs, pending := claim.CheckReleaseBatch(cls, outcomes)
 	switch len(pending) {
 	case 0:
@@ -340,7 +340,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 			}
 			for _, i := range pending {
 				o := outcomes[i]
-				res, err := st.ExecContext(ctx, cls[i].ID(), cls[i].Token, string(claim.Status(o)), o.Terminal())
+				res, err := st.ExecContext(ctx, cls[i].ID(), cls[i].Token, string(o), o.Terminal())
 				if err != nil {
 					return err
 				}
