@@ -47,9 +47,7 @@ func (e *env) runnerJobs(cfg *config.Config) ([]runner.Job, []web.JobInfo, error
 	return out, info, nil
 }
 
-// runnerOptions hands the runner the backend's claimer itself, not the
-// backend wrapper, so optional interfaces such as claim.BatchClaimer stay
-// visible to it.
+// runnerOptions are the runner's settings from cfg, on claimer b.
 func runnerOptions(cfg *config.Config, b claim.Claimer, log *slog.Logger, m *runner.Metrics) runner.Options {
 	return runner.Options{Claimer: b, ClaimerName: cfg.Claimer.Kind, Instance: cfg.InstanceID,
 		Lease: cfg.Claimer.Lease.Duration(), RenewEvery: cfg.Claimer.RenewEvery.Duration(),
