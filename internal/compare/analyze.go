@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/history"
 )
 
 // maxListed caps the example ids a cell lists (duplicates, missed runs,
@@ -36,6 +37,18 @@ type span struct {
 //     duplicates.
 //   - A run is missed when its instant lies in the steady window and no
 //     execution's handler completed.
+//
+// The same record, as a history.Log, also goes through history.Check, the
+// fault explorer's checker (and --faults random's); its violations land in
+// Cell.Violations and fail the cell. Compare keeps its own counts beside
+// them on purpose, as they answer other questions: a DUPS figure counts
+// executions, where the checker reports broken invariants; a re-grant after
+// an accepted success is a duplicate execution here, while the checker says
+// succeeded-twice only when both report success (released-twice when both
+// releases were accepted as terminal); and the duplicate rule above allows
+// 5ms + lease/500 for backends that keep deadlines in whole milliseconds,
+// where grant-overlap allows nothing. Takeovers, missed runs and the
+// timeline's duplicate marks have no counterpart in the checker.
 func (c *cell) analyze(res *Cell) {
 	rec := c.rec
 	rec.mu.Lock()
@@ -99,10 +112,13 @@ func (c *cell) analyze(res *Cell) {
 	}
 
 	from, to := c.t0.Add(c.plan.steady[0]), c.t0.Add(c.plan.steady[1])
+	var expected []claim.Run
 	for _, j := range c.work.jobs {
 		for at := j.sched.Next(from); at.Before(to); at = j.sched.Next(at) {
 			res.RunsExpected++
-			id := claim.Run{Job: j.name, At: at}.ID()
+			run := claim.Run{Job: j.name, At: at}
+			expected = append(expected, run)
+			id := run.ID()
 			if slices.ContainsFunc(byRun[id], func(g *grant) bool { return g.completed }) {
 				res.RunsExecuted++
 				continue
@@ -112,6 +128,11 @@ func (c *cell) analyze(res *Cell) {
 				res.MissedRunIDs = append(res.MissedRunIDs, id)
 			}
 		}
+	}
+
+	// Every job allows overlap: Spec.Forbid stays empty.
+	for _, v := range history.Check(rec.log.Events(), history.Spec{Expected: expected}) {
+		res.Violations = append(res.Violations, v.Format(c.t0))
 	}
 
 	st := c.store
@@ -227,6 +248,16 @@ func (c *cell) notes(res *Cell) []string {
 	if res.DuplicateExecutions > 0 {
 		notes = append(notes, fmt.Sprintf("%s: a run was granted while another holder's lease was valid (e.g. %s)",
 			plural(res.DuplicateExecutions, "duplicate execution"), strings.Join(res.DuplicateRuns[:min(3, len(res.DuplicateRuns))], ", ")))
+	}
+	if n := len(res.Violations); n > 0 {
+		var invs []string
+		for _, v := range res.Violations {
+			if inv, _, _ := strings.Cut(v, " "); !slices.Contains(invs, inv) {
+				invs = append(invs, inv)
+			}
+		}
+		notes = append(notes, fmt.Sprintf("history checker: %s (%s); the JSON report gives each with its trace",
+			plural(n, "violation"), strings.Join(invs, ", ")))
 	}
 	if res.MissedRuns > 0 {
 		notes = append(notes, fmt.Sprintf("%s in the steady window never completed (e.g. %s)",

@@ -146,8 +146,11 @@ func (c *cell) closeReplicas() {
 func (c *cell) run(ctx context.Context) error {
 	runners := make([]*runner.Runner, len(c.reps))
 	for i, rep := range c.reps {
+		// A crashed replica's late words are not facts for the checker.
+		logged := c.rec.log.Observer(rep.id, func() bool { return !rep.crashed.Load() })
+		observe := func(e runner.Event) { c.rec.observe(e); logged(e) }
 		r, err := runner.New(runner.Options{Claimer: rep.claimer, ClaimerName: c.kind, Instance: rep.id,
-			Lease: c.lease, MaxClockSkew: c.o.MaxClockSkew, Now: rep.now, Observe: c.rec.observe}, c.runnerJobs(rep))
+			Lease: c.lease, MaxClockSkew: c.o.MaxClockSkew, Now: rep.now, Observe: observe}, c.runnerJobs(rep))
 		if err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/cli"
 	"github.com/scheduler-dev/scheduler/internal/compare"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
@@ -108,6 +109,8 @@ func TestGameDay(t *testing.T) {
 			case c.DuplicateExecutions != 0 || c.MissedRuns != 0 || c.StaleWritesAccepted != 0:
 				t.Errorf("%s: %d duplicates %v, %d missed %v, %d stale writes accepted; want none",
 					name, c.DuplicateExecutions, c.DuplicateDetails, c.MissedRuns, c.MissedRunIDs, c.StaleWritesAccepted)
+			case len(c.Violations) != 0:
+				t.Errorf("%s: history checker violations %v; want none", name, c.Violations)
 			}
 			switch c.Fault {
 			case compare.FaultPause:
@@ -190,6 +193,10 @@ func TestGameDay(t *testing.T) {
 			if c.DuplicateExecutions == 0 || c.Status != compare.StatusFailed {
 				t.Errorf("broken × %s: status %s with %d duplicates; want failed with duplicates", c.Fault, c.Status, c.DuplicateExecutions)
 			}
+			// Scripted cells and random alike go through history.Check.
+			if len(c.Violations) == 0 {
+				t.Errorf("broken × %s: the history checker found no violation", c.Fault)
+			}
 		}
 		if !strings.Contains(bad.stdout, "FAILED") || !strings.Contains(bad.stdout, "duplicate executions") {
 			t.Errorf("terminal report does not say what failed:\n%s", bad.stdout)
@@ -221,6 +228,48 @@ func TestGameDay(t *testing.T) {
 		}
 		t.Logf("screenshot: %s", shot)
 	})
+}
+
+// TestHistoryCheckerJudgesScriptedCells runs a correct claimer and the
+// broken one side by side under the same scripted scenario: the history
+// checker (internal/history), fed by the cells' own record, must flag the
+// broken claimer and nothing of the correct one.
+func TestHistoryCheckerJudgesScriptedCells(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: about 10s")
+	}
+	testenv.WallClock(t)
+	r := compareCLI(t, t.TempDir(), "history", "--claimers", "memory,broken", "--faults", "none",
+		"--replicas", "3", "--jobs", "3", "--duration", "10s", "--lease", "1s", "--max-clock-skew", "500ms",
+		"--seed", "7", "--parallel", "0")
+	if r.reportError != nil {
+		t.Fatalf("exit %d, no report (%v):\n%s\n%s", r.code, r.reportError, r.stdout, r.stderr)
+	}
+	if len(r.report.Cells) != 2 {
+		t.Fatalf("%d cells, want 2", len(r.report.Cells))
+	}
+	for _, c := range r.report.Cells {
+		switch c.Claimer {
+		case "memory":
+			if len(c.Violations) != 0 || c.Status != compare.StatusOK {
+				t.Errorf("memory × none: status %s, violations %v; want ok and none", c.Status, c.Violations)
+			}
+		case "broken":
+			invs := map[string]bool{}
+			for _, v := range c.Violations {
+				inv, _, _ := strings.Cut(v, " ")
+				invs[inv] = true
+			}
+			for _, want := range []string{history.GrantOverlap, history.FenceOrder, history.SucceededTwice} {
+				if !invs[want] {
+					t.Errorf("broken × none: no %s among the checker's violations %v", want, invs)
+				}
+			}
+			if c.Status != compare.StatusFailed || !strings.Contains(r.stdout, "violations of the history checker") {
+				t.Errorf("broken × none: status %s; want failed, and the report saying why:\n%s", c.Status, r.stdout)
+			}
+		}
+	}
 }
 
 func TestBadUsageExits2NamingTheFlag(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/history"
 )
 
 // Fault names. A scenario is one name or several joined by "+" (pause+skew);
@@ -166,13 +167,15 @@ func (r *replica) crash() {
 		return
 	}
 	close(r.dead)
+	r.c.rec.log.Add(history.Event{Kind: history.Crash, Replica: r.id})
 	r.cancel()
 }
 
 var errCrashed = fmt.Errorf("%w: replica crashed (simulated)", claim.ErrLeaseLost)
 
 // faulty wraps a replica's real claimer: it applies the replica's faults
-// and records every call (latency, grants, renewals, releases).
+// and records every call (latency, grants, renewals, releases) in the
+// cell's recorder and, for the history checker, in its history.Log.
 type faulty struct {
 	inner claim.Claimer
 	rep   *replica
@@ -190,6 +193,7 @@ func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duratio
 	start := time.Now()
 	cls, errs := f.inner.Claim(ctx, runs, lease)
 	f.rec.claimed(f.rep.id, runs, start, time.Now(), cls, errs)
+	f.rec.log.Claimed(f.rep.id, start, cls, errs)
 	return cls, errs
 }
 
@@ -200,6 +204,9 @@ func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration)
 	}
 	err := f.inner.Renew(ctx, c, lease)
 	f.rec.renewed(c, err)
+	if err == nil {
+		f.rec.log.Renewed(f.rep.id, c)
+	}
 	return err
 }
 
@@ -212,6 +219,7 @@ func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.S
 	sent := time.Now()
 	errs := f.inner.Release(ctx, cls, outs)
 	f.rec.released(cls, outs, sent, errs)
+	f.rec.log.Released(f.rep.id, sent, cls, outs, errs)
 	return errs
 }
 

@@ -47,7 +47,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 		fmt.Fprintf(&b, "<div class=\"loud\">STALE WRITES ACCEPTED: fencing did not protect storage in %s</div>\n", html.EscapeString(strings.Join(stale, ", ")))
 	}
 	if r.OK {
-		b.WriteString(`<div class="verdict ok">OK: no duplicate executions, no missed runs, no stale writes accepted</div>` + "\n")
+		b.WriteString(`<div class="verdict ok">OK: no duplicate executions, no missed runs, no stale writes accepted, no history violations</div>` + "\n")
 	} else {
 		b.WriteString(`<div class="verdict bad">FAILED</div><ul>` + "\n")
 		for _, f := range r.Failures {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 )
 
@@ -58,8 +59,15 @@ type FaultEvent struct {
 
 // recorder collects everything one cell's replicas did. It is safe for
 // concurrent use; the runner calls observe synchronously.
+//
+// log is the same record in the form the history checker reads (the
+// fault explorer's ledger, internal/history): the faulty wrapper feeds it
+// every grant, renewal and release, the runners' Observe hook every start,
+// return, end and skip. analyze runs history.Check on it beside compare's
+// own counts.
 type recorder struct {
-	t0 time.Time
+	t0  time.Time
+	log *history.Log
 
 	mu        sync.Mutex
 	seq       int
@@ -78,7 +86,7 @@ type recorder struct {
 }
 
 func newRecorder(t0 time.Time) *recorder {
-	return &recorder{t0: t0, grants: map[string]*grant{}, latest: map[string]*grant{},
+	return &recorder{t0: t0, log: history.NewLog(nil), grants: map[string]*grant{}, latest: map[string]*grant{},
 		runs: map[string]bool{}, crashedAt: map[string]time.Time{}, lossUntil: map[string]time.Time{}}
 }
 

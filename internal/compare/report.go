@@ -15,7 +15,7 @@ const Schema = "scheduler.compare/v1"
 
 // Cell statuses.
 const (
-	StatusOK      = "ok"      // no duplicate, no missed run, no stale write accepted
+	StatusOK      = "ok"      // no duplicate, no missed run, no stale write accepted, no history violation
 	StatusFailed  = "failed"  // at least one of those
 	StatusSkipped = "skipped" // the scenario does not apply or the backend is not configured
 	StatusError   = "error"   // the cell could not run (backend unreachable, …)
@@ -97,8 +97,9 @@ type Cell struct {
 	DuplicateDetails       []string           `json:"duplicate_details"`
 	MissedRunIDs           []string           `json:"missed_run_ids"`
 	StaleAcceptedResources []string           `json:"stale_accepted_resources"`
-	// Violations are the history checker's findings (--faults random),
-	// each with its trace.
+	// Violations are the history checker's findings (internal/history,
+	// every cell: scripted cells feed it the same record they analyse),
+	// each with its trace. A cell with one has failed.
 	Violations []string `json:"violations,omitempty"`
 	Notes      []string `json:"notes"`
 
@@ -107,7 +108,7 @@ type Cell struct {
 }
 
 func (c *Cell) failed() bool {
-	return c.DuplicateExecutions > 0 || c.MissedRuns > 0 || c.StaleWritesAccepted > 0
+	return c.DuplicateExecutions > 0 || c.MissedRuns > 0 || c.StaleWritesAccepted > 0 || len(c.Violations) > 0
 }
 
 // normalize makes empty lists [] rather than null in JSON.
@@ -225,7 +226,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			bar, stale, strings.Join(staleCells(r), ", "), bar)
 	}
 	if r.OK {
-		fmt.Fprintln(w, "\nOK: no duplicate executions, no missed runs, no stale writes accepted.")
+		fmt.Fprintln(w, "\nOK: no duplicate executions, no missed runs, no stale writes accepted, no history violations.")
 		return nil
 	}
 	fmt.Fprintln(w, "\nFAILED:")
