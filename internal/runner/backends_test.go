@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
@@ -89,10 +90,11 @@ func TestReplicasOnRealBackends(t *testing.T) {
 					begin := time.Now()
 					for i := range sc.replicas {
 						skew := skews[i]
+						name := fmt.Sprintf("r%d", i)
 						r, err := runner.New(runner.Options{
-							Claimer: open(fmt.Sprintf("r%d", i)), ClaimerName: kind, Instance: fmt.Sprintf("r%d", i),
+							Claimer: led.claimer(name, open(name)), ClaimerName: kind, Instance: name,
 							Lease: 5 * time.Second, MaxClockSkew: 500 * time.Millisecond, ShutdownGrace: 5 * time.Second,
-							Now: func() time.Time { return time.Now().Add(skew) }, Observe: led.observe,
+							Now: func() time.Time { return time.Now().Add(skew) }, Observe: led.observer(name),
 						}, jobs)
 						if err != nil {
 							t.Fatal(err)
@@ -110,7 +112,9 @@ func TestReplicasOnRealBackends(t *testing.T) {
 					// to a margin before shutdown.
 					from := begin.Add(time.Duration(sc.replicas)*sc.startGap + time.Second)
 					var ids []string
+					var expected []claim.Run
 					for at := sched.Next(from); at.Before(end.Add(-2 * time.Second)); at = sched.Next(at) {
+						expected = append(expected, claim.Run{Job: "tick", At: at})
 						id := claim.Run{Job: "tick", At: at}.ID()
 						s := led.starts(id)
 						if len(s) != 1 {
@@ -126,6 +130,7 @@ func TestReplicasOnRealBackends(t *testing.T) {
 					if min := int(sc.span/sched.Period(begin)) - 4; n < min {
 						t.Fatalf("checked %d instants, want at least %d", n, min)
 					}
+					led.check(t, history.Spec{Forbid: map[string]bool{"tick": true}, Expected: expected})
 					p50, worst := lags.worst(ids)
 					t.Logf("%s %s: %d instants exactly once; lag from the true instant to handler start p50 %v, worst %v (replica clocks skewed by up to ±450ms)",
 						kind, sc.spec, n, p50.Round(time.Millisecond), worst.Round(time.Millisecond))

@@ -18,6 +18,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -222,8 +223,8 @@ func TestDataLossWarnsOncePerLoss(t *testing.T) {
 			jobs = append(jobs, runner.Job{Name: name, Schedule: mustSchedule(t, "* * * * * *"), Overlap: runner.OverlapAllow,
 				Handler: func(context.Context, job.Run) error { return nil }})
 		}
-		r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "redis", Instance: "a", Lease: lease,
-			Logger: logger, Metrics: metrics, Observe: led.observe}, jobs)
+		r, err := runner.New(runner.Options{Claimer: led.claimer("a", c), ClaimerName: "redis", Instance: "a", Lease: lease,
+			Logger: logger, Metrics: metrics, Observe: led.observer("a")}, jobs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,5 +269,6 @@ scheduler_claimer_data_loss_total{claimer="redis"} 2
 				t.Errorf("%s due during the first loss: starts %+v, want one, after the loss", id, s)
 			}
 		}
+		led.check(t, history.Spec{})
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -58,5 +59,6 @@ func TestForbidHoldsBehindManyRecordedSkips(t *testing.T) {
 		if !first.Load() {
 			t.Fatal("the marathon never ran")
 		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"marathon": true}})
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/job"
@@ -21,41 +23,144 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// ledger records what every replica reported, keyed by run id.
+// ledger records what every replica reported in one history.Log, the
+// ledger internal/explore and `scheduler compare` judge histories by, and
+// keeps the claim each run was granted under so tests can read its holder,
+// attempt and fence. Replicas observe through observer; claimers that go
+// through claimer also log their grants, renewals and releases, which
+// history.Check needs for its lease invariants (grant-overlap, fence-order,
+// released-twice, abandoned).
 type ledger struct {
-	mu       sync.Mutex
-	started  map[string][]*claim.Claim
-	finished map[string][]runner.Event
-	skipped  map[string][]string
+	log    *history.Log
+	mu     sync.Mutex
+	claims map[string]*claim.Claim // by token
 }
 
 func newLedger() *ledger {
-	return &ledger{started: map[string][]*claim.Claim{}, finished: map[string][]runner.Event{}, skipped: map[string][]string{}}
+	return &ledger{log: history.NewLog(nil), claims: map[string]*claim.Claim{}}
 }
 
-func (l *ledger) observe(e runner.Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch e.Kind {
-	case runner.EventStarted:
-		l.started[e.Run.ID()] = append(l.started[e.Run.ID()], e.Claim)
-	case runner.EventFinished:
-		l.finished[e.Run.ID()] = append(l.finished[e.Run.ID()], e)
-	case runner.EventSkipped:
-		l.skipped[e.Run.ID()] = append(l.skipped[e.Run.ID()], e.Reason)
+// observer returns replica's Observe hook.
+func (l *ledger) observer(replica string) func(runner.Event) {
+	logged := l.log.Observer(replica, nil)
+	return func(e runner.Event) {
+		if e.Claim != nil {
+			l.mu.Lock()
+			if _, ok := l.claims[e.Claim.Token]; !ok {
+				l.claims[e.Claim.Token] = e.Claim
+			}
+			l.mu.Unlock()
+		}
+		logged(e)
 	}
 }
 
-func (l *ledger) starts(id string) []*claim.Claim {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]*claim.Claim(nil), l.started[id]...)
+// claimer wraps replica's claimer so that its accepted calls are logged.
+func (l *ledger) claimer(replica string, c claim.Claimer) claim.Claimer {
+	return &loggedClaimer{Claimer: c, log: l.log, replica: replica}
 }
 
-func (l *ledger) finishes(id string) []runner.Event {
+// loggedClaimer logs the grants, renewals and releases a replica's claimer
+// accepts into a history.Log.
+type loggedClaimer struct {
+	claim.Claimer
+	log     *history.Log
+	replica string
+}
+
+func (c *loggedClaimer) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
+	sent := time.Now()
+	cls, errs := c.Claimer.Claim(ctx, runs, l)
+	c.log.Claimed(c.replica, sent, cls, errs)
+	return cls, errs
+}
+
+func (c *loggedClaimer) Renew(ctx context.Context, cl *claim.Claim, l time.Duration) error {
+	err := c.Claimer.Renew(ctx, cl, l)
+	if err == nil {
+		c.log.Renewed(c.replica, cl)
+	}
+	return err
+}
+
+func (c *loggedClaimer) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	sent := time.Now()
+	errs := c.Claimer.Release(ctx, cls, outs)
+	c.log.Released(c.replica, sent, cls, outs, errs)
+	return errs
+}
+
+// events returns the logged events of kind, by run id.
+func (l *ledger) events(kind history.Kind) map[string][]history.Event {
+	by := map[string][]history.Event{}
+	for _, e := range l.log.Events() {
+		if e.Kind == kind {
+			by[e.Run.ID()] = append(by[e.Run.ID()], e)
+		}
+	}
+	return by
+}
+
+func (l *ledger) claimOf(token string) *claim.Claim {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]runner.Event(nil), l.finished[id]...)
+	return l.claims[token]
+}
+
+// started returns the claims each run was started under, by run id.
+func (l *ledger) started() map[string][]*claim.Claim {
+	by := map[string][]*claim.Claim{}
+	for id, evs := range l.events(history.Start) {
+		for _, e := range evs {
+			by[id] = append(by[id], l.claimOf(e.Token))
+		}
+	}
+	return by
+}
+
+// starts returns the claims run id was started under, in order.
+func (l *ledger) starts(id string) []*claim.Claim {
+	return l.started()[id]
+}
+
+// finishes returns how run id finished on each replica that held it, in order.
+func (l *ledger) finishes(id string) []runner.Event {
+	var out []runner.Event
+	for _, e := range l.events(history.End)[id] {
+		f := runner.Event{Kind: runner.EventFinished, Run: e.Run, Claim: l.claimOf(e.Token), Status: e.Status, Ran: e.Ran}
+		if e.Note != "" {
+			f.Err = errors.New(e.Note)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// skipped returns the reasons runs were skipped for, by run id.
+func (l *ledger) skipped() map[string][]string {
+	by := map[string][]string{}
+	for id, evs := range l.events(history.Skip) {
+		for _, e := range evs {
+			by[id] = append(by[id], e.Reason)
+		}
+	}
+	return by
+}
+
+// check judges the history with history.Check and fails t on every
+// violation: no run succeeds twice or runs on two replicas at once, and,
+// for what went through claimer, no run is granted while its previous
+// holder may trust its lease, fences grow, no run is released terminal
+// twice, nor handed back once its handler did the work.
+func (l *ledger) check(t *testing.T, spec history.Spec) {
+	t.Helper()
+	evs := l.log.Events()
+	if len(evs) == 0 {
+		t.Fatal("history: nothing was logged")
+	}
+	for _, v := range history.Check(evs, spec) {
+		t.Errorf("history: %s", v.Format(evs[0].At))
+	}
 }
 
 func mustSchedule(t *testing.T, spec string) *schedule.Schedule {
@@ -87,12 +192,13 @@ func (rp *replica) start(t *testing.T) {
 	if rp.wrap != nil {
 		c = rp.wrap(c)
 	}
+	c = rp.led.claimer(rp.name, c)
 	skew := rp.skew
 	r, err := runner.New(runner.Options{
 		Claimer: c, ClaimerName: "memory", Instance: rp.name,
 		Lease: cmpOr(rp.lease, 3*time.Second), MaxClockSkew: time.Second, ShutdownGrace: rp.grace,
 		Now:     func() time.Time { return time.Now().Add(skew) },
-		Observe: rp.led.observe,
+		Observe: rp.led.observer(rp.name),
 	}, rp.jobs)
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +252,9 @@ func TestEveryInstantRunsExactlyOnceAcrossSkewedReplicas(t *testing.T) {
 				}
 				sched := mustSchedule(t, spec)
 				n := 0
+				var expected []claim.Run
 				for at := sched.Next(first); at.Before(last); at = sched.Next(at) {
+					expected = append(expected, claim.Run{Job: "tick", At: at})
 					id := claim.Run{Job: "tick", At: at}.ID()
 					if s := led.starts(id); len(s) != 1 {
 						t.Fatalf("run %s started %d times, want once", id, len(s))
@@ -162,6 +270,7 @@ func TestEveryInstantRunsExactlyOnceAcrossSkewedReplicas(t *testing.T) {
 				if overlaps.Load() != 0 {
 					t.Fatalf("%d overlapping executions with overlap forbidden", overlaps.Load())
 				}
+				led.check(t, history.Spec{Forbid: map[string]bool{"tick": true}, Expected: expected})
 			})
 		})
 	}
@@ -253,6 +362,7 @@ func TestHolderCutOffLosesLeaseAndStandbyTakesOver(t *testing.T) {
 		if statuses["a"] != claim.LeaseLost || statuses["b"] != claim.Succeeded {
 			t.Fatalf("statuses = %v, want a lease_lost, b succeeded", statuses)
 		}
+		led.check(t, history.Spec{Expected: []claim.Run{{Job: "billing", At: at}}})
 	})
 }
 
@@ -292,11 +402,13 @@ func TestShutdownReleasesRunAsInterruptedForImmediateTakeover(t *testing.T) {
 		}
 		synctest.Wait()
 		b.stop()
-		id := claim.Run{Job: "long", At: time.Now().Truncate(time.Hour)}.ID()
+		run := claim.Run{Job: "long", At: time.Now().Truncate(time.Hour)}
+		id := run.ID()
 		f := led.finishes(id)
 		if len(f) != 2 || f[0].Status != claim.Interrupted || f[1].Status != claim.Succeeded || f[1].Claim.Attempt != 2 {
 			t.Fatalf("finishes = %+v, want interrupted on a then success on b at attempt 2", f)
 		}
+		led.check(t, history.Spec{Expected: []claim.Run{run}})
 	})
 }
 
@@ -313,10 +425,11 @@ func TestShutdownLetsShortRunsFinish(t *testing.T) {
 		a.start(t)
 		time.Sleep(1500 * time.Millisecond) // the run started half a second ago
 		a.stop()
-		id := claim.Run{Job: "short", At: time.Now().Truncate(10 * time.Second)}.ID()
-		if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Succeeded {
+		run := claim.Run{Job: "short", At: time.Now().Truncate(10 * time.Second)}
+		if f := led.finishes(run.ID()); len(f) != 1 || f[0].Status != claim.Succeeded {
 			t.Fatalf("finishes = %+v, want success within the grace", f)
 		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"short": true}, Expected: []claim.Run{run}})
 	})
 }
 
@@ -343,19 +456,18 @@ func TestOverlapForbidSkipsWhileThePreviousRunLives(t *testing.T) {
 		if overlaps.Load() != 0 {
 			t.Fatalf("%d overlapping executions", overlaps.Load())
 		}
-		led.mu.Lock()
-		defer led.mu.Unlock()
 		var overlapSkips int
-		for _, reasons := range led.skipped {
+		for _, reasons := range led.skipped() {
 			for _, r := range reasons {
 				if r == runner.ReasonOverlap {
 					overlapSkips++
 				}
 			}
 		}
-		if len(led.started) < 5 || overlapSkips < 10 {
-			t.Fatalf("%d runs started, %d overlap skips; want runs every ~3s and the instants between skipped", len(led.started), overlapSkips)
+		if started := len(led.started()); started < 5 || overlapSkips < 10 {
+			t.Fatalf("%d runs started, %d overlap skips; want runs every ~3s and the instants between skipped", started, overlapSkips)
 		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"slow": true}})
 	})
 }
 
@@ -402,6 +514,8 @@ func TestMisfireOnStartup(t *testing.T) {
 				if recs[0].Status != wantStatus {
 					t.Fatalf("recorded status %s, want %s", recs[0].Status, wantStatus)
 				}
+				led.check(t, history.Spec{Forbid: map[string]bool{"nightly": true},
+					Expected: []claim.Run{{Job: "nightly", At: day.Add(2 * time.Hour)}}})
 			})
 		})
 	}
@@ -425,9 +539,56 @@ func TestTimeoutCancelsTheHandler(t *testing.T) {
 		}
 		synctest.Wait()
 		a.stop()
-		id := claim.Run{Job: "stuck", At: time.Now().Truncate(time.Minute)}.ID()
-		if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Timeout {
+		run := claim.Run{Job: "stuck", At: time.Now().Truncate(time.Minute)}
+		if f := led.finishes(run.ID()); len(f) != 1 || f[0].Status != claim.Timeout {
 			t.Fatalf("finishes = %+v, want timeout", f)
+		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"stuck": true}, Expected: []claim.Run{run}})
+	})
+}
+
+// TestLedgerCatchesARunExecutedTwice: the ledger, and the fault table's
+// record, judge what replicas report by history.Check: two replicas that
+// both execute one run, at once, and both report it succeeded, break
+// run-overlap and succeeded-twice.
+func TestLedgerCatchesARunExecutedTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newLedger()
+		s := &faultRun{events: map[string][]runner.Event{}, log: history.NewLog(nil)}
+		run := claim.Run{Job: "tick", At: time.Now().Truncate(time.Second)}
+		ca := &claim.Claim{Run: run, Holder: "a", Token: "token-a", Fence: 1, Attempt: 1}
+		cb := &claim.Claim{Run: run, Holder: "b", Token: "token-b", Fence: 2, Attempt: 2}
+		obs := map[string][]func(runner.Event){"a": {led.observer("a"), s.observe("a")}, "b": {led.observer("b"), s.observe("b")}}
+		for _, step := range []struct {
+			replica string
+			e       runner.Event
+		}{
+			{"a", runner.Event{Kind: runner.EventStarted, Run: run, Claim: ca}},
+			{"b", runner.Event{Kind: runner.EventStarted, Run: run, Claim: cb}},
+			{"a", runner.Event{Kind: runner.EventReturned, Run: run, Claim: ca, Ran: 2 * time.Second}},
+			{"a", runner.Event{Kind: runner.EventFinished, Run: run, Claim: ca, Status: claim.Succeeded, Ran: 2 * time.Second}},
+			{"b", runner.Event{Kind: runner.EventReturned, Run: run, Claim: cb, Ran: 2 * time.Second}},
+			{"b", runner.Event{Kind: runner.EventFinished, Run: run, Claim: cb, Status: claim.Succeeded, Ran: 2 * time.Second}},
+		} {
+			for _, o := range obs[step.replica] {
+				o(step.e)
+			}
+			time.Sleep(time.Second)
+		}
+		if st := led.starts(run.ID()); len(st) != 2 || st[0] != ca || st[1] != cb {
+			t.Fatalf("starts = %+v, want a's claim then b's", st)
+		}
+		if f := led.finishes(run.ID()); len(f) != 2 || f[0].Claim != ca || f[1].Claim != cb || f[1].Status != claim.Succeeded {
+			t.Fatalf("finishes = %+v, want a's then b's success", f)
+		}
+		for name, l := range map[string]*history.Log{"ledger": led.log, "fault record": s.log} {
+			var got []string
+			for _, v := range history.Check(l.Events(), history.Spec{}) {
+				got = append(got, v.Invariant)
+			}
+			if want := []string{history.RunOverlap, history.SucceededTwice}; !slices.Equal(got, want) {
+				t.Errorf("%s: violations %v, want %v", name, got, want)
+			}
 		}
 	})
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -52,12 +53,14 @@ func shareOut(t *testing.T, jobs int, opts runner.Options, lateStep, claimDelay 
 	var wg sync.WaitGroup
 	for i := range shares {
 		o := opts
-		o.Claimer = slowClaims{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), inFlight: &inFlight, most: &peak, delay: claimDelay}
-		o.Instance, o.ClaimerName, o.Lease = fmt.Sprintf("r%d", i), "memory", 3*time.Second
+		name := fmt.Sprintf("r%d", i)
+		o.Claimer = led.claimer(name, slowClaims{Claimer: memory.New(store, name), inFlight: &inFlight, most: &peak, delay: claimDelay})
+		o.Instance, o.ClaimerName, o.Lease = name, "memory", 3*time.Second
 		late := time.Duration(i) * lateStep
 		o.Now = func() time.Time { return time.Now().Add(-late) }
+		observe := led.observer(name)
 		o.Observe = func(e runner.Event) {
-			led.observe(e)
+			observe(e)
 			if e.Kind == runner.EventStarted {
 				mu.Lock()
 				shares[i]++
@@ -73,6 +76,7 @@ func shareOut(t *testing.T, jobs int, opts runner.Options, lateStep, claimDelay 
 	time.Sleep(35 * time.Second) // three instants
 	cancel()
 	wg.Wait()
+	led.check(t, history.Spec{Forbid: forbidAll(list)})
 	return shares, led, peak.Load()
 }
 
@@ -86,7 +90,7 @@ func TestSpreadSharesRunsDueAtOneInstantAmongReplicas(t *testing.T) {
 		if total < 300 {
 			t.Fatalf("%d runs started, want 100 jobs × 3 instants or more", total)
 		}
-		for id, s := range led.started {
+		for id, s := range led.started() {
 			if len(s) != 1 {
 				t.Fatalf("run %s started %d times", id, len(s))
 			}
@@ -141,8 +145,9 @@ func runInstants(t *testing.T, led *ledger, list []runner.Job, open func(i int) 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := range 3 {
-		r, err := runner.New(runner.Options{Claimer: open(i), ClaimerName: "memory", Instance: fmt.Sprintf("r%d", i),
-			Lease: 3 * time.Second, Spread: -1, Observe: led.observe}, list)
+		name := fmt.Sprintf("r%d", i)
+		r, err := runner.New(runner.Options{Claimer: led.claimer(name, open(i)), ClaimerName: "memory", Instance: name,
+			Lease: 3 * time.Second, Spread: -1, Observe: led.observer(name)}, list)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,9 +156,20 @@ func runInstants(t *testing.T, led *ledger, list []runner.Job, open func(i int) 
 	time.Sleep(25 * time.Second)
 	cancel()
 	wg.Wait()
-	if len(led.started) < 400 {
-		t.Fatalf("%d runs started, want 200 jobs × 2 instants or more", len(led.started))
+	if n := len(led.started()); n < 400 {
+		t.Fatalf("%d runs started, want 200 jobs × 2 instants or more", n)
 	}
+	led.check(t, history.Spec{Forbid: forbidAll(list)})
+}
+
+// forbidAll lists jobs whose runs must not overlap: every job of list, all
+// of them overlap: forbid (the default).
+func forbidAll(list []runner.Job) map[string]bool {
+	forbid := map[string]bool{}
+	for _, j := range list {
+		forbid[j.Name] = true
+	}
+	return forbid
 }
 
 func TestBatchClaimerGetsRunsDueAtOneInstantInFewBatches(t *testing.T) {
@@ -170,7 +186,7 @@ func TestBatchClaimerGetsRunsDueAtOneInstantInFewBatches(t *testing.T) {
 		runInstants(t, led, list, func(i int) claim.Claimer {
 			return batchMemory{Claimer: memory.New(store, fmt.Sprintf("r%d", i)), batches: &batches, runs: &bids, biggest: &biggest}
 		})
-		for id, s := range led.started {
+		for id, s := range led.started() {
 			if len(s) != 1 {
 				t.Fatalf("run %s started %d times", id, len(s))
 			}
@@ -223,7 +239,8 @@ func TestBatchReleaserEndsRunsFinishingTogetherInFewBatches(t *testing.T) {
 				releaseBatches: &releaseBatches, released: &released, biggestRelease: &biggestRelease}
 		})
 		probe := memory.New(store, "probe")
-		for id, s := range led.started {
+		started := led.started()
+		for id, s := range started {
 			if len(s) != 1 {
 				t.Fatalf("run %s started %d times", id, len(s))
 			}
@@ -234,7 +251,7 @@ func TestBatchReleaserEndsRunsFinishingTogetherInFewBatches(t *testing.T) {
 				t.Fatalf("run %s after its release: %v, want done", id, err)
 			}
 		}
-		if got, want := int(released.Load()), len(led.started); got != want {
+		if got, want := int(released.Load()), len(started); got != want {
 			t.Fatalf("%d claims released, want one per run started (%d)", got, want)
 		}
 		if m := biggestRelease.Load(); m < 50 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -58,7 +59,8 @@ func TestGrantPastItsTrustWindowIsHandedBackUnstarted(t *testing.T) {
 		a.stop()
 		b.stop()
 
-		id := claim.Run{Job: "billing", At: time.Now().Truncate(time.Hour)}.ID()
+		run := claim.Run{Job: "billing", At: time.Now().Truncate(time.Hour)}
+		id := run.ID()
 		if s := led.starts(id); len(s) != 1 || s[0].Holder != "b" || s[0].Attempt != 2 {
 			t.Fatalf("starts = %+v, want only b's attempt 2", s)
 		}
@@ -72,5 +74,6 @@ func TestGrantPastItsTrustWindowIsHandedBackUnstarted(t *testing.T) {
 		if statuses["a"] != claim.LeaseLost || statuses["b"] != claim.Succeeded {
 			t.Fatalf("statuses = %v, want a lease_lost (never started), b succeeded", statuses)
 		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"billing": true}, Expected: []claim.Run{run}})
 	})
 }
