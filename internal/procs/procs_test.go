@@ -1,4 +1,4 @@
-package procs
+package procs_test
 
 import (
 	"context"
@@ -6,11 +6,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/procs"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
+// redisOrSkip skips without redis-server, or fails when the services are
+// required (CI).
 func redisOrSkip(t *testing.T) {
-	if _, err := RedisBin(""); err != nil {
-		t.Skip(err)
+	if _, err := procs.RedisBin(""); err != nil {
+		testenv.Missing(t, "redis-server", err.Error())
 	}
 }
 
@@ -28,7 +33,7 @@ func TestRedisCrashLosesWhatItDidNotPersist(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
-			r, err := StartRedis(ctx, RedisOptions{Args: tc.args})
+			r, err := procs.StartRedis(ctx, procs.RedisOptions{Args: tc.args})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +61,7 @@ func TestRedisCrashLosesWhatItDidNotPersist(t *testing.T) {
 
 func TestRedisBadArgumentsSayWhy(t *testing.T) {
 	redisOrSkip(t)
-	_, err := StartRedis(t.Context(), RedisOptions{Args: []string{"--no-such-option", "1"}})
+	_, err := procs.StartRedis(t.Context(), procs.RedisOptions{Args: []string{"--no-such-option", "1"}})
 	if err == nil {
 		t.Fatal("started with a bad option")
 	}
@@ -70,9 +75,9 @@ func TestPostgresCrashKeepsWhatItCommitted(t *testing.T) {
 		t.Skip("initdb takes seconds")
 	}
 	ctx := t.Context()
-	s, err := StartPostgres(ctx, PostgresOptions{}) // the system temp dir: the postgres account enters it under root
-	if IsUnavailable(err) {
-		t.Skip(err)
+	s, err := procs.StartPostgres(ctx, procs.PostgresOptions{}) // the system temp dir: the postgres account enters it under root
+	if procs.IsUnavailable(err) {
+		testenv.Missing(t, "initdb", err.Error())
 	}
 	if err != nil {
 		t.Fatal(err)
