@@ -67,27 +67,6 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts Options) (*C
 // or that cannot be reached (claim.ErrUnavailable).
 func (c *Claimer) Check(ctx context.Context) error { return c.node.Check(ctx) }
 
-// claimOne is Claim for a single run: the script alone, without a
-// pipeline.
-func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
-	run.At = run.At.UTC()
-	c.done.lease.Store(int64(lease))
-	token := claim.NewToken()
-	requested := time.Now()
-	r, err := c.node.Claim(ctx, run, token, c.instance, lease)
-	if err != nil {
-		if ctx.Err() != nil {
-			// The script may have granted before the caller gave up: undo it
-			// rather than leave a ghost holding the run for a whole lease.
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_ = c.node.Abort(actx, run, token)
-			cancel()
-		}
-		return nil, fmt.Errorf("claim %s: %w", run.ID(), err)
-	}
-	return c.granted(run, token, requested, lease, r)
-}
-
 // granted turns a node's reply to a claim into the contract's answer.
 func (c *Claimer) granted(run claim.Run, token string, requested time.Time, lease time.Duration, r redisnode.Reply) (*claim.Claim, error) {
 	switch r.Vote {
@@ -115,14 +94,11 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 }
 
 // Claim implements claim.Claimer: the claim script of every run,
-// pipelined in one round trip.
+// pipelined in one round trip (a lone run's script goes without a
+// pipeline, see redisnode.Node.ClaimBatch).
 func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	claims := make([]*claim.Claim, len(runs))
 	errs, idx := claim.CheckClaimBatch(ctx, runs, lease)
-	if len(idx) == 1 {
-		claims[idx[0]], errs[idx[0]] = c.claimOne(ctx, runs[idx[0]], lease)
-		return claims, errs
-	}
 	valid, tokens := make([]claim.Run, len(idx)), make([]string, len(idx))
 	for k, i := range idx {
 		valid[k], tokens[k] = runs[i], claim.NewToken()
@@ -172,27 +148,10 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return nil
 }
 
-// releaseOne is Release for a single claim: the script alone.
-func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
-	if err := c.node.Release(ctx, cl.ID(), cl.Token, o); err != nil {
-		return fmt.Errorf("release %s as %s: %w", cl.ID(), o, err)
-	}
-	c.done.released([]*claim.Claim{cl}, []claim.Status{o}, []error{nil})
-	return nil
-}
-
 // Release implements claim.Claimer: the release script of every claim,
 // pipelined in one round trip.
 func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
-	if len(idx) == 1 {
-		if err := ctx.Err(); err != nil {
-			errs[idx[0]] = err
-		} else {
-			errs[idx[0]] = c.releaseOne(ctx, cls[idx[0]], outcomes[idx[0]])
-		}
-		return errs
-	}
 	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Status, len(idx))
 	for k, i := range idx {
 		ids[k], tokens[k], outs[k] = cls[i].ID(), cls[i].Token, outcomes[i]

@@ -137,12 +137,6 @@ func TokenKey(token string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// Claim asks the node to grant run to token for lease.
-func (n *Node) Claim(ctx context.Context, run claim.Run, token, holder string, lease time.Duration) (Reply, error) {
-	replies, errs := n.ClaimBatch(ctx, []claim.Run{run}, []string{token}, holder, lease)
-	return replies[0], errs[0]
-}
-
 func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duration) ([]string, []any) {
 	id := run.ID()
 	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs(), n.keys.marker()},
@@ -191,8 +185,9 @@ func (n *Node) claimReply(vals []any) (Reply, error) {
 	return out, nil
 }
 
-// ClaimBatch is Claim for many runs in one pipeline (a single run goes
-// without one). Each run is still one atomic script.
+// ClaimBatch asks the node to grant each of runs to its token for lease,
+// in one pipeline (a single run goes without one). Each run is one atomic
+// script.
 func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
 	replies := make([]Reply, len(runs))
 	errs := n.pipeline(ctx, claimScript, len(runs), func(i int) ([]string, []any) {
@@ -310,14 +305,9 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 	return time.Time{}, fmt.Errorf("redis: renew script replied %v", vals)
 }
 
-// Release ends the claim token holds on runID with outcome o. It returns an
-// error wrapping claim.ErrLeaseLost if token no longer holds the run there.
-func (n *Node) Release(ctx context.Context, runID, token string, o claim.Status) error {
-	return n.ReleaseBatch(ctx, []string{runID}, []string{token}, []claim.Status{o})[0]
-}
-
-// ReleaseBatch is Release for many claims in one pipeline (a single claim
-// goes without one).
+// ReleaseBatch ends the claims tokens hold on runIDs with outcomes, in one
+// pipeline (a single claim goes without one). A claim whose token no
+// longer holds its run answers an error wrapping claim.ErrLeaseLost.
 func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Status) []error {
 	return n.pipeline(ctx, releaseScript, len(runIDs), func(i int) ([]string, []any) {
 		return n.releaseArgs(runIDs[i], tokens[i], outcomes[i])

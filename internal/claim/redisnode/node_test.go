@@ -40,15 +40,15 @@ func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
 	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
 	run := claim.Run{Job: "job.key", At: base}
 	first := claim.NewToken()
-	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
+	if r, err := claimOne(t, node, run, first, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
 		t.Fatalf("first claim: %+v, %v", r, err)
 	}
-	r, err := node.Claim(ctxT(t), run, claim.NewToken(), "replica-b", time.Minute)
+	r, err := claimOne(t, node, run, claim.NewToken(), "replica-b", time.Minute)
 	if err != nil || r.Vote != redisnode.Held || r.Holder != "replica-a" || r.HolderKey != redisnode.TokenKey(first) {
 		t.Fatalf("second claim: %+v, %v; want held by replica-a with key %s", r, err, redisnode.TokenKey(first))
 	}
 	// A retried request (same token) is granted again, not held by itself.
-	if r, err := node.Claim(ctxT(t), run, first, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted || r.Attempt != 1 {
+	if r, err := claimOne(t, node, run, first, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted || r.Attempt != 1 {
 		t.Fatalf("retried claim: %+v, %v; want the same grant", r, err)
 	}
 }
@@ -96,4 +96,11 @@ func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// claimOne asks node for run alone (ClaimBatch sends a lone run's script
+// without a pipeline).
+func claimOne(t *testing.T, node *redisnode.Node, run claim.Run, token, holder string, lease time.Duration) (redisnode.Reply, error) {
+	replies, errs := node.ClaimBatch(ctxT(t), []claim.Run{run}, []string{token}, holder, lease)
+	return replies[0], errs[0]
 }
