@@ -228,12 +228,15 @@ const (
 	// lease.
 	Interrupted Status = "interrupted"
 
-	// Succeeded, Failed and Skipped are terminal: the run is done and is
-	// never granted again. Skipped means it was deliberately not executed
-	// (a misfire under the skip policy, attempts exhausted, an overlap).
+	// Succeeded, Failed, Skipped and Missed are terminal: the run is done
+	// and is never granted again. Skipped means it was deliberately not
+	// executed (an overlap, a paused job); Missed that it passed its
+	// deadline before any replica could start it (none was up, the
+	// backend was out of reach, the replica holding it fell behind).
 	Succeeded Status = "succeeded"
 	Failed    Status = "failed"
 	Skipped   Status = "skipped"
+	Missed    Status = "missed"
 
 	// LeaseLost and Timeout are ends a replica reports and no backend
 	// records: a run whose lease was lost is not released by its former
@@ -248,7 +251,9 @@ const (
 func (s Status) Live() bool { return s == Running || s == Interrupted }
 
 // Terminal reports whether s ends the run for good.
-func (s Status) Terminal() bool { return s == Succeeded || s == Failed || s == Skipped }
+func (s Status) Terminal() bool {
+	return s == Succeeded || s == Failed || s == Skipped || s == Missed
+}
 
 // Releasable reports whether a holder may release a run as s.
 func (s Status) Releasable() bool { return s.Terminal() || s == Interrupted }

@@ -205,6 +205,12 @@ type Database struct {
 type HTTP struct {
 	// Addr to listen on. Default ":8080"; an explicit "" disables the server.
 	Addr string `yaml:"addr"`
+	// Token is the bearer token the API's mutating calls (pause, resume,
+	// trigger, backfill) require; or use TokenFile, not both. Without
+	// one those calls are off and answer 403.
+	Token Secret `yaml:"token"`
+	// TokenFile names a file holding the token (trailing newline trimmed).
+	TokenFile string `yaml:"token_file"`
 }
 
 // Log configures logging.

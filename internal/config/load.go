@@ -124,11 +124,13 @@ func syntaxError(file string, err error) error {
 // read, so their secrets need not be mounted.
 func (c *Config) readSecrets(p *problems) {
 	read := func(key, file string, dst *Secret, inline bool, selected bool) {
-		key += ".password_file"
+		if !strings.HasSuffix(key, "_file") {
+			key += ".password_file"
+		}
 		switch {
 		case file == "":
 		case inline:
-			p.add(key, "", "set both a password and password_file; keep one")
+			p.add(key, "", "set both the secret and %s; keep one", key[strings.LastIndexByte(key, '.')+1:])
 		case selected:
 			b, err := readSmall(file)
 			s := strings.TrimRight(string(b), "\r\n")
@@ -146,4 +148,5 @@ func (c *Config) readSecrets(p *problems) {
 	read("claimer.postgres", cl.Postgres.PasswordFile, &cl.Postgres.Password, hasPassword(cl.Postgres.DSN), cl.Kind == ClaimerPostgres)
 	read("claimer.redis", cl.Redis.PasswordFile, &cl.Redis.Password, cl.Redis.Password != "", cl.Kind == ClaimerRedis)
 	read("claimer.redlock", cl.Redlock.PasswordFile, &cl.Redlock.Password, cl.Redlock.Password != "", cl.Kind == ClaimerRedlock)
+	read("http.token_file", c.HTTP.TokenFile, &c.HTTP.Token, c.HTTP.Token != "", true)
 }

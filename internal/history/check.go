@@ -332,7 +332,7 @@ func (c *checker) policy(events []Event) {
 	completed := map[string]bool{} // tokens whose handler returned nil
 	for _, e := range events {
 		switch {
-		case e.Kind == Skip && e.Reason == "misfire" && e.Attempt > 1:
+		case e.Kind == Skip && e.Reason == "missed" && e.Attempt > 1:
 			c.add(TakeoverMisfire, e.Run.ID(), fmt.Sprintf("%s skipped attempt %d as a misfire", e.Replica, e.Attempt))
 		case e.Kind == Return && e.Status == claim.Succeeded:
 			completed[e.Token] = true

@@ -135,7 +135,7 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		name: "TakeoverSkippedAsMisfire",
 		build: func(b *builder) {
 			b.grant("r2", "b", runA, 2, 2)
-			b.event(Skip, "r2", "b", runA, func(e *Event) { e.Reason = "misfire"; e.Attempt = 2 })
+			b.event(Skip, "r2", "b", runA, func(e *Event) { e.Reason = "missed"; e.Attempt = 2 })
 		},
 		want: []string{TakeoverMisfire},
 	}, {

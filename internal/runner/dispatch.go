@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
 )
 
 // dispatcher carries what one Run call's goroutines share. It holds no
@@ -43,34 +44,58 @@ func (r *Runner) dispatcher(standby, exec *sync.WaitGroup) *dispatcher {
 	return d
 }
 
+// origin says why a run is dispatched, which decides what may stop it.
+type origin struct {
+	// late is why the instant may already be past its deadline
+	// (MissedNoReplica at start-up, MissedBehind for a loop that woke
+	// late); "" for an instant dispatched on time.
+	late string
+	// takeover marks a live run found at start-up: it started on time
+	// and is taken over, never paused nor missed.
+	takeover bool
+	// request is the operator's request that asked for a manual run: it
+	// is never paused nor missed, and its overlap is its own.
+	request *control.Request
+}
+
 // dispatch starts the life of one run: claim, stand by, execute. Only
 // Run's loop calls it (it reads the loop's spread). ctx is Run's: it
 // bounds the standby; execCtx bounds the execution, if the run is won.
-func (d *dispatcher) dispatch(ctx, execCtx context.Context, j *jobState, at time.Time, misfired bool) {
-	d.start(ctx, execCtx, j, at, misfired, d.spread)
+func (d *dispatcher) dispatch(ctx, execCtx context.Context, j *jobState, at time.Time, late string) {
+	d.start(ctx, execCtx, j, at, origin{late: late}, d.spread)
 }
 
-func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Time, misfired bool, spread time.Duration) {
+func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Time, o origin, spread time.Duration) {
 	if at.IsZero() {
 		return
 	}
-	misfired = misfired && d.r.opts.Now().Sub(at) > d.r.lateTolerance()
+	if d.r.opts.Now().Sub(at) <= d.r.lateTolerance() {
+		o.late = "" // not late after all
+	}
 	run := claim.Run{Job: j.Name, At: at.UTC()}
 	j.setLive(at, watching, +1)
 	d.standby.Go(func() {
 		defer j.setLive(at, watching, -1)
-		if j.Overlap == OverlapForbid && d.overlaps(ctx, execCtx, j, at) {
+		scheduled := !o.takeover && o.request == nil
+		if scheduled && d.r.paused(ctx, j.Name) {
+			// Recorded once, like an overlap: whichever replica wins the
+			// run ends it as skipped/paused; the others hear done.
+			d.contend(ctx, execCtx, j, run, o, ReasonPaused)
+			return
+		}
+		forbid := j.Overlap == OverlapForbid && (o.request == nil || o.request.Overlap != OverlapAllow)
+		if forbid && d.overlaps(ctx, execCtx, j, at) {
 			// Record the skip in the backend, once: whichever replica wins
 			// the run ends it as skipped; the others hear done. A holder
 			// may be a ghost (a grant whose reply was lost) or die: stand
 			// by for it as for any run.
-			d.contend(ctx, execCtx, j, run, misfired, ReasonOverlap)
+			d.contend(ctx, execCtx, j, run, o, ReasonOverlap)
 			return
 		}
-		if !misfired && !d.hold(ctx, run, spread) {
+		if o.late == "" && !d.hold(ctx, run, spread) {
 			return
 		}
-		d.contend(ctx, execCtx, j, run, misfired, "")
+		d.contend(ctx, execCtx, j, run, o, "")
 	})
 }
 
@@ -96,9 +121,10 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 			recs, err := r.opts.Claimer.History(hctx, j.Name, recoverProbe)
 			cancel()
 			if err == nil {
+				d.startupHistory(ctx, j, recs, now)
 				for _, rec := range recs {
 					if rec.Status.Live() && !rec.At.After(now) {
-						d.start(ctx, execCtx, j, rec.At, false, 0)
+						d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)
 					}
 				}
 				break
@@ -137,7 +163,7 @@ func (d *dispatcher) overlaps(ctx, execCtx context.Context, j *jobState, at time
 		case err == nil:
 			// Its holder died: granted() hands it back as a missed run
 			// (its window has passed) or runs it (then it overlaps).
-			d.granted(ctx, execCtx, j, cl, false)
+			d.granted(ctx, execCtx, j, cl, origin{})
 			if executing, _ := j.earlierLive(at); executing {
 				return true
 			}
@@ -193,10 +219,10 @@ func holdFor(runID, instance string, spread time.Duration) time.Duration {
 // that reason, so that the decision is a fact of the backend (history,
 // status page, the other replicas) rather than a line in each replica's
 // log. A won run executes under execCtx.
-func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run claim.Run, misfired bool, skip string) {
+func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run claim.Run, o origin, skip string) {
 	r := d.r
 	var unavailable error
-	heldLogged := false
+	heldLogged, unreachable := false, false
 	for attempt := 0; ; attempt++ {
 		cl, err := d.claim(ctx, run)
 		switch {
@@ -205,7 +231,11 @@ func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run clai
 			d.release(ctx, cl, claim.Skipped)
 			return
 		case err == nil:
-			if d.granted(ctx, execCtx, j, cl, misfired) {
+			if o.late == "" && unreachable {
+				// Late now, it was the backend's fault.
+				o.late = MissedUnavailable
+			}
+			if d.granted(ctx, execCtx, j, cl, o) {
 				return
 			}
 			// The grant came back too late to trust and was handed back as
@@ -231,7 +261,7 @@ func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run clai
 			if unavailable == nil {
 				r.log.ErrorContext(ctx, "claim failed; retrying", append(runAttrs(r, run, nil), "error", err.Error())...)
 			}
-			unavailable = err
+			unavailable, unreachable = err, true
 		}
 		// Stand by. With overlap forbidden a held run keeps later instants
 		// skipped while it lives, so standing by lasts until it ends; the
@@ -264,23 +294,29 @@ func (d *dispatcher) claim(ctx context.Context, run claim.Run) (*claim.Claim, er
 // It returns false when the grant arrived too late to trust and was handed
 // back, so the caller should go on contending for the run. ctx is Run's;
 // the execution it starts, if any, runs under execCtx.
-func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, misfired bool) bool {
+func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, o origin) bool {
 	r := d.r
 	now := r.opts.Now()
-	// A run first granted long after its instant (the backend was out of
-	// reach meanwhile) misfired, however it was dispatched: its policy
-	// decides, as for a run found late by the loop. Retention is sized to
-	// that window (config.ClaimWindow), not to how long an outage lasts.
-	misfired = misfired || now.Sub(cl.Run.At) > r.lateTolerance()
+	// A scheduled run first granted long after its instant (the backend was
+	// out of reach meanwhile, or this replica fell behind) passed its
+	// deadline however it was dispatched: its misfire policy decides, as
+	// for a run found late at start-up. Retention is sized to that window
+	// (config.ClaimWindow), not to how long an outage lasts. A manual run
+	// (a request, a backfill's rerun) carries its request's time, not a
+	// deadline.
+	late := !control.Manual(cl.Run) && now.Sub(cl.Run.At) > r.lateTolerance()
+	if late && o.late == "" {
+		o.late = MissedBehind
+	}
 	switch {
 	case d.tooLate(ctx, cl):
 		return false
-	case misfired && cl.Attempt == 1 && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
-		// Only a run that never started misfires. A later attempt is a
+	case late && cl.Attempt == 1 && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
+		// Only a run that never started is missed. A later attempt is a
 		// takeover of a run whose holder died or handed it back: it ran on
 		// time and must finish, however late this replica came to it.
-		d.skip(ctx, cl.Run, cl, ReasonMisfire, slog.LevelInfo)
-		d.release(ctx, cl, claim.Skipped)
+		d.missed(ctx, cl.Run, cl, o.late)
+		d.release(ctx, cl, claim.Missed)
 	case cl.Attempt > j.MaxAttempts:
 		err := fmt.Errorf("attempt %d exceeds max_attempts %d", cl.Attempt, j.MaxAttempts)
 		d.finished(cl, claim.Failed, 0, err)
@@ -290,7 +326,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		// instant never sees a gap and overlaps this run.
 		j.setLive(cl.Run.At, executing, +1)
 		d.exec.Go(func() {
-			status := d.execute(ctx, execCtx, j, cl)
+			status := d.execute(ctx, execCtx, j, cl, o.request != nil && o.request.Overlap == OverlapAllow)
 			if status != claim.LeaseLost || ctx.Err() != nil {
 				j.setLive(cl.Run.At, executing, -1)
 				return
@@ -301,7 +337,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 			j.setLive(cl.Run.At, watching, +1)
 			j.setLive(cl.Run.At, executing, -1)
 			defer j.setLive(cl.Run.At, watching, -1)
-			d.contend(ctx, execCtx, j, cl.Run, false, "")
+			d.contend(ctx, execCtx, j, cl.Run, origin{takeover: true}, "")
 		})
 	}
 	return true

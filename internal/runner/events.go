@@ -17,7 +17,23 @@ const (
 	ReasonHeld    = "held"
 	ReasonDone    = "done"
 	ReasonOverlap = "overlap"
-	ReasonMisfire = "misfire"
+	ReasonPaused  = "paused"
+	// ReasonMissed is a run that passed its deadline before any replica
+	// could start it, recorded as claim.Missed; Event.Cause says why.
+	ReasonMissed = "missed"
+)
+
+// Why a run was missed (Event.Cause, the reason label of
+// scheduler_runs_missed_total).
+const (
+	// MissedNoReplica: no replica was up at the instant, seen at start-up.
+	MissedNoReplica = "no_replica"
+	// MissedUnavailable: the backend could not be reached until after
+	// the deadline.
+	MissedUnavailable = "backend_unavailable"
+	// MissedBehind: the replica that dispatched or won the run fell
+	// behind (a stalled process, a slow claim batch).
+	MissedBehind = "fell_behind"
 )
 
 // Event kinds.
@@ -35,6 +51,7 @@ type Event struct {
 	Claim  *claim.Claim // nil for skips before a grant
 	Status claim.Status // for EventFinished: how the run ended on this replica
 	Reason string       // for EventSkipped
+	Cause  string       // for EventSkipped with ReasonMissed: MissedNoReplica, …
 	Err    error
 	// Ran is how long the handler ran (EventFinished; 0 if it never
 	// started). The event itself comes after the release.
@@ -56,6 +73,16 @@ func (d *dispatcher) skip(ctx context.Context, run claim.Run, cl *claim.Claim, r
 	r.opts.Logger.Log(ctx, level, "run skipped", append(runAttrs(r, run, cl), "reason", reason)...)
 	r.opts.Metrics.skipped(run.Job, reason)
 	r.emit(Event{Kind: EventSkipped, Run: run, Claim: cl, Reason: reason})
+}
+
+// missed reports that run, won by cl, passed its deadline for cause and
+// is recorded missed: logged at warn once fleet-wide (only the winner of
+// the run reports it), counted, and emitted.
+func (d *dispatcher) missed(ctx context.Context, run claim.Run, cl *claim.Claim, cause string) {
+	r := d.r
+	r.opts.Logger.WarnContext(ctx, "run missed", append(runAttrs(r, run, cl), "reason", cause)...)
+	r.opts.Metrics.missed(run.Job, cause, 1)
+	r.emit(Event{Kind: EventSkipped, Run: run, Claim: cl, Reason: ReasonMissed, Cause: cause})
 }
 
 // finished reports the final status of a run granted here: logged,

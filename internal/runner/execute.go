@@ -21,7 +21,9 @@ import (
 // handler (with job.ErrShutdown once ShutdownGrace has passed); ctx is
 // Run's: once it is done, a run still waiting for its instant is handed
 // back instead of started, and a failing release gives up after a lease.
-func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim) claim.Status {
+// overlap allows the run to overlap an earlier live run of a job whose
+// policy forbids it: a request with --overlap allow, a backfill's run.
+func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, overlap bool) claim.Status {
 	r := d.r
 	if d.tooLate(ctx, cl) { // checked again: the exec goroutine may start late too
 		return claim.LeaseLost
@@ -82,7 +84,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		case <-t.C:
 		}
 	}
-	if j.Overlap == OverlapForbid {
+	if j.Overlap == OverlapForbid && !overlap {
 		owner, err := d.owner(ectx, j, cl, grantedAt, backendNow)
 		switch {
 		case err != nil:

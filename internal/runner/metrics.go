@@ -2,6 +2,7 @@ package runner
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,11 +21,17 @@ type Metrics struct {
 	renewals      *prometheus.CounterVec
 	skips         *prometheus.CounterVec
 	dataLoss      *prometheus.CounterVec
+	missedRuns    *prometheus.CounterVec
+	lastSuccess   *prometheus.GaugeVec
+
+	mu   sync.Mutex
+	last map[string]float64 // lastSuccess's values, to keep it from going back
 }
 
 // NewMetrics registers the runner's families with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		last: map[string]float64{},
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scheduler_claims_total", Help: "Claim attempts by result: won, held, done, error.",
 		}, []string{"job", "claimer", "result"}),
@@ -54,8 +61,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "scheduler_claimer_data_loss_total",
 			Help: "Times the claimer's backend was found to have lost its data (a Redis server restarted empty); it then holds every run for a lease.",
 		}, []string{"claimer"}),
+		missedRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scheduler_runs_missed_total",
+			Help: "Runs that passed their deadline before any replica could start them, by reason: no_replica, backend_unavailable, fell_behind. Counted by the one replica that recorded each.",
+		}, []string{"job", "reason"}),
+		lastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "scheduler_job_last_success_timestamp_seconds",
+			Help: "When the newest succeeded run of the job this replica knows of finished (unix seconds); take the max over replicas for freshness alerts.",
+		}, []string{"job"}),
 	}
-	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips, m.dataLoss)
+	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips, m.dataLoss,
+		m.missedRuns, m.lastSuccess)
 	return m
 }
 
@@ -106,9 +122,32 @@ func (m *Metrics) started(job string, lag time.Duration) {
 }
 
 func (m *Metrics) finished(job string, status claim.Status, d time.Duration) {
+	if status == claim.Succeeded {
+		m.succeeded(job, time.Now())
+	}
 	if m != nil {
 		m.runs.WithLabelValues(job, string(status)).Inc()
 		m.runDuration.WithLabelValues(job).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) missed(job, reason string, n int) {
+	if m != nil {
+		m.missedRuns.WithLabelValues(job, reason).Add(float64(n))
+	}
+}
+
+// succeeded moves job's last success forward to at; never back.
+func (m *Metrics) succeeded(job string, at time.Time) {
+	if m == nil || at.IsZero() {
+		return
+	}
+	g := m.lastSuccess.WithLabelValues(job)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if v := float64(at.UnixNano()) / 1e9; v > m.last[job] {
+		m.last[job] = v
+		g.Set(v)
 	}
 }
 

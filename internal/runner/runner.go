@@ -48,6 +48,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -113,6 +114,12 @@ type Options struct {
 	// Observe, when set, receives every run event synchronously; tests use it
 	// instead of sleeping.
 	Observe func(Event)
+	// Controls is the operator's state in the backend: pauses and run
+	// requests (nil: none are honoured). ControlEvery is how often the
+	// replica reads it (default 1s): a pause or a request reaches it
+	// within that.
+	Controls     *control.Store
+	ControlEvery time.Duration
 }
 
 // Runner schedules and executes jobs on one replica.
@@ -126,6 +133,11 @@ type Runner struct {
 	// lossUntil is the end of the last backend data loss this runner
 	// warned about (see dataLost).
 	lossUntil time.Time
+	// pauses is the pause switches as last read (see controls.go); nil
+	// until a read succeeded.
+	pauses control.Pauses
+	// pausedLogged remembers which jobs' pause this replica has logged.
+	pausedLogged map[string]bool
 }
 
 type jobState struct {
@@ -145,6 +157,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	opts.RenewEvery = cmp.Or(opts.RenewEvery, opts.Lease/3)
 	opts.MaxClockSkew = cmp.Or(opts.MaxClockSkew, 2*time.Second)
 	opts.Spread = cmp.Or(opts.Spread, min(opts.Lease/10, DefaultSpread))
+	opts.ControlEvery = cmp.Or(opts.ControlEvery, time.Second)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -154,7 +167,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	if opts.RenewEvery >= opts.Lease {
 		return nil, fmt.Errorf("runner: renew_every %v must be shorter than lease %v", opts.RenewEvery, opts.Lease)
 	}
-	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner")}
+	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}}
 	seen := map[string]bool{}
 	for _, j := range jobs {
 		switch {
@@ -230,6 +243,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	var standby, exec sync.WaitGroup
 	d := r.dispatcher(&standby, &exec)
 
+	// Pauses are honoured from the first instant on: read them before
+	// dispatching anything.
+	r.readPauses(ctx)
+	standby.Go(func() { d.watchControls(ctx, execCtx) })
 	now := r.opts.Now()
 	h := &dueHeap{}
 	for _, j := range r.jobs {
@@ -237,7 +254,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		// replica was up, or may still be running elsewhere: find out by
 		// claiming it like any run.
 		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() {
-			d.dispatch(ctx, execCtx, j, prev, true)
+			d.dispatch(ctx, execCtx, j, prev, MissedNoReplica)
 		}
 		heap.Push(h, due{at: j.Schedule.Next(now), job: j})
 	}
@@ -264,11 +281,11 @@ loop:
 				// The loop was paused or the clock jumped: only the latest
 				// missed instant matters, under the job's misfire policy.
 				latest := e.job.Schedule.Prev(now, now.Sub(e.at))
-				d.dispatch(ctx, execCtx, e.job, latest, true)
+				d.dispatch(ctx, execCtx, e.job, latest, MissedBehind)
 				heap.Push(h, due{at: e.job.Schedule.Next(now), job: e.job})
 				continue
 			}
-			d.dispatch(ctx, execCtx, e.job, e.at, false)
+			d.dispatch(ctx, execCtx, e.job, e.at, "")
 			heap.Push(h, due{at: e.job.Schedule.Next(e.at), job: e.job})
 		}
 		wait := maxWait
@@ -316,10 +333,7 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	if j == nil {
 		return "", fmt.Errorf("trigger: unknown job %q", name)
 	}
-	at := r.opts.Now().UTC().Truncate(time.Millisecond)
-	if at.Nanosecond() == 0 {
-		at = at.Add(time.Millisecond)
-	}
+	at := control.ManualInstant(r.opts.Now())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	d := r.dispatcher(&wg, &wg)
@@ -329,7 +343,7 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	return d.execute(ctx, ctx, j, cl), nil
+	return d.execute(ctx, ctx, j, cl, false), nil
 }
 
 // errClosing stops work that would start after shutdown began.

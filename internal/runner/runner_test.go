@@ -15,6 +15,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
@@ -173,17 +174,20 @@ func mustSchedule(t *testing.T, spec string) *schedule.Schedule {
 }
 
 type replica struct {
-	name   string
-	skew   time.Duration
-	store  *memory.Store
-	jobs   []runner.Job
-	lease  time.Duration
-	grace  time.Duration
-	led    *ledger
-	wrap   func(claim.Claimer) claim.Claimer
-	cancel context.CancelFunc
-	done   chan struct{}
-	r      *runner.Runner
+	name  string
+	skew  time.Duration
+	store *memory.Store
+	jobs  []runner.Job
+	lease time.Duration
+	grace time.Duration
+	led   *ledger
+	wrap  func(claim.Claimer) claim.Claimer
+	// metrics, when set, receives the replica's metrics; the replica
+	// always honours the store's controls.
+	metrics *runner.Metrics
+	cancel  context.CancelFunc
+	done    chan struct{}
+	r       *runner.Runner
 }
 
 func (rp *replica) start(t *testing.T) {
@@ -197,8 +201,10 @@ func (rp *replica) start(t *testing.T) {
 	r, err := runner.New(runner.Options{
 		Claimer: c, ClaimerName: "memory", Instance: rp.name,
 		Lease: cmpOr(rp.lease, 3*time.Second), MaxClockSkew: time.Second, ShutdownGrace: rp.grace,
-		Now:     func() time.Time { return time.Now().Add(skew) },
-		Observe: rp.led.observer(rp.name),
+		Now:      func() time.Time { return time.Now().Add(skew) },
+		Observe:  rp.led.observer(rp.name),
+		Metrics:  rp.metrics,
+		Controls: control.New(rp.store.Controls(), nil),
 	}, rp.jobs)
 	if err != nil {
 		t.Fatal(err)
@@ -509,7 +515,7 @@ func TestMisfireOnStartup(t *testing.T) {
 				}
 				wantStatus := claim.Succeeded
 				if tc.policy == runner.MisfireSkip {
-					wantStatus = claim.Skipped
+					wantStatus = claim.Missed
 				}
 				if recs[0].Status != wantStatus {
 					t.Fatalf("recorded status %s, want %s", recs[0].Status, wantStatus)

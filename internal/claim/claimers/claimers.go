@@ -28,6 +28,9 @@ type Backend struct {
 	// Pruner forgets finished runs; nil for the backends that expire them
 	// on their own (redis, redlock, memory).
 	Pruner claim.Pruner
+	// Controls keeps the operator's state (pauses, run requests) beside
+	// the runs; every backend offers it.
+	Controls claim.Controls
 	// DB and Dialect are the SQL backends' database, for readiness and
 	// migrations; DB is nil for the others.
 	DB      *sql.DB
@@ -123,6 +126,10 @@ func Open(ctx context.Context, c config.Claimer, instance string, o Options) (*B
 		return nil, err
 	}
 	b.Kind = c.Kind
+	if b.Controls == nil {
+		b.Close()
+		return nil, fmt.Errorf("claimer %s: its driver offers no controls", c.Kind)
+	}
 	return b, nil
 }
 

@@ -14,7 +14,7 @@ var memoryDriver = driver{
 		if s == nil {
 			s = memory.NewStore(nil)
 		}
-		return &Backend{Claimer: memory.New(s, instance)}, nil
+		return &Backend{Claimer: memory.New(s, instance), Controls: s.Controls()}, nil
 	},
 	servers: noServers,
 	dial:    noDial,

@@ -45,7 +45,7 @@ func openPostgres(ctx context.Context, c config.Claimer, instance string, o Opti
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	cl := postgres.New(pool, postgres.Options{Instance: instance})
-	b := &Backend{Claimer: cl, Pruner: cl, DB: db, Dialect: migrations.Postgres,
+	b := &Backend{Claimer: cl, Pruner: cl, Controls: cl.Controls(), DB: db, Dialect: migrations.Postgres,
 		closers: []func(){pool.Close, func() { _ = db.Close() }}}
 	if o.Migrate && c.Postgres.Migrate {
 		if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {

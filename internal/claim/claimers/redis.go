@@ -31,7 +31,7 @@ var redisDriver = driver{
 			_ = client.Close()
 			return nil, fmt.Errorf("redis %s: %w", r.Addr, err)
 		}
-		return &Backend{Claimer: cl}, nil
+		return &Backend{Claimer: cl, Controls: cl.Controls()}, nil
 	},
 	servers: func(c config.Claimer) []string { return []string{c.Redis.Addr} },
 	dial: func(c config.Claimer, addrs []string) (config.Claimer, error) {

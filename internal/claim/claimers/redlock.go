@@ -35,7 +35,7 @@ var redlockDriver = driver{
 			closeAll()
 			return nil, fmt.Errorf("redlock: %w", err)
 		}
-		return &Backend{Claimer: cl}, nil
+		return &Backend{Claimer: cl, Controls: cl.Controls()}, nil
 	},
 	servers: func(c config.Claimer) []string { return slices.Clone(c.Redlock.Addrs) },
 	dial: func(c config.Claimer, addrs []string) (config.Claimer, error) {

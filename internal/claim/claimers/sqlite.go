@@ -24,7 +24,7 @@ var sqliteDriver = driver{
 			_ = cl.Close()
 			return nil, err
 		}
-		return &Backend{Claimer: cl, Pruner: cl, DB: db, Dialect: migrations.SQLite,
+		return &Backend{Claimer: cl, Pruner: cl, Controls: cl.Controls(), DB: db, Dialect: migrations.SQLite,
 			closers: []func(){func() { _ = db.Close() }}}, nil
 	},
 	servers: noServers,

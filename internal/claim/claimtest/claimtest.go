@@ -113,6 +113,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 	opts.defaults()
 	batchCases(t, newClaimers, opts)
 	releaseBatchCases(t, newClaimers, opts)
+	controlCases(t, newClaimers, opts)
 	lease := opts.Lease
 
 	t.Run("ClaimCarriesRunHolderTokenFenceAttempt", func(t *testing.T) {
@@ -320,7 +321,7 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("replica-a"), open("replica-b")
-		for i, o := range []claim.Status{claim.Succeeded, claim.Failed, claim.Skipped} {
+		for i, o := range []claim.Status{claim.Succeeded, claim.Failed, claim.Skipped, claim.Missed} {
 			run := runAt("job.done", i)
 			cl := mustClaim(t, a, run, lease)
 			if err := claim.ReleaseOne(ctxT(t), a, cl, o); err != nil {

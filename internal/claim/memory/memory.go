@@ -5,7 +5,9 @@ package memory
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,7 +32,9 @@ type Store struct {
 	mu     sync.Mutex
 	runs   map[string]*entry
 	fences map[string]int64
-	now    func() time.Time
+	// controls is the operator's state (see Controls).
+	controls map[string]claim.Control
+	now      func() time.Time
 }
 
 // NewStore returns an empty store measuring leases on now (default time.Now).
@@ -193,5 +197,53 @@ func (m *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}
+	return out, nil
+}
+
+// Controls is the store's register of operator state (claim.Controls).
+func (s *Store) Controls() claim.Controls { return controls{s} }
+
+type controls struct{ s *Store }
+
+// Put implements claim.Controls.
+func (c controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
+	if err := claim.CheckControl(e); err != nil {
+		return claim.Control{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return claim.Control{}, err
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.controls == nil {
+		s.controls = map[string]claim.Control{}
+	}
+	stored, ok := s.controls[e.Key]
+	if ok && !stored.Expired(s.now()) && !e.Wins(stored) {
+		return stored, nil
+	}
+	e.Value = slices.Clone(e.Value)
+	s.controls[e.Key] = e
+	return e, nil
+}
+
+// List implements claim.Controls.
+func (c controls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []claim.Control
+	now := s.now()
+	for k, e := range s.controls {
+		if strings.HasPrefix(k, prefix) && !e.Expired(now) {
+			e.Value = slices.Clone(e.Value)
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b claim.Control) int { return strings.Compare(a.Key, b.Key) })
 	return out, nil
 }

@@ -89,7 +89,12 @@ SELECT run_id, job, scheduled_at, status, holder, fence, attempt, started_at, le
 	historyJob = historyColumns + `
  WHERE job = $1 ORDER BY scheduled_at DESC LIMIT $2`
 
+	// pruneRuns also deletes expired controls (see Controls), in a
+	// data-modifying CTE: one statement, whose count is the runs'.
 	pruneRuns = `
+WITH expired_controls AS (
+    DELETE FROM scheduler_controls WHERE expires_at <= now()
+)
 DELETE FROM scheduler_runs
  WHERE finished_at < now() - $1 * interval '1 microsecond'`
 )
@@ -434,6 +439,9 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 // over every job; `scheduler prune` refuses less).
 // Interrupted runs and expired leases are kept: they are not finished, and
 // deleting them would lose the attempt count and let a stale run restart.
+//
+// In the same statement it deletes expired controls (see Controls), which
+// are already invisible; they do not count in the number returned.
 func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: prune older than %v", claim.ErrInvalid, olderThan)

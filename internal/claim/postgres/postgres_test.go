@@ -43,6 +43,12 @@ func TestUnreachableServerIsUnavailable(t *testing.T) {
 	if err := claim.ReleaseOne(ctx, c, cl, claim.Succeeded); !errors.Is(err, claim.ErrUnavailable) {
 		t.Errorf("release: %v, want ErrUnavailable", err)
 	}
+	if _, err := c.Controls().Put(ctx, claim.Control{Key: "pause/j", Version: 1}); !errors.Is(err, claim.ErrUnavailable) {
+		t.Errorf("put control: %v, want ErrUnavailable", err)
+	}
+	if _, err := c.Controls().List(ctx, ""); !errors.Is(err, claim.ErrUnavailable) {
+		t.Errorf("list controls: %v, want ErrUnavailable", err)
+	}
 }
 
 func TestBadDSNHidesPassword(t *testing.T) {

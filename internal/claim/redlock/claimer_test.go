@@ -292,3 +292,40 @@ func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration)
 		time.Sleep(20 * time.Millisecond) // polling a lease held on the nodes
 	}
 }
+
+// TestControlAcknowledgedWithANodeDownIsListedByAnotherMajority: a Put
+// acknowledged by four of five nodes is listed by a majority that holds it
+// on a single node (the other back empty); without a majority, Put and
+// List are unavailable.
+func TestControlAcknowledgedWithANodeDownIsListedByAnotherMajority(t *testing.T) {
+	nodes, addrs := startNodes(t, 5)
+	open := prepare(t, addrs).Open
+	a, b := open("replica-a"), open("replica-b")
+	nodes[0].Stop()
+	want := claim.Control{Key: "pause/job", Value: []byte("paused"), Version: time.Now().UnixNano()}
+	if got, err := a.Controls.Put(ctxT(t), want); err != nil || got.Version != want.Version {
+		t.Fatalf("put with one node of five down: %+v, %v", got, err)
+	}
+	nodes[0].Start() // empty
+	nodes[1].Stop()
+	nodes[2].Stop()
+	var got []claim.Control
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		got, err = b.Controls.List(ctxT(t), "pause/")
+		if !errors.Is(err, claim.ErrUnavailable) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for connections to come back; no event to wait on
+	}
+	if err != nil || len(got) != 1 || got[0].Version != want.Version || string(got[0].Value) != "paused" {
+		t.Fatalf("list from nodes 0, 3, 4: %+v, %v; want %s v%d", got, err, want.Key, want.Version)
+	}
+	nodes[3].Stop()
+	if _, err := b.Controls.List(ctxT(t), ""); !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("list with three of five nodes down: %v, want ErrUnavailable", err)
+	}
+	if _, err := b.Controls.Put(ctxT(t), claim.Control{Key: "pause/job", Version: want.Version + 1}); !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("put with three of five nodes down: %v, want ErrUnavailable", err)
+	}
+}

@@ -438,19 +438,34 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 // over every job; `scheduler prune` refuses less).
 // Interrupted runs and expired leases are kept: they are not finished, and
 // deleting them would lose the attempt count and let a stale run restart.
+//
+// In the same transaction it deletes expired controls (see Controls), which
+// are already invisible; they do not count in the number returned.
 func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: prune older than %v", claim.ErrInvalid, olderThan)
 	}
-	var res sql.Result
-	err := c.write(ctx, func() (err error) {
-		res, err = c.stmts.exec(ctx, pruneRuns, olderThan.Milliseconds())
-		return err
+	var n int64
+	err := c.write(ctx, func() error {
+		return c.stmts.inTx(ctx, func(stmt func(string) (*sql.Stmt, error)) error {
+			st, err := stmt(pruneRuns)
+			if err != nil {
+				return err
+			}
+			res, err := st.ExecContext(ctx, olderThan.Milliseconds())
+			if err != nil {
+				return err
+			}
+			if n, err = res.RowsAffected(); err != nil {
+				return err
+			}
+			if st, err = stmt(pruneControls); err != nil {
+				return err
+			}
+			_, err = st.ExecContext(ctx)
+			return err
+		})
 	})
-	if err != nil {
-		return 0, fmt.Errorf("prune: %w", translate(err))
-	}
-	n, err := res.RowsAffected()
 	if err != nil {
 		return 0, fmt.Errorf("prune: %w", translate(err))
 	}

@@ -1,0 +1,186 @@
+package claimtest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+)
+
+// controlCases hold every backend's claim.Controls to its contract: the
+// register pauses and run requests live in, read by every replica.
+func controlCases(t *testing.T, newClaimers Factory, opts Options) {
+	put := func(t *testing.T, b *claimers.Backend, c claim.Control) claim.Control {
+		t.Helper()
+		got, err := b.Controls.Put(ctxT(t), c)
+		if err != nil {
+			t.Fatalf("put %s v%d: %v", c.Key, c.Version, err)
+		}
+		return got
+	}
+	list := func(t *testing.T, b *claimers.Backend, prefix string) []claim.Control {
+		t.Helper()
+		got, err := b.Controls.List(ctxT(t), prefix)
+		if err != nil {
+			t.Fatalf("list %q: %v", prefix, err)
+		}
+		return got
+	}
+	same := func(t *testing.T, what string, got, want claim.Control) {
+		t.Helper()
+		if got.Key != want.Key || got.Version != want.Version || !bytes.Equal(got.Value, want.Value) || got.First != want.First {
+			t.Fatalf("%s: got %s v%d %q first=%t, want %s v%d %q first=%t", what,
+				got.Key, got.Version, got.Value, got.First, want.Key, want.Version, want.Value, want.First)
+		}
+	}
+
+	t.Run("ControlsLatestVersionWinsAcrossReplicas", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("a"), open("b")
+		v2 := claim.Control{Key: "pause/j", Value: []byte(`{"paused":true}`), Version: 2}
+		same(t, "first put", put(t, a, v2), v2)
+		same(t, "older put", put(t, b, claim.Control{Key: "pause/j", Value: []byte("old"), Version: 1}), v2)
+		same(t, "tie", put(t, b, claim.Control{Key: "pause/j", Value: []byte("tie"), Version: 2}), v2)
+		v3 := claim.Control{Key: "pause/j", Value: []byte(`{"paused":false}`), Version: 3}
+		same(t, "newer put", put(t, b, v3), v3)
+		got := list(t, a, "pause/")
+		if len(got) != 1 {
+			t.Fatalf("list: %d entries, want 1: %+v", len(got), got)
+		}
+		same(t, "list from the other replica", got[0], v3)
+	})
+
+	t.Run("ControlsFirstVersionWinsForIdempotencyKeys", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("a"), open("b")
+		first := claim.Control{Key: "request/r1", Value: []byte("first"), Version: 100, First: true}
+		same(t, "first request", put(t, a, first), first)
+		same(t, "retry from another replica", put(t, b, claim.Control{Key: "request/r1", Value: []byte("retry"), Version: 200, First: true}), first)
+		same(t, "retry again", put(t, a, first), first)
+		got := list(t, b, "request/")
+		if len(got) != 1 {
+			t.Fatalf("list: %d entries, want 1", len(got))
+		}
+		same(t, "listed", got[0], first)
+	})
+
+	t.Run("ControlsConcurrentFirstPutsAgreeOnOneEntry", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		clients := []*claimers.Backend{open("a"), open("b"), open("c"), open("d")}
+		const n = 32
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		got := make([]claim.Control, n)
+		for i := range n {
+			wg.Go(func() {
+				c := claim.Control{Key: "request/race", Value: fmt.Appendf(nil, "v%d", i+1), Version: int64(i + 1), First: true}
+				got[i], errs[i] = clients[i%len(clients)].Controls.Put(ctxT(t), c)
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		// A retry after the race learns the one entry that stayed, and
+		// every replica lists it.
+		after := put(t, clients[0], claim.Control{Key: "request/race", Value: []byte("late"), Version: 1000, First: true})
+		if string(after.Value) == "late" {
+			t.Fatal("a first put after the race replaced the entry")
+		}
+		for _, c := range clients {
+			l := list(t, c, "request/race")
+			if len(l) != 1 {
+				t.Fatalf("after the race: %d entries, want 1", len(l))
+			}
+			same(t, "listed after the race", l[0], after)
+		}
+		for i, g := range got {
+			if g.Version < 1 || g.Version > n || string(g.Value) != fmt.Sprintf("v%d", g.Version) {
+				t.Fatalf("put %d returned %+v, not one of the racing entries", i+1, g)
+			}
+		}
+	})
+
+	t.Run("ControlsFirstEntryStaysWhateverItsVersion", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("a"), open("b")
+		first := claim.Control{Key: "request/skewed", Value: []byte("first"), Version: 500, First: true}
+		same(t, "first", put(t, a, first), first)
+		// A retry from a host whose clock is behind carries a lower
+		// version; it must still learn of the first request.
+		same(t, "retry from behind", put(t, b, claim.Control{Key: "request/skewed", Value: []byte("retry"), Version: 400, First: true}), first)
+	})
+
+	t.Run("ControlsListFiltersByPrefixSortsAndKeepsBytes", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("a")
+		odd := []byte("{\"note\":\"naïve \\\"quoted\\\"\"}\x00\xff\n")
+		for _, k := range []string{"pause/b", "request/x", "pause/a", "pause/*", "pauses"} {
+			put(t, a, claim.Control{Key: k, Value: odd, Version: 7})
+		}
+		got := list(t, a, "pause/")
+		var keys []string
+		for _, c := range got {
+			keys = append(keys, c.Key)
+			if !bytes.Equal(c.Value, odd) {
+				t.Fatalf("%s: value %q, want %q", c.Key, c.Value, odd)
+			}
+		}
+		if want := []string{"pause/*", "pause/a", "pause/b"}; !slices.Equal(keys, want) {
+			t.Fatalf("keys %v, want %v", keys, want)
+		}
+		if all := list(t, a, ""); len(all) != 5 {
+			t.Fatalf("list all: %d entries, want 5", len(all))
+		}
+		if other := list(t, newClaimers(t)("z"), ""); len(other) != 0 {
+			t.Fatalf("another namespace sees %d entries", len(other))
+		}
+	})
+
+	t.Run("ControlsExpireAndAnExpiredEntryLosesToAnyPut", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("a"), open("b")
+		short := claim.Control{Key: "request/short", Value: []byte("old"), Version: 1, First: true,
+			Expires: time.Now().Add(opts.Lease)}
+		keep := claim.Control{Key: "request/keep", Value: []byte("keep"), Version: 1, First: true,
+			Expires: time.Now().Add(longLease)}
+		put(t, a, short)
+		put(t, a, keep)
+		if got := list(t, b, "request/"); len(got) != 2 {
+			t.Fatalf("before expiry: %d entries, want 2", len(got))
+		}
+		deadline := time.Now().Add(waitFor)
+		for len(list(t, b, "request/short")) != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("request/short still listed %v after its expiry", waitFor)
+			}
+			time.Sleep(20 * time.Millisecond) // backend-side expiry; no event to wait on
+		}
+		later := claim.Control{Key: "request/short", Value: []byte("new"), Version: 5, First: true}
+		same(t, "put over the expired entry", put(t, b, later), later)
+		if got := list(t, a, "request/"); len(got) != 2 {
+			t.Fatalf("after expiry and a new put: %d entries, want 2", len(got))
+		}
+	})
+
+	t.Run("ControlsRejectBadInput", func(t *testing.T) {
+		t.Parallel()
+		a := newClaimers(t)("a")
+		for _, c := range []claim.Control{{Key: "", Version: 1}, {Key: "k", Version: 0}, {Key: "a\nb", Version: 1}} {
+			_, err := a.Controls.Put(ctxT(t), c)
+			wantErr(t, err, claim.ErrInvalid, fmt.Sprintf("put %q v%d", c.Key, c.Version))
+		}
+	})
+}

@@ -1,0 +1,66 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Control is one entry of the operator's state that a backend keeps beside
+// its runs: a pause switch, a request to run a job now. The backend stores
+// it opaquely; internal/control gives it meaning. Every replica reads the
+// same entries, so a control reaches the whole fleet through the one
+// backend the fleet already shares.
+type Control struct {
+	Key   string `json:"key"`
+	Value []byte `json:"value"`
+	// Version orders the writes of one key (the writer's clock in unix
+	// nanoseconds); the highest wins: the latest pause or resume.
+	// With First the entry stored first stays, whatever its version: the
+	// first request made under an idempotency key, which a retry (from a
+	// host whose clock may be behind) must learn of, never replace. A
+	// quorum backend (redlock) settles first puts that raced and split its
+	// nodes by the lowest version.
+	Version int64 `json:"version"`
+	First   bool  `json:"first,omitempty"`
+	// Expires is when the entry is forgotten, on the backend's clock;
+	// zero means never. An expired entry is absent to Put and List.
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// Wins reports whether c takes the place of stored, an unexpired entry of
+// the same key: never with First, otherwise when its version is higher.
+// A tie keeps the stored entry, so a retried Put changes nothing.
+func (c Control) Wins(stored Control) bool {
+	return !c.First && c.Version > stored.Version
+}
+
+// Expired reports whether c is past its expiry at now.
+func (c Control) Expired(now time.Time) bool {
+	return !c.Expires.IsZero() && !now.Before(c.Expires)
+}
+
+// Controls is the capability every backend offers beside its Claimer (the
+// opener hands it out as a field): a small register of operator state.
+// Implementations are safe for concurrent use and honour ctx.
+type Controls interface {
+	// Put stores c under c.Key unless the key holds an unexpired entry
+	// that wins over it (see Control.Wins), and returns the entry the key
+	// holds afterwards: c, or the one that won.
+	Put(ctx context.Context, c Control) (Control, error)
+	// List returns the unexpired entries whose keys start with prefix,
+	// sorted by key.
+	List(ctx context.Context, prefix string) ([]Control, error)
+}
+
+// CheckControl validates a Put's argument.
+func CheckControl(c Control) error {
+	switch {
+	case c.Key == "" || strings.ContainsAny(c.Key, "\x00\n"):
+		return fmt.Errorf("%w: control key %q", ErrInvalid, c.Key)
+	case c.Version <= 0:
+		return fmt.Errorf("%w: control %q: version %d must be positive", ErrInvalid, c.Key, c.Version)
+	}
+	return nil
+}

@@ -1,0 +1,44 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Controls is the claimer's register of operator state (claim.Controls):
+// pauses and run requests live beside the runs, in the same server, so
+// that every replica reads them from the store it already shares. They sit
+// in one hash of the namespace; the scripts and the encoding are in
+// package redisnode (controls.go). Expiry is judged on the server's clock.
+func (c *Claimer) Controls() claim.Controls { return controls{c} }
+
+type controls struct{ c *Claimer }
+
+// Put implements claim.Controls: one script, atomic on the server.
+func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
+	if err := claim.CheckControl(e); err != nil {
+		return claim.Control{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return claim.Control{}, err
+	}
+	got, err := k.c.node.PutControl(ctx, e)
+	if err != nil {
+		return claim.Control{}, fmt.Errorf("put control %s on %s: %w", e.Key, k.c.server, err)
+	}
+	return got, nil
+}
+
+// List implements claim.Controls.
+func (k controls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out, err := k.c.node.ListControls(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("list controls %q on %s: %w", prefix, k.c.server, err)
+	}
+	return out, nil
+}

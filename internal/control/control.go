@@ -1,0 +1,230 @@
+// Package control gives the operator's controls their meaning: pausing and
+// resuming jobs, and requesting a run now. Both are entries of the
+// claim.Controls register every backend keeps beside its runs, so a control
+// written by the CLI, the HTTP API or the status page reaches every
+// replica through the store the fleet already shares, and survives their
+// restarts. Neither needs coordination of its own: whatever a replica
+// decides from them, the run is still claimed, so it happens once.
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/user"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// AllJobs is the job name a pause of every job is recorded under.
+const AllJobs = "*"
+
+// Key prefixes in the register.
+const (
+	pausePrefix   = "pause/"
+	requestPrefix = "request/"
+)
+
+// RequestTTL is how long a request is remembered: a retry with the same
+// request id within it learns of the first request instead of running the
+// job again.
+const RequestTTL = 7 * 24 * time.Hour
+
+// Store reads and writes controls through a backend's register.
+type Store struct {
+	reg claim.Controls
+	now func() time.Time
+}
+
+// New returns a Store over reg, stamping writes with now (default
+// time.Now).
+func New(reg claim.Controls, now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{reg: reg, now: now}
+}
+
+// Pause is a job's pause switch as last set.
+type Pause struct {
+	Job    string    `json:"job"` // AllJobs for every job
+	Paused bool      `json:"paused"`
+	Note   string    `json:"note,omitempty"`
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
+	// RequestID is the id of the API call that set it, if any.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// SetPause records p (At defaults to now) and returns the switch as it
+// stands afterwards: p, or a later one that won.
+func (s *Store) SetPause(ctx context.Context, p Pause) (Pause, error) {
+	if p.Job == "" {
+		return Pause{}, fmt.Errorf("%w: pause: empty job name", claim.ErrInvalid)
+	}
+	if p.At.IsZero() {
+		p.At = s.now()
+	}
+	p.At = p.At.UTC()
+	v, err := json.Marshal(p)
+	if err != nil {
+		return Pause{}, err
+	}
+	got, err := s.reg.Put(ctx, claim.Control{Key: pausePrefix + p.Job, Value: v, Version: p.At.UnixNano()})
+	if err != nil {
+		return Pause{}, err
+	}
+	var out Pause
+	return out, json.Unmarshal(got.Value, &out)
+}
+
+// Pauses is every recorded pause switch by job (AllJobs included).
+type Pauses map[string]Pause
+
+// Pauses reads every pause switch.
+func (s *Store) Pauses(ctx context.Context) (Pauses, error) {
+	cs, err := s.reg.List(ctx, pausePrefix)
+	if err != nil {
+		return nil, err
+	}
+	ps := Pauses{}
+	for _, c := range cs {
+		var p Pause
+		if err := json.Unmarshal(c.Value, &p); err != nil {
+			return nil, fmt.Errorf("control %s: %w", c.Key, err)
+		}
+		ps[p.Job] = p
+	}
+	return ps, nil
+}
+
+// Of returns the switch that governs job: the later of its own and the
+// one for every job, so `pause --all` then `resume JOB` runs JOB, and a
+// later `resume --all` resumes everything. ok is false if neither was
+// ever set.
+func (ps Pauses) Of(job string) (p Pause, ok bool) {
+	own, hasOwn := ps[job]
+	all, hasAll := ps[AllJobs]
+	switch {
+	case hasOwn && hasAll:
+		if all.At.After(own.At) {
+			return all, true
+		}
+		return own, true
+	case hasOwn:
+		return own, true
+	default:
+		return all, hasAll
+	}
+}
+
+// Paused reports whether job is paused.
+func (ps Pauses) Paused(job string) bool {
+	p, _ := ps.Of(job)
+	return p.Paused
+}
+
+// Request asks the fleet to run a job now.
+type Request struct {
+	// ID is the idempotency key: a request made again with the same ID
+	// learns of the first and runs nothing more.
+	ID  string `json:"id"`
+	Job string `json:"job"`
+	// At is the manual run's instant, so its run id is Job@At. It has a
+	// sub-second part (see ManualInstant): it never names a scheduled
+	// instant.
+	At   time.Time `json:"at"`
+	Note string    `json:"note,omitempty"`
+	By   string    `json:"by"`
+	// Overlap is "allow" to run even while an earlier run of the job
+	// is live; empty obeys the job's overlap policy.
+	Overlap string    `json:"overlap,omitempty"`
+	Created time.Time `json:"created"`
+}
+
+// Run is the run the request asks for.
+func (r Request) Run() claim.Run { return claim.Run{Job: r.Job, At: r.At} }
+
+// ManualInstant is the instant of a run requested at t: t to the
+// millisecond, never a whole second. Scheduled instants are whole seconds
+// (cron's finest field), so a manual run never shares a run id with one.
+func ManualInstant(t time.Time) time.Time {
+	at := t.UTC().Truncate(time.Millisecond)
+	if at.Nanosecond() == 0 {
+		at = at.Add(time.Millisecond)
+	}
+	return at
+}
+
+// Manual reports whether run is not a scheduled instant: a run requested
+// now, or a backfill's rerun.
+func Manual(run claim.Run) bool { return run.At.Nanosecond() != 0 }
+
+// Request records r (ID defaults to a random one; At, Created to now) and
+// returns the request that stands under its ID, and whether it is r
+// rather than an earlier one.
+func (s *Store) Request(ctx context.Context, r Request) (Request, bool, error) {
+	if r.Job == "" {
+		return Request{}, false, fmt.Errorf("%w: request: empty job name", claim.ErrInvalid)
+	}
+	now := s.now()
+	if r.ID == "" {
+		r.ID = claim.NewToken()
+	}
+	if r.Created.IsZero() {
+		r.Created = now
+	}
+	r.Created = r.Created.UTC()
+	if r.At.IsZero() {
+		r.At = ManualInstant(r.Created)
+	}
+	v, err := json.Marshal(r)
+	if err != nil {
+		return Request{}, false, err
+	}
+	got, err := s.reg.Put(ctx, claim.Control{Key: requestPrefix + r.ID, Value: v, Version: r.Created.UnixNano(),
+		First: true, Expires: now.Add(RequestTTL)})
+	if err != nil {
+		return Request{}, false, err
+	}
+	var out Request
+	if err := json.Unmarshal(got.Value, &out); err != nil {
+		return Request{}, false, err
+	}
+	return out, out.At.Equal(r.At) && out.Job == r.Job, nil
+}
+
+// Requests lists the remembered requests, oldest first.
+func (s *Store) Requests(ctx context.Context) ([]Request, error) {
+	cs, err := s.reg.List(ctx, requestPrefix)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Request, 0, len(cs))
+	for _, c := range cs {
+		var r Request
+		if err := json.Unmarshal(c.Value, &r); err != nil {
+			return nil, fmt.Errorf("control %s: %w", c.Key, err)
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b Request) int { return a.Created.Compare(b.Created) })
+	return out, nil
+}
+
+// Identity is the default "by" of a control: user@host.
+func Identity() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return strings.TrimSpace(name) + "@" + host
+}

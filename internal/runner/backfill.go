@@ -1,0 +1,249 @@
+// This file owns backfill: running every instant of a job's schedule in a
+// past range, on this process, through the same claims as the fleet, so an
+// instant that already ran (here, on a replica, in an earlier backfill) is
+// not run again unless a rerun policy says so.
+
+package runner
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
+)
+
+// Rerun policies of a backfill: which instants that have a record it runs
+// again. An instant with no record, or recorded missed (it never started),
+// always runs.
+const (
+	RerunNone   = "none"   // nothing that started
+	RerunFailed = "failed" // also those whose last run failed
+	RerunAll    = "all"    // every instant
+)
+
+// MaxBackfill bounds the instants of one backfill.
+const MaxBackfill = 100_000
+
+// maxReruns is how many times one instant can be rerun: a rerun's run id is
+// the instant plus k nanoseconds, k < maxReruns, which never names a
+// scheduled instant (whole seconds) nor a requested one (whole
+// milliseconds).
+const maxReruns = 999
+
+// BackfillOptions configure Backfill.
+type BackfillOptions struct {
+	From, To      time.Time // the range, both included
+	Rerun         string    // RerunNone (default), RerunFailed or RerunAll
+	MaxConcurrent int       // instants run at once; default 1
+	NewestFirst   bool
+	DryRun        bool // plan only: claim and run nothing
+	// Progress, when set, is called once per instant as it settles (in a
+	// dry run, as it is planned), from one goroutine at a time.
+	Progress func(BackfillItem, BackfillSummary)
+}
+
+// Backfill actions.
+const (
+	ActionRun   = "run"   // the instant never started
+	ActionRerun = "rerun" // it did, and the rerun policy runs it again
+	ActionKeep  = "keep"  // it did, or is running: left alone
+)
+
+// BackfillItem is one instant of a backfill.
+type BackfillItem struct {
+	At     time.Time `json:"scheduled_at"`
+	RunID  string    `json:"run_id"`        // the run claimed: the instant's, or a rerun's
+	Action string    `json:"action"`        // ActionRun, ActionRerun, ActionKeep
+	Was    string    `json:"was,omitempty"` // its recorded status before, if any
+	// Status is how it ended here: a claim.Status, or "done" or "held"
+	// when another process had it, or "error".
+	Status string `json:"status,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// BackfillSummary counts a backfill's instants.
+type BackfillSummary struct {
+	Job       string `json:"job"`
+	Instants  int    `json:"instants"`
+	Planned   int    `json:"planned"` // to run or rerun
+	Settled   int    `json:"settled"` // planned ones settled so far
+	Succeeded int    `json:"succeeded"`
+	Failed    int    `json:"failed"`    // failed, timed out or lost its lease
+	Elsewhere int    `json:"elsewhere"` // done or held by another process
+	Errors    int    `json:"errors"`
+	Kept      int    `json:"kept"`
+}
+
+// Backfill runs the instants of job name between o.From and o.To that the
+// rerun policy selects, claimed like any run, and returns what happened to
+// each. It ignores the job's pause, overlap and misfire policies: it is an
+// operator's explicit request for past instants, and MaxConcurrent bounds
+// it instead.
+func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) ([]BackfillItem, BackfillSummary, error) {
+	sum := BackfillSummary{Job: name}
+	j := r.job(name)
+	if j == nil {
+		return nil, sum, fmt.Errorf("backfill: unknown job %q", name)
+	}
+	o.Rerun = cmp.Or(o.Rerun, RerunNone)
+	if !slices.Contains([]string{RerunNone, RerunFailed, RerunAll}, o.Rerun) {
+		return nil, sum, fmt.Errorf("backfill: rerun %q: want none, failed or all", o.Rerun)
+	}
+	now := r.opts.Now()
+	switch {
+	case o.From.IsZero() || o.To.IsZero():
+		return nil, sum, errors.New("backfill: need both from and to")
+	case o.To.Before(o.From):
+		return nil, sum, fmt.Errorf("backfill: to %s is before from %s", o.To.Format(time.RFC3339), o.From.Format(time.RFC3339))
+	case o.To.After(now):
+		return nil, sum, fmt.Errorf("backfill: to %s is in the future; the replicas run what is due", o.To.Format(time.RFC3339))
+	}
+	var instants []time.Time
+	for at := j.Schedule.Next(o.From.Add(-time.Nanosecond)); !at.IsZero() && !at.After(o.To); at = j.Schedule.Next(at) {
+		if len(instants) == MaxBackfill {
+			return nil, sum, fmt.Errorf("backfill: more than %d instants of %s between %s and %s; split the range",
+				MaxBackfill, name, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339))
+		}
+		instants = append(instants, at.UTC())
+	}
+	if o.NewestFirst {
+		slices.Reverse(instants)
+	}
+	sum.Instants = len(instants)
+	plan, err := r.planBackfill(ctx, j, instants, o.From, now, o.Rerun)
+	if err != nil {
+		return nil, sum, err
+	}
+	for _, it := range plan {
+		if it.Action != ActionKeep {
+			sum.Planned++
+		} else {
+			sum.Kept++
+		}
+	}
+	if o.DryRun {
+		for _, it := range plan {
+			if o.Progress != nil {
+				o.Progress(it, sum)
+			}
+		}
+		return plan, sum, nil
+	}
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	d := r.dispatcher(&wg, &wg)
+	var mu sync.Mutex
+	sem := make(chan struct{}, max(o.MaxConcurrent, 1))
+	var runs sync.WaitGroup
+	for i := range plan {
+		it := &plan[i]
+		if it.Action == ActionKeep {
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		runs.Go(func() {
+			defer func() { <-sem }()
+			run, _ := claim.ParseID(it.RunID)
+			status, err := d.backfillOne(ctx, j, run)
+			mu.Lock()
+			defer mu.Unlock()
+			it.Status = status
+			sum.Settled++
+			switch {
+			case err != nil:
+				it.Error = err.Error()
+				sum.Errors++
+			case status == string(claim.Succeeded):
+				sum.Succeeded++
+			case status == "done" || status == "held":
+				sum.Elsewhere++
+			default:
+				sum.Failed++
+			}
+			if o.Progress != nil {
+				o.Progress(*it, sum)
+			}
+		})
+	}
+	runs.Wait()
+	return plan, sum, ctx.Err()
+}
+
+// backfillOne claims run and executes it here if won.
+func (d *dispatcher) backfillOne(ctx context.Context, j *jobState, run claim.Run) (string, error) {
+	cl, err := d.claim(ctx, run)
+	switch {
+	case errors.Is(err, claim.ErrDone):
+		return "done", nil
+	case errors.Is(err, claim.ErrHeld):
+		return "held", nil
+	case err != nil:
+		return "error", err
+	}
+	return string(d.execute(ctx, ctx, j, cl, true)), nil
+}
+
+// planBackfill decides each instant's action from the job's history.
+func (r *Runner) planBackfill(ctx context.Context, j *jobState, instants []time.Time, from, now time.Time, rerun string) ([]BackfillItem, error) {
+	// Enough records to reach back to from: every scheduled instant since,
+	// each with room for reruns and requests.
+	n := 0
+	for at := j.Schedule.Next(from.Add(-time.Nanosecond)); !at.IsZero() && !at.After(now) && n < 10*MaxBackfill; at = j.Schedule.Next(at) {
+		n++
+	}
+	recs, err := r.opts.Claimer.History(ctx, j.Name, 2*n+1000)
+	if err != nil {
+		return nil, fmt.Errorf("backfill: read history of %s: %w", j.Name, err)
+	}
+	type last struct {
+		status claim.Status
+		k      int // the latest rerun's k, 0 for the instant itself
+	}
+	seen := map[int64]last{}
+	for _, rec := range recs {
+		base := rec.At.Truncate(time.Second)
+		k := int(rec.At.Sub(base))
+		if control.Manual(claim.Run{At: rec.At}) && k >= maxReruns {
+			continue // a requested run, not a rerun
+		}
+		if l, ok := seen[base.UnixNano()]; !ok || k >= l.k {
+			seen[base.UnixNano()] = last{rec.Status, k}
+		}
+	}
+	plan := make([]BackfillItem, 0, len(instants))
+	for _, at := range instants {
+		it := BackfillItem{At: at, RunID: claim.Run{Job: j.Name, At: at}.ID(), Action: ActionKeep}
+		l, ok := seen[at.UnixNano()]
+		if ok {
+			it.Was = string(l.status)
+		}
+		switch {
+		case !ok:
+			it.Action = ActionRun
+		case l.status.Live():
+			// Running, or handed back: the fleet takes it over.
+		case l.status == claim.Missed || rerun == RerunAll ||
+			(rerun == RerunFailed && l.status == claim.Failed):
+			if l.k+1 >= maxReruns {
+				return nil, fmt.Errorf("backfill: %s was rerun %d times; no rerun id left", it.RunID, l.k)
+			}
+			it.Action = ActionRerun
+			it.RunID = claim.Run{Job: j.Name, At: at.Add(time.Duration(l.k + 1))}.ID()
+		}
+		plan = append(plan, it)
+	}
+	return plan, nil
+}

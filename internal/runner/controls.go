@@ -1,0 +1,135 @@
+// This file owns the operator's controls as a replica honours them: it
+// reads the pause switches and run requests from the backend every
+// ControlEvery, skips the instants of a paused job, and dispatches each
+// requested run like a scheduled one. Neither needs agreement between
+// replicas: a run is claimed whatever a replica thinks of it, so a pause
+// that reaches one replica before another still decides each instant once.
+
+package runner
+
+import (
+	"context"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/control"
+)
+
+// readPauses refreshes the pause switches, bounded by a third of the lease;
+// on failure the last known switches stay.
+func (r *Runner) readPauses(ctx context.Context) {
+	if r.opts.Controls == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	defer cancel()
+	ps, err := r.opts.Controls.Pauses(ctx)
+	if err != nil {
+		if ctx.Err() == nil || context.Cause(ctx) == context.DeadlineExceeded {
+			r.log.DebugContext(ctx, "cannot read pause switches", "instance", r.opts.Instance, "error", err.Error())
+		}
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pauses = ps
+	for _, j := range r.jobs {
+		p, _ := ps.Of(j.Name)
+		if p.Paused != r.pausedLogged[j.Name] {
+			r.pausedLogged[j.Name] = p.Paused
+			msg := "job resumed"
+			if p.Paused {
+				msg = "job paused"
+			}
+			r.log.InfoContext(ctx, msg, "job", j.Name, "instance", r.opts.Instance, "by", p.By, "note", p.Note,
+				"at", p.At.Format(time.RFC3339Nano))
+		}
+	}
+}
+
+// paused reports whether job is paused, reading the switches first if no
+// read has succeeded yet. A replica that cannot read them runs the job: the
+// backend that keeps them is the one every claim needs, so a replica
+// that cannot read them cannot claim either.
+func (r *Runner) paused(ctx context.Context, job string) bool {
+	r.mu.Lock()
+	known := r.pauses != nil
+	r.mu.Unlock()
+	if !known {
+		r.readPauses(ctx)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pauses.Paused(job)
+}
+
+// watchControls reads the controls every ControlEvery until ctx (Run's)
+// is done, and dispatches the runs requested of this replica's jobs.
+func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
+	r := d.r
+	if r.opts.Controls == nil {
+		return
+	}
+	seen := map[string]bool{} // requests dispatched here, by id
+	t := time.NewTicker(r.opts.ControlEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.readPauses(ctx)
+		d.requests(ctx, execCtx, seen)
+	}
+}
+
+// requests dispatches every request of a job of this replica it has not
+// dispatched yet and that is still within its job's window (a request
+// nobody picked up in time is not run at a surprising hour; it stays
+// remembered, so a retry of it does not run either). seen is pruned to
+// the requests still remembered.
+func (d *dispatcher) requests(ctx, execCtx context.Context, seen map[string]bool) {
+	r := d.r
+	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	reqs, err := r.opts.Controls.Requests(rctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	listed := map[string]bool{}
+	now := r.opts.Now()
+	for _, req := range reqs {
+		listed[req.ID] = true
+		j := r.job(req.Job)
+		if j == nil || seen[req.ID] || now.Sub(req.Created) > max(j.Grace, r.lateTolerance()) {
+			continue
+		}
+		seen[req.ID] = true
+		r.log.DebugContext(ctx, "run requested", "job", req.Job, "run_id", req.Run().ID(), "request_id", req.ID,
+			"by", req.By, "note", req.Note, "instance", r.opts.Instance)
+		d.start(ctx, execCtx, j, req.At, origin{request: &req}, 0)
+	}
+	for id := range seen {
+		if !listed[id] {
+			delete(seen, id)
+		}
+	}
+}
+
+// job returns the job called name, or nil.
+func (r *Runner) job(name string) *jobState {
+	for _, j := range r.jobs {
+		if j.Name == name {
+			return j
+		}
+	}
+	return nil
+}
+
+// Paused reports the pause switch that governs job as this replica last
+// read it.
+func (r *Runner) Paused(job string) (control.Pause, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pauses.Of(job)
+}

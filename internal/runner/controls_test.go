@@ -1,0 +1,219 @@
+package runner_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// statuses maps each recorded run of job to its status.
+func statuses(t *testing.T, store *memory.Store, job string) map[time.Time]claim.Status {
+	t.Helper()
+	recs, err := memory.New(store, "reader").History(context.Background(), job, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[time.Time]claim.Status{}
+	for _, r := range recs {
+		out[r.At] = r.Status
+	}
+	return out
+}
+
+func startReplicas(t *testing.T, store *memory.Store, led *ledger, jobs []runner.Job, names ...string) []*replica {
+	var rs []*replica
+	for _, n := range names {
+		rp := &replica{name: n, store: store, jobs: jobs, led: led}
+		rp.start(t)
+		rs = append(rs, rp)
+	}
+	return rs
+}
+
+func stopAll(rs []*replica) {
+	for _, rp := range rs {
+		rp.stop()
+	}
+}
+
+// A pause written to the backend reaches every replica within one control
+// tick: each instant after it is recorded skipped once (reason paused) and
+// runs nowhere; a resume, and a pause of every job followed by a resume of
+// one, bring it back.
+func TestPauseReachesEveryReplicaWithinOneTick(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		var ran atomic.Int32
+		jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "@every 5s"),
+			Handler: func(ctx context.Context, run job.Run) error { ran.Add(1); return nil }}}
+		time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute)))
+		rs := startReplicas(t, store, led, jobs, "a", "b", "c")
+		defer stopAll(rs)
+		ctl := control.New(store.Controls(), nil)
+		set := func(job string, paused bool) time.Time {
+			t.Helper()
+			if _, err := ctl.SetPause(context.Background(), control.Pause{Job: job, Paused: paused, By: "test", Note: "maintenance"}); err != nil {
+				t.Fatal(err)
+			}
+			return time.Now()
+		}
+		time.Sleep(12 * time.Second)
+		pausedAt := set("tick", true)
+		time.Sleep(30 * time.Second)
+		resumedAt := set("tick", false)
+		time.Sleep(20 * time.Second)
+		allAt := set(control.AllJobs, true)
+		time.Sleep(20 * time.Second)
+		oneAt := set("tick", false)
+		time.Sleep(20 * time.Second)
+		stopAll(rs)
+
+		tick := time.Second // ControlEvery's default
+		for at, st := range statuses(t, store, "tick") {
+			inPause := (at.After(pausedAt.Add(tick)) && at.Before(resumedAt)) || (at.After(allAt.Add(tick)) && at.Before(oneAt))
+			running := (at.After(resumedAt.Add(tick)) && at.Before(allAt)) || at.After(oneAt.Add(tick)) || at.Before(pausedAt)
+			switch {
+			case inPause && st != claim.Skipped:
+				t.Errorf("%s: %s while paused, want skipped", at.Format(time.TimeOnly), st)
+			case running && st != claim.Succeeded:
+				t.Errorf("%s: %s while running, want succeeded", at.Format(time.TimeOnly), st)
+			}
+		}
+		skips := 0
+		for id, reasons := range led.skipped() {
+			n := 0
+			for _, r := range reasons {
+				if r == runner.ReasonPaused {
+					n++
+				}
+			}
+			if n > 1 {
+				t.Errorf("%s: skipped as paused %d times, want once fleet-wide", id, n)
+			}
+			skips += n
+		}
+		if skips < 8 {
+			t.Errorf("%d instants skipped as paused, want about 10", skips)
+		}
+		led.check(t, history.Spec{})
+	})
+}
+
+// A request made twice under one id runs the job once, fleet-wide, at
+// its own run id; a second request runs it again.
+func TestRequestRunsOnceFleetWideEvenSentTwice(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		var ran atomic.Int32
+		jobs := []runner.Job{{Name: "report", Schedule: mustSchedule(t, "0 0 1 6 *"),
+			Handler: func(ctx context.Context, run job.Run) error { ran.Add(1); return nil }}}
+		rs := startReplicas(t, store, led, jobs, "a", "b", "c")
+		defer stopAll(rs)
+		ctl := control.New(store.Controls(), nil)
+		first, isNew, err := ctl.Request(context.Background(), control.Request{ID: "req-1", Job: "report", By: "test"})
+		if err != nil || !isNew {
+			t.Fatalf("first request: %v, new=%t", err, isNew)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		again, isNew, err := ctl.Request(context.Background(), control.Request{ID: "req-1", Job: "report", By: "test"})
+		if err != nil || isNew || !again.At.Equal(first.At) {
+			t.Fatalf("retried request: %+v new=%t %v; want the first (%s)", again, isNew, err, first.At)
+		}
+		time.Sleep(5 * time.Second)
+		if n := ran.Load(); n != 1 {
+			t.Fatalf("ran %d times after one request sent twice, want 1", n)
+		}
+		if _, _, err := ctl.Request(context.Background(), control.Request{ID: "req-2", Job: "report", By: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		stopAll(rs)
+		if n := ran.Load(); n != 2 {
+			t.Fatalf("ran %d times after two requests, want 2", n)
+		}
+		st := statuses(t, store, "report")
+		if st[first.At] != claim.Succeeded || len(st) != 2 {
+			t.Fatalf("history %v, want two succeeded manual runs", st)
+		}
+		if !control.Manual(first.Run()) {
+			t.Fatalf("requested instant %s is a whole second", first.At)
+		}
+		led.check(t, history.Spec{})
+	})
+}
+
+// Replicas that come back after an outage record every instant missed
+// while none was up, once fleet-wide, with reason no_replica, and count
+// them in scheduler_runs_missed_total; the look-back instant follows the
+// misfire policy (skip: missed too).
+func TestEveryInstantMissedDuringAnOutageIsRecordedOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		jobs := []runner.Job{{Name: "minutely", Schedule: mustSchedule(t, "0 * * * * *"), Grace: 10 * time.Minute,
+			Handler: func(ctx context.Context, run job.Run) error { return nil }}}
+		time.Sleep(time.Until(time.Now().Truncate(time.Hour).Add(time.Hour + 30*time.Second)))
+		// The first start, at hh:00:30, misses hh:00 (nobody was up).
+		rs := startReplicas(t, store, led, jobs, "a")
+		time.Sleep(3 * time.Minute) // 3 instants run
+		stopAll(rs)
+		down := time.Now()
+		time.Sleep(40 * time.Minute) // 40 instants pass with nobody up
+		var regs []*prometheus.Registry
+		var back []*replica
+		for _, n := range []string{"a", "b", "c"} {
+			reg := prometheus.NewRegistry()
+			regs = append(regs, reg)
+			rp := &replica{name: n, store: store, jobs: jobs, led: led, metrics: runner.NewMetrics(reg)}
+			rp.start(t)
+			back = append(back, rp)
+		}
+		defer stopAll(back)
+		time.Sleep(10 * time.Second)
+		stopAll(back)
+		missed, succeeded := 0, 0
+		for at, st := range statuses(t, store, "minutely") {
+			switch {
+			case at.After(down) && st != claim.Missed:
+				t.Errorf("%s: %s, want missed", at.Format(time.TimeOnly), st)
+			case at.After(down):
+				missed++
+			case st == claim.Succeeded:
+				succeeded++
+			}
+		}
+		if missed != 40 || succeeded != 3 {
+			t.Fatalf("%d missed and %d succeeded, want 40 and 3", missed, succeeded)
+		}
+		var counted float64
+		for _, reg := range regs {
+			mfs, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				if mf.GetName() == "scheduler_runs_missed_total" {
+					for _, m := range mf.GetMetric() {
+						counted += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		if counted != 40 {
+			t.Fatalf("scheduler_runs_missed_total sums to %v across replicas, want 40", counted)
+		}
+	})
+}
