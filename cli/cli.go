@@ -11,12 +11,14 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"strings"
 	"text/tabwriter"
 	"time"
 	_ "time/tzdata" // time zones resolve on minimal images without /usr/share/zoneinfo
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/job"
 	"github.com/scheduler-dev/scheduler/migrations"
@@ -39,7 +41,10 @@ Usage:
   scheduler migrate  [--config FILE] up|down|status
   scheduler jobs     [--config FILE] [--json]   registered jobs, schedules, next instants
   scheduler runs     [--config FILE] [--job J] [--limit N] [--json]
-  scheduler trigger  [--config FILE] JOB        claim and execute one run of JOB now
+  scheduler pause    [--config FILE] [--note TEXT] JOB|--all   skip JOB's instants on every replica until resumed
+  scheduler resume   [--config FILE] JOB|--all
+  scheduler trigger  [--config FILE] [--note TEXT] [--request-id ID] [--wait] [--here] JOB   ask the fleet to run JOB now, once
+  scheduler backfill [--config FILE] --from T --to T [--rerun none|failed|all] [--max-concurrent N] [--dry-run] JOB
   scheduler compare  [--claimers a,b] [--faults pause,crash,…] [--json F] [--html F]  claim strategies side by side under faults
   scheduler prune    [--config FILE] [--older-than 720h]   delete old finished runs (SQL claimers)
   scheduler version
@@ -77,6 +82,12 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer, cmds ...Co
 		return e.runs(rest)
 	case "trigger":
 		return e.trigger(rest)
+	case "pause":
+		return e.pause(rest)
+	case "resume":
+		return e.resume(rest)
+	case "backfill":
+		return e.backfill(rest)
 	case "prune":
 		return e.prune(rest)
 	case "compare":
@@ -125,16 +136,52 @@ func (e *env) flags(name, synopsis string) (*flag.FlagSet, *string) {
 	return fs, path
 }
 
-// parse parses flags; it returns an exit code and false when the command
+// parse parses flags before or after the arguments (`scheduler pause
+// billing --note x` as well as `scheduler pause --note x billing`); "--"
+// ends the flags. It returns an exit code and false when the command
 // should stop (help requested or bad usage).
 func parse(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(interspersed(fs, args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ExitOK, false
 		}
 		return ExitUsage, false
 	}
 	return 0, true
+}
+
+// interspersed moves the flags among args ahead of the arguments, so that
+// flag.Parse, which stops at the first argument, reads them all.
+func interspersed(fs *flag.FlagSet, args []string) []string {
+	var flags, rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			rest = append(rest, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			rest = append(rest, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // flag.Parse reports it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !(ok && b.IsBoolFlag()) && i+1 < len(args) {
+			flags = append(flags, args[i+1]) // the flag's value
+			i++
+		}
+	}
+	if len(rest) == 0 {
+		return flags
+	}
+	return append(append(flags, "--"), rest...)
 }
 
 // load reads and validates the config against the registry; on error it
@@ -221,6 +268,9 @@ type jobView struct {
 	Timezone string      `json:"timezone"`
 	Enabled  bool        `json:"enabled"`
 	Next     []time.Time `json:"next"`
+	// Paused is the pause switch that governs the job, if one was ever
+	// set; nil also when the backend could not be read (a warning says so).
+	Paused *control.Pause `json:"paused"`
 }
 
 func (e *env) jobs(args []string) int {
@@ -234,6 +284,7 @@ func (e *env) jobs(args []string) int {
 		return ExitUsage
 	}
 	now := time.Now()
+	pauses := e.readPauses(cfg)
 	var views []jobView
 	for _, name := range sortedJobs(cfg) {
 		j := cfg.Jobs[name]
@@ -242,6 +293,9 @@ func (e *env) jobs(args []string) int {
 			return e.fail("jobs.%s.schedule: %v", name, err)
 		}
 		v := jobView{Name: name, Schedule: j.Schedule, Timezone: s.Location().String(), Enabled: j.Enabled}
+		if p, ok := pauses.Of(name); ok {
+			v.Paused = &p
+		}
 		for at := now; len(v.Next) < 3; {
 			at = s.Next(at)
 			v.Next = append(v.Next, at)
@@ -252,13 +306,40 @@ func (e *env) jobs(args []string) int {
 		return e.printJSON(views)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tSCHEDULE\tTIMEZONE\tENABLED\tNEXT")
+	fmt.Fprintln(tw, "JOB\tSCHEDULE\tTIMEZONE\tENABLED\tPAUSED\tNEXT")
 	for _, v := range views {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s, %s, %s\n", v.Name, v.Schedule, v.Timezone, v.Enabled,
+		paused := "no"
+		switch {
+		case pauses == nil:
+			paused = "?"
+		case v.Paused != nil && v.Paused.Paused:
+			paused = fmt.Sprintf("yes, by %s at %s", v.Paused.By, v.Paused.At.Format(time.RFC3339))
+			if v.Paused.Note != "" {
+				paused += ": " + v.Paused.Note
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s, %s, %s\n", v.Name, v.Schedule, v.Timezone, v.Enabled, paused,
 			v.Next[0].Format(time.RFC3339), v.Next[1].Format(time.RFC3339), v.Next[2].Format(time.RFC3339))
 	}
 	_ = tw.Flush()
 	return ExitOK
+}
+
+// readPauses reads the pause switches from cfg's backend for `jobs`; nil,
+// with a warning, if it cannot.
+func (e *env) readPauses(cfg *config.Config) control.Pauses {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := openBackend(ctx, cfg, false)
+	if err == nil {
+		defer b.Close()
+		var ps control.Pauses
+		if ps, err = control.New(b.Controls, nil).Pauses(ctx); err == nil {
+			return ps
+		}
+	}
+	fmt.Fprintf(e.stderr, "scheduler jobs: cannot read pause switches from claimer %s: %v\n", cfg.Claimer.Kind, err)
+	return nil
 }
 
 func (e *env) runs(args []string) int {

@@ -16,8 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/internal/web"
@@ -47,9 +48,10 @@ func (e *env) runnerJobs(cfg *config.Config) ([]runner.Job, []web.JobInfo, error
 	return out, info, nil
 }
 
-// runnerOptions are the runner's settings from cfg, on claimer b.
-func runnerOptions(cfg *config.Config, b claim.Claimer, log *slog.Logger, m *runner.Metrics) runner.Options {
-	return runner.Options{Claimer: b, ClaimerName: cfg.Claimer.Kind, Instance: cfg.InstanceID,
+// runnerOptions are the runner's settings from cfg, on backend b.
+func runnerOptions(cfg *config.Config, b *claimers.Backend, log *slog.Logger, m *runner.Metrics) runner.Options {
+	return runner.Options{Claimer: b.Claimer, Controls: control.New(b.Controls, nil),
+		ClaimerName: cfg.Claimer.Kind, Instance: cfg.InstanceID,
 		Lease: cfg.Claimer.Lease.Duration(), RenewEvery: cfg.Claimer.RenewEvery.Duration(),
 		MaxClockSkew: cfg.Claimer.MaxClockSkew.Duration(), ShutdownGrace: cfg.ShutdownGrace.Duration(),
 		Logger: log, Metrics: m}
@@ -107,7 +109,7 @@ func (e *env) run(args []string) int {
 		return ExitRuntime
 	}
 	defer closeJobs()
-	r, err := runner.New(runnerOptions(cfg, b.Claimer, log, metrics), jobsList)
+	r, err := runner.New(runnerOptions(cfg, b, log, metrics), jobsList)
 	if err != nil {
 		log.Error("invalid runner settings", "error", err.Error())
 		return ExitUsage
@@ -115,15 +117,19 @@ func (e *env) run(args []string) int {
 
 	var srv *http.Server
 	var ln net.Listener
+	var ws *web.Server
 	if cfg.HTTP.Addr != "" {
 		ln, err = net.Listen("tcp", cfg.HTTP.Addr)
 		if err != nil {
 			log.Error("cannot listen on http.addr", "addr", cfg.HTTP.Addr, "error", err.Error())
 			return ExitRuntime
 		}
-		srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: web.Handler(web.Options{
+		ws = web.New(web.Options{
 			Instance: cfg.InstanceID, Claimer: cfg.Claimer.Kind, Jobs: info, History: b.Claimer,
-			Ready: b.Ready, Gatherer: reg, Logger: log})}
+			Ready: b.Ready, Gatherer: reg, Logger: log,
+			Controls: control.New(b.Controls, nil), Token: string(cfg.HTTP.Token), Backfill: r.Backfill,
+			BaseContext: ctx})
+		srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: ws}
 	}
 
 	log.Info("scheduler started", "claimer", cfg.Claimer.Kind, "jobs", len(jobsList), "http", ln != nil && srv != nil,
@@ -140,7 +146,7 @@ func (e *env) run(args []string) int {
 			}
 			return nil
 		})
-		g.Go(func() error { <-runnerDone; shutdownHTTP(srv); return nil })
+		g.Go(func() error { <-runnerDone; _ = ws.Close(); shutdownHTTP(srv); return nil })
 	}
 	if err := g.Wait(); err != nil {
 		log.Error("scheduler stopped", "error", err.Error())
@@ -161,58 +167,4 @@ func listenAddr(ln net.Listener) string {
 		return ""
 	}
 	return ln.Addr().String()
-}
-
-func (e *env) trigger(args []string) int {
-	fs, path := e.flags("trigger", "[--config FILE] JOB")
-	if code, ok := parse(fs, args); !ok {
-		return code
-	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(e.stderr, "scheduler trigger: want exactly one JOB")
-		fs.Usage()
-		return ExitUsage
-	}
-	name := fs.Arg(0)
-	cfg, ok := e.load(*path)
-	if !ok {
-		return ExitUsage
-	}
-	jobsList, _, err := e.runnerJobs(cfg)
-	if err != nil {
-		e.configError(err)
-		return ExitUsage
-	}
-	if !slices.ContainsFunc(jobsList, func(j runner.Job) bool { return j.Name == name }) {
-		fmt.Fprintf(e.stderr, "scheduler trigger: no enabled job %q in the configuration\n", name)
-		return ExitUsage
-	}
-	log := newLogger(cfg, e.stderr)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	b, err := openBackend(ctx, cfg, true)
-	if err != nil {
-		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
-		return ExitRuntime
-	}
-	defer b.Close()
-	closeJobs, err := e.openJobs(ctx, cfg, nil, name)
-	if err != nil {
-		log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
-		return ExitRuntime
-	}
-	defer closeJobs()
-	r, err := runner.New(runnerOptions(cfg, b.Claimer, log, nil), jobsList)
-	if err != nil {
-		return e.fail("%v", err)
-	}
-	status, err := r.Trigger(ctx, name)
-	if err != nil {
-		return e.fail("%v", err)
-	}
-	fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
-	if status != claim.Succeeded {
-		return ExitRuntime
-	}
-	return ExitOK
 }

@@ -33,7 +33,7 @@ func TestSeedThenTriggerBilling(t *testing.T) {
 		!strings.Contains(r.stdout, "seeded 3 customers") || !strings.Contains(r.stdout, "in sqlite ./billing.db") {
 		t.Fatalf("seed: %+v", r)
 	}
-	if r := run(t, dir, "trigger", "--config", config, "billing.nightly"); r.code != 0 ||
+	if r := run(t, dir, "trigger", "--here", "--config", config, "billing.nightly"); r.code != 0 ||
 		!strings.Contains(r.stdout, "billing.nightly: succeeded") || !strings.Contains(r.stderr, "customers=3 written=3") {
 		t.Fatalf("trigger: %+v", r)
 	}
@@ -73,7 +73,7 @@ func TestOwnBinary(t *testing.T) {
 	if code, out, _ := main("jobs", "--config", config); code != 0 || !strings.Contains(out, "reports.hourly") || len(opened) != 0 {
 		t.Fatalf("jobs: %d %s (opened %v)", code, out, opened)
 	}
-	if code, out, errOut := main("trigger", "--config", config, "reports.hourly"); code != 0 || !strings.Contains(out, "reports.hourly: succeeded") {
+	if code, out, errOut := main("trigger", "--here", "--config", config, "reports.hourly"); code != 0 || !strings.Contains(out, "reports.hourly: succeeded") {
 		t.Fatalf("trigger: %d %s %s", code, out, errOut)
 	}
 	if want := "sqlite " + filepath.Join(dir, "data.db"); len(opened) != 1 || opened[0] != want || closed != 1 {

@@ -90,7 +90,7 @@ func TestVersionAndHelp(t *testing.T) {
 	if r := run(t, dir); r.code != 2 || !strings.Contains(r.stderr, "Usage:") {
 		t.Fatalf("no command: %+v", r)
 	}
-	for _, cmd := range []string{"run", "migrate", "jobs", "runs", "trigger"} {
+	for _, cmd := range []string{"run", "migrate", "jobs", "runs", "trigger", "pause", "resume", "backfill"} {
 		if r := run(t, dir, cmd, "--help"); r.code != 0 || !strings.Contains(r.stderr, "Usage: scheduler "+cmd) {
 			t.Fatalf("%s --help: %+v", cmd, r)
 		}
@@ -110,7 +110,7 @@ func TestHappyPathsOnTheEmbeddedDefault(t *testing.T) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &jobs) != nil || len(jobs) != 1 || jobs[0].Name != "example.sleep" || len(jobs[0].Next) != 3 {
 		t.Fatalf("jobs --json: %+v", r)
 	}
-	if r := run(t, dir, "trigger", "example.sleep"); r.code != 0 || !strings.Contains(r.stdout, "example.sleep: succeeded") {
+	if r := run(t, dir, "trigger", "--here", "example.sleep"); r.code != 0 || !strings.Contains(r.stdout, "example.sleep: succeeded") {
 		t.Fatalf("trigger: %+v", r)
 	}
 	r = run(t, dir, "runs", "--json")
@@ -167,6 +167,13 @@ func TestBadConfigAndArgumentsExitTwoNamingTheKey(t *testing.T) {
 		{"UnknownFlag", "", []string{"run", "--frobnicate"}, "frobnicate"},
 		{"TriggerWithoutJob", "", []string{"trigger"}, "JOB"},
 		{"TriggerUnknownJob", "", []string{"trigger", "nope"}, "nope"},
+		{"TriggerBadOverlap", "", []string{"trigger", "example.sleep", "--overlap", "maybe"}, "--overlap"},
+		{"PauseWithoutJob", "", []string{"pause", "--note", "x"}, "JOB"},
+		{"PauseJobAndAll", "", []string{"pause", "example.sleep", "--all"}, "--all"},
+		{"ResumeUnknownJob", "", []string{"resume", "nope"}, "nope"},
+		{"BackfillBadFrom", "", []string{"backfill", "example.sleep", "--from", "yesterday", "--to", "2026-01-02"}, "--from"},
+		{"BackfillNoTo", "", []string{"backfill", "example.sleep", "--from", "2026-01-01"}, "--to"},
+		{"BackfillBadRerun", "", []string{"backfill", "example.sleep", "--from", "2026-01-01", "--to", "2026-01-02", "--rerun", "some"}, "--rerun"},
 		{"MigrateWithoutVerb", "", []string{"migrate"}, "up, down, status"},
 		{"RunsBadLimit", "", []string{"runs", "--limit", "0"}, "--limit"},
 	}
@@ -290,6 +297,7 @@ type event struct {
 	Job         string    `json:"job"`
 	Claimer     string    `json:"claimer"`
 	Duration    *int64    `json:"duration_ms"`
+	Count       int       `json:"count"`
 }
 
 func readEvents(t *testing.T, dir string, names ...string) []event {
@@ -526,7 +534,7 @@ func readLog(t *testing.T, dir, name string) string {
 
 func TestPruneKeepsRecentRuns(t *testing.T) {
 	dir := t.TempDir()
-	if r := run(t, dir, "trigger", "example.sleep"); r.code != 0 {
+	if r := run(t, dir, "trigger", "--here", "example.sleep"); r.code != 0 {
 		t.Fatalf("trigger: %+v", r)
 	}
 	if r := run(t, dir, "prune", "--older-than", "48h"); r.code != 0 || !strings.Contains(r.stdout, "pruned 0 finished runs") {
@@ -565,7 +573,7 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 	if r := run(t, dir, "migrate", "--config", pg, "up"); r.code != 0 || strings.Contains(r.stdout, "pending") {
 		t.Fatalf("migrate up: %+v", r)
 	}
-	if r := run(t, dir, "trigger", "--config", pg, "example.sleep"); r.code != 0 {
+	if r := run(t, dir, "trigger", "--here", "--config", pg, "example.sleep"); r.code != 0 {
 		t.Fatalf("trigger on postgres: %+v", r)
 	}
 	if r := run(t, dir, "migrate", "--config", pg, "down"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
@@ -578,7 +586,7 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if r := run(t, dir, "trigger", "--config", rd, "example.sleep"); r.code != 0 {
+		if r := run(t, dir, "trigger", "--here", "--config", rd, "example.sleep"); r.code != 0 {
 			t.Fatalf("trigger on redis: %+v", r)
 		}
 	}

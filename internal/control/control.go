@@ -150,12 +150,15 @@ type Request struct {
 func (r Request) Run() claim.Run { return claim.Run{Job: r.Job, At: r.At} }
 
 // ManualInstant is the instant of a run requested at t: t to the
-// millisecond, never a whole second. Scheduled instants are whole seconds
-// (cron's finest field), so a manual run never shares a run id with one.
+// nanosecond, never a whole second, and at least a microsecond into its
+// second. Scheduled instants are whole seconds (cron's finest field) and a
+// backfill's reruns an instant plus fewer than a thousand nanoseconds, so
+// a requested run shares a run id with neither, and two requests share one
+// only if made in the same nanosecond.
 func ManualInstant(t time.Time) time.Time {
-	at := t.UTC().Truncate(time.Millisecond)
-	if at.Nanosecond() == 0 {
-		at = at.Add(time.Millisecond)
+	at := t.UTC().Round(0)
+	if at.Nanosecond() < int(time.Microsecond) {
+		at = at.Add(time.Microsecond)
 	}
 	return at
 }
@@ -195,7 +198,7 @@ func (s *Store) Request(ctx context.Context, r Request) (Request, bool, error) {
 	if err := json.Unmarshal(got.Value, &out); err != nil {
 		return Request{}, false, err
 	}
-	return out, out.At.Equal(r.At) && out.Job == r.Job, nil
+	return out, out.At.Equal(r.At) && out.Created.Equal(r.Created) && out.Job == r.Job, nil
 }
 
 // Requests lists the remembered requests, oldest first.

@@ -32,8 +32,8 @@ const MaxBackfill = 100_000
 
 // maxReruns is how many times one instant can be rerun: a rerun's run id is
 // the instant plus k nanoseconds, k < maxReruns, which never names a
-// scheduled instant (whole seconds) nor a requested one (whole
-// milliseconds).
+// scheduled instant (whole seconds) nor a requested one (at least a
+// microsecond into its second, control.ManualInstant).
 const maxReruns = 999
 
 // BackfillOptions configure Backfill.

@@ -121,7 +121,7 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 			recs, err := r.opts.Claimer.History(hctx, j.Name, recoverProbe)
 			cancel()
 			if err == nil {
-				d.startupHistory(ctx, j, recs, now)
+				d.startupHistory(ctx, execCtx, j, recs, now)
 				for _, rec := range recs {
 					if rec.Status.Live() && !rec.At.After(now) {
 						d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)

@@ -6,6 +6,7 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -23,7 +24,7 @@ const missedChunk = 1000
 // startupHistory reads what recs, j's newest records, say at start-up
 // (now): the last success, and the instants missed since the newest
 // scheduled run they hold.
-func (d *dispatcher) startupHistory(ctx context.Context, j *jobState, recs []claim.Record, now time.Time) {
+func (d *dispatcher) startupHistory(ctx, execCtx context.Context, j *jobState, recs []claim.Record, now time.Time) {
 	for _, rec := range recs {
 		if rec.Status == claim.Succeeded {
 			d.r.opts.Metrics.succeeded(j.Name, rec.FinishedAt)
@@ -32,7 +33,7 @@ func (d *dispatcher) startupHistory(ctx context.Context, j *jobState, recs []cla
 	}
 	for _, rec := range recs {
 		if !control.Manual(claim.Run{Job: rec.Job, At: rec.At}) {
-			d.recordMissed(ctx, j, rec.At, now)
+			d.recordMissed(ctx, execCtx, j, rec.At, now)
 			return
 		}
 	}
@@ -41,13 +42,13 @@ func (d *dispatcher) startupHistory(ctx context.Context, j *jobState, recs []cla
 }
 
 // recordMissed records as missed, reason no_replica, every instant of j
-// after last (its newest recorded scheduled run) that no replica claimed:
-// up to the late tolerance before now, when replicas up may still be
-// dispatching it, and except the latest instant, which the look-back
-// dispatches under the misfire policy. Each is claimed first, so however
-// many replicas start together, one records it and counts it. A paused
-// job misses nothing.
-func (d *dispatcher) recordMissed(ctx context.Context, j *jobState, last, now time.Time) {
+// after last (its newest recorded scheduled run) that no replica claimed
+// and that is past the late tolerance; the later ones, but for the latest
+// (the look-back dispatches it under the misfire policy), are dispatched
+// like any run: still on time, they run. Each is claimed first, so
+// however many replicas start together, and whatever replicas already up
+// do, one records it and counts it. A paused job misses nothing.
+func (d *dispatcher) recordMissed(ctx, execCtx context.Context, j *jobState, last, now time.Time) {
 	r := d.r
 	if r.paused(ctx, j.Name) {
 		return
@@ -57,9 +58,11 @@ func (d *dispatcher) recordMissed(ctx context.Context, j *jobState, last, now ti
 	var runs []claim.Run
 	beyond := 0
 walk:
-	for at := j.Schedule.Next(last); !at.IsZero() && at.Before(end); at = j.Schedule.Next(at) {
+	for at := j.Schedule.Next(last); !at.IsZero() && at.Before(now); at = j.Schedule.Next(at) {
 		switch {
 		case at.Equal(prev):
+		case !at.Before(end):
+			d.start(ctx, execCtx, j, at, origin{late: MissedNoReplica}, 0)
 		case len(runs) < maxMissedAtStart:
 			runs = append(runs, claim.Run{Job: j.Name, At: at.UTC()})
 		default:
@@ -76,33 +79,7 @@ walk:
 	for len(runs) > 0 && ctx.Err() == nil {
 		chunk := runs[:min(len(runs), missedChunk)]
 		runs = runs[len(chunk):]
-		cctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
-		cls, _ := r.opts.Claimer.Claim(cctx, chunk, r.opts.Lease)
-		cancel()
-		var won []*claim.Claim
-		for _, cl := range cls {
-			if cl != nil {
-				won = append(won, cl)
-			}
-		}
-		if len(won) == 0 {
-			continue
-		}
-		outs := make([]claim.Status, len(won))
-		for i := range outs {
-			outs[i] = claim.Missed
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease)
-		errs := r.opts.Claimer.Release(rctx, won, outs)
-		cancel()
-		for i, cl := range won {
-			if errs[i] == nil {
-				recorded++
-				r.emit(Event{Kind: EventSkipped, Run: cl.Run, Claim: cl, Reason: ReasonMissed, Cause: MissedNoReplica})
-			}
-			// A failed release leaves the claim to expire; the run is
-			// then taken over as attempt 2, which is never missed.
-		}
+		recorded += d.recordChunk(ctx, chunk)
 	}
 	if recorded == 0 && beyond == 0 {
 		return
@@ -114,4 +91,58 @@ walk:
 		attrs = append(attrs, "not_recorded", beyond)
 	}
 	r.log.WarnContext(ctx, "runs missed", attrs...)
+}
+
+// recordChunk claims runs and releases the ones it wins as missed,
+// retrying those the backend did not answer (a loaded backend times out
+// a batch) until ctx (Run's) ends. It returns how many it recorded.
+func (d *dispatcher) recordChunk(ctx context.Context, runs []claim.Run) int {
+	r := d.r
+	recorded := 0
+	for attempt := 0; len(runs) > 0; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+		cls, errs := r.opts.Claimer.Claim(cctx, runs, r.opts.Lease)
+		cancel()
+		var won []*claim.Claim
+		var retry []claim.Run
+		for i, cl := range cls {
+			switch {
+			case errs[i] == nil:
+				won = append(won, cl)
+			case errors.Is(errs[i], claim.ErrHeld), errors.Is(errs[i], claim.ErrDone), errors.Is(errs[i], claim.ErrInvalid):
+				// Someone else has it, or it is settled.
+			default:
+				retry = append(retry, runs[i])
+			}
+		}
+		if len(won) > 0 {
+			outs := make([]claim.Status, len(won))
+			for i := range outs {
+				outs[i] = claim.Missed
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease)
+			errs := r.opts.Claimer.Release(rctx, won, outs)
+			cancel()
+			for i, cl := range won {
+				// A failed release leaves the claim to expire; the run is
+				// then taken over as attempt 2, which is never missed.
+				if errs[i] == nil {
+					recorded++
+					r.emit(Event{Kind: EventSkipped, Run: cl.Run, Claim: cl, Reason: ReasonMissed, Cause: MissedNoReplica})
+				}
+			}
+		}
+		runs = retry
+		if len(runs) == 0 {
+			break
+		}
+		t := time.NewTimer(jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return recorded
+		case <-t.C:
+		}
+	}
+	return recorded
 }

@@ -320,9 +320,9 @@ loop:
 
 // Trigger claims and executes one run of the named job now, outside its
 // schedule, through the same claim path as scheduled runs (batched, timed,
-// counted), and returns its final status. The manual instant carries a
-// millisecond part, so it cannot collide with a scheduled instant (those are
-// whole seconds).
+// counted), and returns its final status. The manual instant
+// (control.ManualInstant) has a sub-second part, so it cannot collide
+// with a scheduled instant (those are whole seconds).
 func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error) {
 	var j *jobState
 	for _, x := range r.jobs {

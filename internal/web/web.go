@@ -1,5 +1,6 @@
 // Package web serves the replica's HTTP surface: /metrics, /healthz,
-// /readyz and a small server-rendered status page at /.
+// /readyz, a small server-rendered status page at /, and the operator's
+// JSON API under /api/ (see api.go).
 package web
 
 import (
@@ -8,12 +9,15 @@ import (
 	"html/template"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/runner"
 )
 
 //go:embed status.html
@@ -45,19 +49,75 @@ type Options struct {
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
 	Now      func() time.Time
+
+	// Controls is the operator's state in the backend: pauses and run
+	// requests. nil: the API's control calls answer 501 and the page
+	// shows no buttons.
+	Controls *control.Store
+	// Token is the bearer token the API's mutating calls require. Empty
+	// turns them off (403). It is never logged nor rendered.
+	Token string
+	// Backfill runs a backfill on this replica (a Runner's Backfill).
+	// nil: the API's backfill calls answer 501.
+	Backfill func(ctx context.Context, job string, o runner.BackfillOptions) ([]runner.BackfillItem, runner.BackfillSummary, error)
+	// BaseContext bounds the backfills the API starts (default
+	// context.Background()); Server.Close also stops them.
+	BaseContext context.Context
 }
 
-// Handler returns the HTTP handler.
-func Handler(o Options) http.Handler {
+// recentRecords is how many of the newest records (of every job) the page
+// and GET /api/jobs read to find each job's last status, last success and
+// missed runs.
+const recentRecords = 500
+
+// pageRuns is how many of them the page lists.
+const pageRuns = 50
+
+// Server is the HTTP handler. Close stops the backfills its API started.
+type Server struct {
+	o   Options
+	mux *http.ServeMux
+
+	ctx    context.Context // backfills run under it
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	closed    bool
+	backfills map[string]*backfill
+	finished  []string // ids of finished backfills, oldest first
+}
+
+// Handler returns the HTTP handler. Backfills it starts stop when
+// o.BaseContext is done; use New for a Server that can also be closed.
+func Handler(o Options) http.Handler { return New(o) }
+
+// New returns the HTTP handler as a Server.
+func New(o Options) *Server {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	base := o.BaseContext
+	if base == nil {
+		base = context.Background()
+	}
+	s := &Server{o: o, mux: http.NewServeMux(), backfills: map[string]*backfill{}}
+	s.ctx, s.cancel = context.WithCancel(base)
+	mux := s.mux
+	if o.Gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if o.Ready == nil {
+			_, _ = w.Write([]byte("ready\n"))
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := o.Ready(ctx); err != nil {
@@ -66,13 +126,96 @@ func Handler(o Options) http.Handler {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { o.status(w, r) })
-	return mux
+	mux.HandleFunc("GET /{$}", s.status)
+	s.routes()
+	return s
 }
 
-type jobRow struct {
-	Name, Schedule, Timezone, LastStatus string
-	Next                                 time.Time
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Close stops the backfills the API started and waits for them; later
+// ones are refused.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// jobState is what the page and GET /api/jobs say of one job.
+type jobState struct {
+	Name, Schedule, Timezone string
+	Next                     time.Time
+	LastStatus               claim.Status
+	LastSuccess              time.Time
+	Missed                   int
+	Pause                    *control.Pause // the switch governing it, nil if never set
+}
+
+// snapshot reads the recent history and the pause switches once.
+type snapshot struct {
+	Jobs   []jobState
+	Recent []claim.Record
+	Errors []string
+}
+
+func (s *Server) snapshot(ctx context.Context, now time.Time) snapshot {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var snap snapshot
+	type seen struct {
+		last, success bool
+		st            jobState
+	}
+	per := map[string]*seen{}
+	if s.o.History != nil {
+		recs, err := s.o.History.History(ctx, "", recentRecords)
+		if err != nil {
+			snap.Errors = append(snap.Errors, "run history unavailable: "+err.Error())
+		}
+		snap.Recent = recs
+		for _, rec := range recs {
+			j := per[rec.Job]
+			if j == nil {
+				j = &seen{}
+				per[rec.Job] = j
+			}
+			if !j.last {
+				j.last, j.st.LastStatus = true, rec.Status
+			}
+			if rec.Status == claim.Succeeded && rec.FinishedAt.After(j.st.LastSuccess) {
+				j.st.LastSuccess = rec.FinishedAt
+			}
+			if rec.Status == claim.Missed {
+				j.st.Missed++
+			}
+		}
+	}
+	var pauses control.Pauses
+	if s.o.Controls != nil {
+		var err error
+		if pauses, err = s.o.Controls.Pauses(ctx); err != nil {
+			snap.Errors = append(snap.Errors, "pause switches unavailable: "+err.Error())
+		}
+	}
+	for _, j := range s.o.Jobs {
+		st := jobState{}
+		if p := per[j.Name]; p != nil {
+			st = p.st
+		}
+		st.Name, st.Schedule, st.Timezone = j.Name, j.Schedule, j.Timezone
+		if j.Next != nil {
+			st.Next = j.Next(now)
+		}
+		if p, ok := pauses.Of(j.Name); ok {
+			st.Pause = &p
+		}
+		snap.Jobs = append(snap.Jobs, st)
+	}
+	return snap
 }
 
 type claimRow struct {
@@ -80,39 +223,28 @@ type claimRow struct {
 	Remaining string
 }
 
-func (o Options) status(w http.ResponseWriter, r *http.Request) {
-	now := o.Now()
+func (s *Server) status(w http.ResponseWriter, r *http.Request) {
+	now := s.o.Now()
+	snap := s.snapshot(r.Context(), now)
 	data := struct {
-		Instance, Claimer, Error string
-		Now                      time.Time
-		Jobs                     []jobRow
-		Runs                     []claim.Record
-		Claims                   []claimRow
-	}{Instance: o.Instance, Claimer: o.Claimer, Now: now}
-	last := map[string]string{}
-	if o.History != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		recs, err := o.History.History(ctx, "", 50)
-		if err != nil {
-			data.Error = "run history unavailable: " + err.Error()
+		Instance, Claimer string
+		Errors            []string
+		Now               time.Time
+		Jobs              []jobState
+		Runs              []claim.Record
+		Claims            []claimRow
+		Controls, APIOn   bool
+	}{Instance: s.o.Instance, Claimer: s.o.Claimer, Now: now, Errors: snap.Errors, Jobs: snap.Jobs,
+		Controls: s.o.Controls != nil, APIOn: s.o.Token != ""}
+	data.Runs = snap.Recent[:min(len(snap.Recent), pageRuns)]
+	for _, rec := range snap.Recent {
+		if rec.Status == claim.Running && rec.LeaseUntil.After(now) {
+			data.Claims = append(data.Claims, claimRow{Record: rec, Remaining: rec.LeaseUntil.Sub(now).Round(100 * time.Millisecond).String()})
 		}
-		data.Runs = recs
-		for _, rec := range recs {
-			if _, seen := last[rec.Job]; !seen {
-				last[rec.Job] = string(rec.Status)
-			}
-			if rec.Status == claim.Running && rec.LeaseUntil.After(now) {
-				data.Claims = append(data.Claims, claimRow{Record: rec, Remaining: rec.LeaseUntil.Sub(now).Round(100 * time.Millisecond).String()})
-			}
-		}
-	}
-	for _, j := range o.Jobs {
-		data.Jobs = append(data.Jobs, jobRow{Name: j.Name, Schedule: j.Schedule, Timezone: j.Timezone,
-			Next: j.Next(now), LastStatus: last[j.Name]})
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := page.Execute(w, data); err != nil && o.Logger != nil {
-		o.Logger.WarnContext(r.Context(), "status page render failed", "error", err.Error())
+	w.Header().Set("Cache-Control", "no-store")
+	if err := page.Execute(w, data); err != nil {
+		s.o.Logger.WarnContext(r.Context(), "status page render failed", "error", err.Error())
 	}
 }

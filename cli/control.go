@@ -1,0 +1,391 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/signal"
+	"slices"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+)
+
+// The operator's controls: pause, resume, trigger (through the fleet) and
+// backfill. Each writes to, or claims through, the configured claimer's
+// backend, which every replica reads: none talks to a replica.
+
+// controlTimeout bounds a control's round trips to the backend.
+const controlTimeout = 30 * time.Second
+
+// openControls opens cfg's backend for a control command.
+func (e *env) openControls(ctx context.Context, cfg *config.Config) (*claimers.Backend, *control.Store, bool) {
+	b, err := openBackend(ctx, cfg, true)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "scheduler: cannot open claimer %s: %v\n", cfg.Claimer.Kind, err)
+		return nil, nil, false
+	}
+	return b, control.New(b.Controls, nil), true
+}
+
+// jobArg checks the one JOB argument (or --all) against cfg.
+func (e *env) jobArg(cmd string, cfg *config.Config, args []string, all bool) (string, bool) {
+	switch {
+	case all && len(args) == 0:
+		return control.AllJobs, true
+	case all:
+		fmt.Fprintf(e.stderr, "scheduler %s: give a JOB or --all, not both\n", cmd)
+		return "", false
+	case len(args) != 1:
+		fmt.Fprintf(e.stderr, "scheduler %s: want exactly one JOB (or --all)\n", cmd)
+		return "", false
+	}
+	if _, ok := cfg.Jobs[args[0]]; !ok {
+		fmt.Fprintf(e.stderr, "scheduler %s: no job %q in the configuration (have %v)\n", cmd, args[0], sortedJobs(cfg))
+		return "", false
+	}
+	return args[0], true
+}
+
+func (e *env) pause(args []string) int { return e.setPause("pause", args, true) }
+
+func (e *env) resume(args []string) int { return e.setPause("resume", args, false) }
+
+func (e *env) setPause(cmd string, args []string, paused bool) int {
+	fs, path := e.flags(cmd, "[--config FILE] [--note TEXT] [--by WHO] JOB|--all")
+	all := fs.Bool("all", false, "every job, including jobs added later")
+	note := fs.String("note", "", "why, shown in `scheduler jobs`, the status page and the logs")
+	by := fs.String("by", control.Identity(), "who, recorded with the switch")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	job, ok := e.jobArg(cmd, cfg, fs.Args(), *all)
+	if !ok {
+		return ExitUsage
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), controlTimeout)
+	defer cancel()
+	b, ctl, ok := e.openControls(ctx, cfg)
+	if !ok {
+		return ExitRuntime
+	}
+	defer b.Close()
+	p, err := ctl.SetPause(ctx, control.Pause{Job: job, Paused: paused, Note: *note, By: *by})
+	if err != nil {
+		return e.fail("%s %s: %v", cmd, job, err)
+	}
+	if p.Paused != paused {
+		return e.fail("%s %s: a later switch by %s at %s won: paused=%t", cmd, job, p.By, p.At.Format(time.RFC3339), p.Paused)
+	}
+	what := job
+	if job == control.AllJobs {
+		what = "every job"
+	}
+	fmt.Fprintf(e.stdout, "%s %sd by %s at %s; every replica honours it within a second\n", what, cmd, p.By, p.At.Format(time.RFC3339))
+	return ExitOK
+}
+
+func (e *env) trigger(args []string) int {
+	fs, path := e.flags("trigger", "[--config FILE] [--note TEXT] [--request-id ID] [--overlap allow] [--wait] [--here] JOB")
+	note := fs.String("note", "", "why, recorded with the request")
+	by := fs.String("by", control.Identity(), "who, recorded with the request")
+	reqID := fs.String("request-id", "", "idempotency `KEY`: a request sent again with it runs nothing more (default: random)")
+	overlap := fs.String("overlap", "", "`allow` runs it even while an earlier run of the job is live (default: the job's policy)")
+	wait := fs.Bool("wait", false, "follow the run to its end and exit with its status")
+	timeout := fs.Duration("timeout", time.Hour, "with --wait, give up after `DURATION`")
+	here := fs.Bool("here", false, "claim and execute the run in this process instead of asking the fleet")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if *overlap != "" && *overlap != runner.OverlapAllow {
+		fmt.Fprintf(e.stderr, "scheduler trigger: --overlap %q: want allow\n", *overlap)
+		return ExitUsage
+	}
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	name, ok := e.jobArg("trigger", cfg, fs.Args(), false)
+	if !ok {
+		return ExitUsage
+	}
+	if !cfg.Jobs[name].Enabled {
+		fmt.Fprintf(e.stderr, "scheduler trigger: job %q is disabled in the configuration\n", name)
+		return ExitUsage
+	}
+	if *here {
+		return e.triggerHere(cfg, name)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	octx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	b, ctl, ok := e.openControls(octx, cfg)
+	if !ok {
+		return ExitRuntime
+	}
+	defer b.Close()
+	req, created, err := ctl.Request(octx, control.Request{ID: *reqID, Job: name, Note: *note, By: *by, Overlap: *overlap})
+	if err != nil {
+		return e.fail("trigger %s: %v", name, err)
+	}
+	if created {
+		fmt.Fprintf(e.stdout, "requested %s (request %s); the fleet runs it within a second\n", req.Run().ID(), req.ID)
+	} else {
+		fmt.Fprintf(e.stdout, "request %s already made by %s at %s: %s\n", req.ID, req.By, req.Created.Format(time.RFC3339), req.Run().ID())
+	}
+	if !*wait {
+		return ExitOK
+	}
+	wctx, cancelWait := context.WithTimeout(ctx, *timeout)
+	defer cancelWait()
+	st, err := waitRun(wctx, b, req.Run())
+	if err != nil {
+		return e.fail("trigger %s: waiting for %s: %v", name, req.Run().ID(), err)
+	}
+	fmt.Fprintf(e.stdout, "%s: %s\n", req.Run().ID(), st)
+	if st != claim.Succeeded {
+		return ExitRuntime
+	}
+	return ExitOK
+}
+
+// waitRun polls the backend until run is recorded in a terminal status.
+func waitRun(ctx context.Context, c claim.Claimer, run claim.Run) (claim.Status, error) {
+	id := run.ID()
+	for every := 100 * time.Millisecond; ; every = min(2*every, 2*time.Second) {
+		// Newest first: a manual run is among the job's latest records.
+		recs, err := c.History(ctx, run.Job, 200)
+		if err == nil {
+			for _, r := range recs {
+				if r.RunID == id && r.Status.Terminal() {
+					return r.Status, nil
+				}
+			}
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", context.Cause(ctx)
+		case <-t.C:
+		}
+	}
+}
+
+// triggerHere claims and executes one run of name in this process.
+func (e *env) triggerHere(cfg *config.Config, name string) int {
+	jobsList, _, err := e.runnerJobs(cfg)
+	if err != nil {
+		e.configError(err)
+		return ExitUsage
+	}
+	log := newLogger(cfg, e.stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	b, err := openBackend(ctx, cfg, true)
+	if err != nil {
+		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
+		return ExitRuntime
+	}
+	defer b.Close()
+	closeJobs, err := e.openJobs(ctx, cfg, nil, name)
+	if err != nil {
+		log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
+		return ExitRuntime
+	}
+	defer closeJobs()
+	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
+	if err != nil {
+		return e.fail("%v", err)
+	}
+	status, err := r.Trigger(ctx, name)
+	if err != nil {
+		return e.fail("%v", err)
+	}
+	fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
+	if status != claim.Succeeded {
+		return ExitRuntime
+	}
+	return ExitOK
+}
+
+func (e *env) backfill(args []string) int {
+	fs, path := e.flags("backfill", "[--config FILE] --from TIME --to TIME [--rerun none|failed|all] [--max-concurrent N] [--newest-first] [--dry-run] JOB")
+	from := fs.String("from", "", "first instant, RFC 3339 (2026-11-01T00:00:00Z) or a date (2026-11-01, UTC)")
+	to := fs.String("to", "", "last instant, same forms; not in the future")
+	rerun := fs.String("rerun", runner.RerunNone, "which instants that ran to run again: `none`, failed or all (missed ones always run)")
+	maxConc := fs.Int("max-concurrent", 1, "instants run at once")
+	newest := fs.Bool("newest-first", false, "run the newest instants first")
+	dry := fs.Bool("dry-run", false, "print the plan; claim and run nothing")
+	asJSON := fs.Bool("json", false, "print the items and the summary as JSON")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	cfg, ok := e.load(*path)
+	if !ok {
+		return ExitUsage
+	}
+	name, ok := e.jobArg("backfill", cfg, fs.Args(), false)
+	if !ok {
+		return ExitUsage
+	}
+	var o runner.BackfillOptions
+	var err error
+	if o.From, err = parseInstant(*from); err != nil {
+		fmt.Fprintf(e.stderr, "scheduler backfill: --from %q: %v\n", *from, err)
+		return ExitUsage
+	}
+	if o.To, err = parseInstant(*to); err != nil {
+		fmt.Fprintf(e.stderr, "scheduler backfill: --to %q: %v\n", *to, err)
+		return ExitUsage
+	}
+	if !slices.Contains([]string{runner.RerunNone, runner.RerunFailed, runner.RerunAll}, *rerun) {
+		fmt.Fprintf(e.stderr, "scheduler backfill: --rerun %q: want none, failed or all\n", *rerun)
+		return ExitUsage
+	}
+	if *maxConc < 1 {
+		fmt.Fprintf(e.stderr, "scheduler backfill: --max-concurrent %d: must be at least 1\n", *maxConc)
+		return ExitUsage
+	}
+	if err := checkBackfillRetention(cfg, o.From, time.Now()); err != nil {
+		fmt.Fprintf(e.stderr, "scheduler backfill: --from %s: %v\n", *from, err)
+		return ExitUsage
+	}
+	o.Rerun, o.MaxConcurrent, o.NewestFirst, o.DryRun = *rerun, *maxConc, *newest, *dry
+
+	jobsList, _, err := e.runnerJobs(cfg)
+	if err != nil {
+		e.configError(err)
+		return ExitUsage
+	}
+	if !slices.ContainsFunc(jobsList, func(j runner.Job) bool { return j.Name == name }) {
+		fmt.Fprintf(e.stderr, "scheduler backfill: job %q is disabled in the configuration\n", name)
+		return ExitUsage
+	}
+	log := newLogger(cfg, e.stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	b, err := openBackend(ctx, cfg, true)
+	if err != nil {
+		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
+		return ExitRuntime
+	}
+	defer b.Close()
+	if !o.DryRun {
+		closeJobs, err := e.openJobs(ctx, cfg, nil, name)
+		if err != nil {
+			log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
+			return ExitRuntime
+		}
+		defer closeJobs()
+	}
+	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
+	if err != nil {
+		return e.fail("%v", err)
+	}
+	tty := isTerminal(e.stdout)
+	if tty && !*asJSON {
+		o.Progress = func(it runner.BackfillItem, s runner.BackfillSummary) {
+			if o.DryRun {
+				return
+			}
+			fmt.Fprintf(e.stdout, "\r%s: %d/%d settled · %d succeeded · %d failed · %d elsewhere · %d errors ",
+				name, s.Settled, s.Planned, s.Succeeded, s.Failed, s.Elsewhere, s.Errors)
+		}
+	}
+	items, sum, err := r.Backfill(ctx, name, o)
+	if tty && !*asJSON && !o.DryRun {
+		fmt.Fprintln(e.stdout)
+	}
+	if err != nil && sum.Instants == 0 {
+		return e.fail("%v", err)
+	}
+	if *asJSON {
+		if code := e.printJSON(struct {
+			Items   []runner.BackfillItem  `json:"items"`
+			Summary runner.BackfillSummary `json:"summary"`
+		}{items, sum}); code != ExitOK {
+			return code
+		}
+	} else {
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "INSTANT\tACTION\tWAS\tRUN\tSTATUS")
+		for _, it := range items {
+			if it.Action == runner.ActionKeep && !o.DryRun {
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", it.At.Format(time.RFC3339), it.Action, dash(it.Was), it.RunID, dash(it.Status))
+		}
+		_ = tw.Flush()
+		verb := "ran"
+		if o.DryRun {
+			verb = "would run"
+		}
+		fmt.Fprintf(e.stdout, "%s: %d instants from %s to %s; %s %d, kept %d that ran; %d succeeded, %d failed, %d done or held elsewhere, %d errors\n",
+			name, sum.Instants, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339), verb, sum.Planned, sum.Kept,
+			sum.Succeeded, sum.Failed, sum.Elsewhere, sum.Errors)
+	}
+	switch {
+	case err != nil:
+		return e.fail("backfill %s: %v", name, err)
+	case sum.Failed > 0 || sum.Errors > 0:
+		return ExitRuntime
+	}
+	return ExitOK
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// parseInstant reads RFC 3339 or a date (midnight UTC).
+func parseInstant(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, errors.New("required")
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t.UTC(), nil
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, errors.New("want RFC 3339 (2026-11-01T02:00:00Z) or a date (2026-11-01)")
+	}
+	return t, nil
+}
+
+// checkBackfillRetention refuses a range that reaches past what the
+// backend remembers of finished runs: a run forgotten there would look
+// never run and run again. Redis and Redlock forget a run done_ttl after
+// it ended; the SQL backends keep runs until `scheduler prune`, whose
+// shortest age is pruneFloor.
+func checkBackfillRetention(cfg *config.Config, from, now time.Time) error {
+	var ttl time.Duration
+	var key string
+	switch cfg.Claimer.Kind {
+	case config.ClaimerRedis:
+		ttl, key = cfg.Claimer.Redis.DoneTTL.Duration(), "claimer.redis.done_ttl"
+	case config.ClaimerRedlock:
+		ttl, key = cfg.Claimer.Redlock.DoneTTL.Duration(), "claimer.redlock.done_ttl"
+	default:
+		return nil
+	}
+	if oldest := now.Add(-ttl); from.Before(oldest) {
+		return fmt.Errorf("is older than %s %v: runs that finished before %s are forgotten, and would run again; "+
+			"narrow the range or raise %s", key, ttl, oldest.UTC().Format(time.RFC3339), key)
+	}
+	return nil
+}

@@ -1,0 +1,571 @@
+// This file is the operator's JSON API: reading jobs and runs, pausing,
+// resuming and triggering jobs through the control store, and backfills
+// run on this replica. Calls that change anything need the bearer token.
+
+package web
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+)
+
+// Limits of the API.
+const (
+	maxBody              = 64 << 10
+	maxNote              = 1024
+	maxBy                = 256
+	maxRequestID         = 200
+	defaultRunsLimit     = 50
+	maxRunsLimit         = 1000
+	maxBackfillsKept     = 100 // finished backfills remembered
+	maxBackfillsRunning  = 8
+	maxBackfillParallel  = 64
+	apiOffMessage        = "the API's mutating calls are off: set http.token or http.token_file"
+	controlsOffMessage   = "this replica has no control store"
+	backfillOffMessage   = "this replica cannot run backfills"
+	historyOffMessage    = "this replica has no run history"
+	shuttingDownMessage  = "this replica is shutting down"
+	tooManyBackfillsText = "too many backfills running on this replica"
+)
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /api/jobs", s.listJobs)
+	m.HandleFunc("GET /api/runs", s.listRuns)
+	m.HandleFunc("POST /api/jobs/{job}/pause", s.mutating("pause", true, s.pause(true)))
+	m.HandleFunc("POST /api/jobs/{job}/resume", s.mutating("resume", true, s.pause(false)))
+	m.HandleFunc("POST /api/jobs/{job}/trigger", s.mutating("trigger", false, s.trigger))
+	m.HandleFunc("POST /api/jobs/{job}/backfill", s.mutating("backfill", false, s.backfill))
+	m.HandleFunc("GET /api/backfills/{id}", s.getBackfill)
+}
+
+// apiError is an answer with a status and a message.
+type apiError struct {
+	code int
+	msg  string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func errorf(code int, format string, args ...any) *apiError {
+	return &apiError{code, fmt.Sprintf(format, args...)}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]string{"error": msg})
+}
+
+// storeError maps a control store or backend error onto an answer.
+func storeError(err error) *apiError {
+	switch {
+	case errors.Is(err, claim.ErrInvalid):
+		return errorf(http.StatusBadRequest, "%s", err.Error())
+	case errors.Is(err, claim.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		return errorf(http.StatusServiceUnavailable, "%s", err.Error())
+	case errors.Is(err, context.Canceled):
+		return errorf(http.StatusServiceUnavailable, "request cancelled")
+	}
+	return errorf(http.StatusInternalServerError, "%s", err.Error())
+}
+
+func (s *Server) knownJob(name string) bool {
+	return slices.ContainsFunc(s.o.Jobs, func(j JobInfo) bool { return j.Name == name })
+}
+
+// jobJSON is one job in GET /api/jobs.
+type jobJSON struct {
+	Name        string         `json:"name"`
+	Schedule    string         `json:"schedule"`
+	Timezone    string         `json:"timezone"`
+	Next        *time.Time     `json:"next"`
+	Paused      *control.Pause `json:"paused"`
+	LastStatus  *claim.Status  `json:"last_status"`
+	LastSuccess *time.Time     `json:"last_success"`
+	Missed      int            `json:"missed"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
+	snap := s.snapshot(r.Context(), s.o.Now())
+	if len(snap.Errors) > 0 {
+		writeError(w, http.StatusServiceUnavailable, strings.Join(snap.Errors, "; "))
+		return
+	}
+	out := make([]jobJSON, 0, len(snap.Jobs))
+	for _, j := range snap.Jobs {
+		jj := jobJSON{Name: j.Name, Schedule: j.Schedule, Timezone: j.Timezone, Next: timePtr(j.Next),
+			Paused: j.Pause, LastSuccess: timePtr(j.LastSuccess), Missed: j.Missed}
+		if j.LastStatus != "" {
+			st := j.LastStatus
+			jj.LastStatus = &st
+		}
+		out = append(out, jj)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
+	if s.o.History == nil {
+		writeError(w, http.StatusNotImplemented, historyOffMessage)
+		return
+	}
+	q := r.URL.Query()
+	job := q.Get("job")
+	if job != "" && !s.knownJob(job) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("unknown job %q", job))
+		return
+	}
+	limit := defaultRunsLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit: %q is not a positive integer", v))
+			return
+		}
+		limit = min(n, maxRunsLimit)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	recs, err := s.o.History.History(ctx, job, limit)
+	if err != nil {
+		e := storeError(err)
+		writeError(w, e.code, "run history: "+e.msg)
+		return
+	}
+	if recs == nil {
+		recs = []claim.Record{}
+	}
+	writeJSON(w, http.StatusOK, recs)
+}
+
+// call is one mutating call as its handler sees it.
+type call struct {
+	action, job  string
+	by, note, id string
+	body         []byte
+	// log carries extra attributes for the operator action's log line.
+	log []any
+}
+
+// common are the fields every mutating call's body may carry.
+type common struct {
+	Note      string `json:"note"`
+	By        string `json:"by"`
+	RequestID string `json:"request_id"`
+}
+
+// mutating wraps a mutating call: it checks the token, the job (anyJob:
+// "*" names every job), the caller's identity and request id, and logs
+// the action once.
+func (s *Server) mutating(action string, anyJob bool, h func(w http.ResponseWriter, r *http.Request, c *call) (int, any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if e := s.authorize(r); e != nil {
+			if e.code == http.StatusUnauthorized {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="scheduler"`)
+				s.o.Logger.WarnContext(r.Context(), "operator API: unauthorized call", "action", action,
+					"job", r.PathValue("job"), "remote", remoteIP(r))
+			}
+			writeError(w, e.code, e.msg)
+			return
+		}
+		c := &call{action: action, job: r.PathValue("job"), by: "api@" + remoteIP(r), id: idHeader(r, action)}
+		var code int
+		var v any
+		err := s.prepare(w, r, c, anyJob)
+		if err == nil {
+			w.Header().Set("X-Request-Id", c.id)
+			code, v, err = h(w, r, c)
+		}
+		attrs := append([]any{"action", action, "job", c.job, "by", c.by, "request_id", c.id, "note", c.note}, c.log...)
+		if err != nil {
+			var e *apiError
+			if !errors.As(err, &e) {
+				e = storeError(err)
+			}
+			code, v = e.code, map[string]string{"error": e.msg}
+			attrs = append(attrs, "error", e.msg)
+		}
+		s.o.Logger.InfoContext(r.Context(), "operator action", append(attrs, "status", code)...)
+		writeJSON(w, code, v)
+	}
+}
+
+// prepare checks a mutating call's job and reads its body's common
+// fields into c; c keeps its defaults for any that are invalid, so the
+// log line never carries them.
+func (s *Server) prepare(w http.ResponseWriter, r *http.Request, c *call, anyJob bool) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		return errorf(http.StatusRequestEntityTooLarge, "body: larger than %d bytes", maxBody)
+	}
+	c.body = body
+	var cm common
+	if err := decodeLoose(body, &cm); err != nil {
+		return err
+	}
+	id := firstSet(cm.RequestID, c.id)
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{{"note", cm.Note, maxNote}, {"by", cm.By, maxBy}, {"request_id", id, maxRequestID}} {
+		if e := checkText(f.name, f.v, f.max, f.name == "note"); e != nil {
+			c.id = claim.NewToken()
+			return e
+		}
+	}
+	c.note, c.by, c.id = cm.Note, firstSet(cm.By, c.by), firstSet(id, claim.NewToken())
+	if !s.knownJob(c.job) && (!anyJob || c.job != control.AllJobs) {
+		return errorf(http.StatusNotFound, "unknown job %q", c.job)
+	}
+	return nil
+}
+
+// firstSet is the first of vs that is not empty.
+func firstSet(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// idHeader is the request id a header carries: Idempotency-Key (for a
+// trigger) or X-Request-Id.
+func idHeader(r *http.Request, action string) string {
+	if action == "trigger" {
+		if v := r.Header.Get("Idempotency-Key"); v != "" {
+			return v
+		}
+	}
+	return r.Header.Get("X-Request-Id")
+}
+
+func checkText(field, v string, max int, multiline bool) *apiError {
+	if len(v) > max {
+		return errorf(http.StatusBadRequest, "%s: longer than %d bytes", field, max)
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) && !(multiline && (r == '\n' || r == '\t')) {
+			return errorf(http.StatusBadRequest, "%s: contains a control character", field)
+		}
+	}
+	return nil
+}
+
+// authorize checks the bearer token in constant time.
+func (s *Server) authorize(r *http.Request) *apiError {
+	if s.o.Token == "" {
+		return errorf(http.StatusForbidden, "%s", apiOffMessage)
+	}
+	got := ""
+	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		got = strings.TrimSpace(tok)
+	}
+	// Hashing first makes the comparison's time independent of the lengths.
+	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(s.o.Token))
+	if got == "" || subtle.ConstantTimeCompare(a[:], b[:]) != 1 {
+		return errorf(http.StatusUnauthorized, "missing or wrong bearer token")
+	}
+	return nil
+}
+
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// decodeLoose reads the common fields of an optional JSON object body,
+// ignoring the others (the call's own decode checks them).
+func decodeLoose(body []byte, v any) error {
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return jsonError(err)
+	}
+	return nil
+}
+
+// decodeStrict reads an optional JSON object body into v, refusing
+// unknown fields.
+func decodeStrict(body []byte, v any) error {
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if dec.More() {
+		return errorf(http.StatusBadRequest, "body: more than one JSON value")
+	}
+	return nil
+}
+
+// jsonError names the field a decoding error is about.
+func jsonError(err error) *apiError {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		return errorf(http.StatusBadRequest, "%s: want a JSON %s, not %s", te.Field, te.Type.Kind(), te.Value)
+	case errors.As(err, &te):
+		return errorf(http.StatusBadRequest, "body: want a JSON object, not %s", te.Value)
+	case errors.As(err, &se):
+		return errorf(http.StatusBadRequest, "body: invalid JSON: %s", se.Error())
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return errorf(http.StatusBadRequest, "%s: unknown field", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return errorf(http.StatusBadRequest, "body: %s", err.Error())
+}
+
+func (s *Server) pause(paused bool) func(http.ResponseWriter, *http.Request, *call) (int, any, error) {
+	return func(w http.ResponseWriter, r *http.Request, c *call) (int, any, error) {
+		var body common
+		if err := decodeStrict(c.body, &body); err != nil {
+			return 0, nil, err
+		}
+		if s.o.Controls == nil {
+			return 0, nil, errorf(http.StatusNotImplemented, "%s", controlsOffMessage)
+		}
+		p, err := s.o.Controls.SetPause(r.Context(), control.Pause{Job: c.job, Paused: paused, Note: c.note, By: c.by, RequestID: c.id})
+		if err != nil {
+			return 0, nil, err
+		}
+		return http.StatusOK, p, nil
+	}
+}
+
+// triggerAnswer is the answer of POST /api/jobs/{job}/trigger.
+type triggerAnswer struct {
+	Request control.Request `json:"request"`
+	Created bool            `json:"created"`
+	RunID   string          `json:"run_id"`
+}
+
+func (s *Server) trigger(w http.ResponseWriter, r *http.Request, c *call) (int, any, error) {
+	var body struct {
+		common
+		Overlap string `json:"overlap"`
+	}
+	if err := decodeStrict(c.body, &body); err != nil {
+		return 0, nil, err
+	}
+	if body.Overlap != "" && body.Overlap != "allow" {
+		return 0, nil, errorf(http.StatusBadRequest, "overlap: %q: want \"\" or \"allow\"", body.Overlap)
+	}
+	if s.o.Controls == nil {
+		return 0, nil, errorf(http.StatusNotImplemented, "%s", controlsOffMessage)
+	}
+	sent := control.Request{ID: c.id, Job: c.job, Note: c.note, By: c.by, Overlap: body.Overlap, Created: s.o.Now().UTC()}
+	req, created, err := s.o.Controls.Request(r.Context(), sent)
+	if err != nil {
+		return 0, nil, err
+	}
+	// Store.Request tells its request from an earlier one by their run
+	// instants, whole milliseconds: a retry within the same millisecond
+	// would look created. Their creation times tell them apart.
+	created = created && req.Created.Equal(sent.Created)
+	if req.Job != c.job {
+		return 0, nil, errorf(http.StatusConflict, "request_id %q already requested a run of job %q", c.id, req.Job)
+	}
+	a := triggerAnswer{Request: req, Created: created, RunID: req.Run().ID()}
+	c.log = append(c.log, "run_id", a.RunID, "created", created)
+	if !created {
+		return http.StatusOK, a, nil
+	}
+	return http.StatusAccepted, a, nil
+}
+
+// backfill is one backfill the API started on this replica.
+type backfill struct {
+	ID         string                 `json:"id"`
+	Job        string                 `json:"job"`
+	By         string                 `json:"by"`
+	RequestID  string                 `json:"request_id"`
+	Done       bool                   `json:"done"`
+	Summary    runner.BackfillSummary `json:"summary"`
+	Error      *string                `json:"error"`
+	StartedAt  time.Time              `json:"started_at"`
+	FinishedAt time.Time              `json:"finished_at,omitzero"`
+}
+
+func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int, any, error) {
+	var body struct {
+		common
+		From          string `json:"from"`
+		To            string `json:"to"`
+		Rerun         string `json:"rerun"`
+		MaxConcurrent int    `json:"max_concurrent"`
+		NewestFirst   bool   `json:"newest_first"`
+		DryRun        bool   `json:"dry_run"`
+	}
+	if err := decodeStrict(c.body, &body); err != nil {
+		return 0, nil, err
+	}
+	o := runner.BackfillOptions{Rerun: body.Rerun, MaxConcurrent: body.MaxConcurrent, NewestFirst: body.NewestFirst, DryRun: body.DryRun}
+	for _, f := range []struct {
+		name, v string
+		t       *time.Time
+	}{{"from", body.From, &o.From}, {"to", body.To, &o.To}} {
+		if f.v == "" {
+			return 0, nil, errorf(http.StatusBadRequest, "%s: required (RFC 3339)", f.name)
+		}
+		t, err := time.Parse(time.RFC3339, f.v)
+		if err != nil {
+			return 0, nil, errorf(http.StatusBadRequest, "%s: %q is not an RFC 3339 time", f.name, f.v)
+		}
+		*f.t = t
+	}
+	switch {
+	case o.To.Before(o.From):
+		return 0, nil, errorf(http.StatusBadRequest, "to: %s is before from", body.To)
+	case o.To.After(s.o.Now()):
+		return 0, nil, errorf(http.StatusBadRequest, "to: %s is in the future; the replicas run what is due", body.To)
+	case !slices.Contains([]string{"", runner.RerunNone, runner.RerunFailed, runner.RerunAll}, o.Rerun):
+		return 0, nil, errorf(http.StatusBadRequest, "rerun: %q: want none, failed or all", o.Rerun)
+	case o.MaxConcurrent < 0 || o.MaxConcurrent > maxBackfillParallel:
+		return 0, nil, errorf(http.StatusBadRequest, "max_concurrent: %d: want 0 to %d", o.MaxConcurrent, maxBackfillParallel)
+	}
+	c.log = append(c.log, "from", body.From, "to", body.To, "rerun", o.Rerun, "dry_run", o.DryRun)
+	if s.o.Backfill == nil {
+		return 0, nil, errorf(http.StatusNotImplemented, "%s", backfillOffMessage)
+	}
+	if o.DryRun {
+		items, sum, err := s.o.Backfill(r.Context(), c.job, o)
+		if err != nil {
+			return 0, nil, backfillError(err)
+		}
+		if items == nil {
+			items = []runner.BackfillItem{}
+		}
+		return http.StatusOK, struct {
+			Items   []runner.BackfillItem  `json:"items"`
+			Summary runner.BackfillSummary `json:"summary"`
+		}{items, sum}, nil
+	}
+
+	b := &backfill{ID: claim.NewToken(), Job: c.job, By: c.by, RequestID: c.id, StartedAt: s.o.Now().UTC(),
+		Summary: runner.BackfillSummary{Job: c.job}}
+	s.mu.Lock()
+	running := len(s.backfills) - len(s.finished)
+	switch {
+	case s.closed || s.ctx.Err() != nil:
+		s.mu.Unlock()
+		return 0, nil, errorf(http.StatusServiceUnavailable, "%s", shuttingDownMessage)
+	case running >= maxBackfillsRunning:
+		s.mu.Unlock()
+		return 0, nil, errorf(http.StatusTooManyRequests, "%s (%d)", tooManyBackfillsText, running)
+	}
+	s.backfills[b.ID] = b
+	s.wg.Add(1)
+	s.mu.Unlock()
+	c.log = append(c.log, "backfill_id", b.ID)
+	o.Progress = func(_ runner.BackfillItem, sum runner.BackfillSummary) {
+		s.mu.Lock()
+		b.Summary = sum
+		s.mu.Unlock()
+	}
+	go func() {
+		defer s.wg.Done()
+		_, sum, err := s.o.Backfill(s.ctx, b.Job, o)
+		s.finish(b, sum, err)
+	}()
+	return http.StatusAccepted, struct {
+		ID  string `json:"id"`
+		URL string `json:"url"`
+	}{b.ID, "/api/backfills/" + b.ID}, nil
+}
+
+// finish records a backfill's end and forgets the oldest finished ones
+// beyond maxBackfillsKept.
+func (s *Server) finish(b *backfill, sum runner.BackfillSummary, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b.Done, b.Summary, b.FinishedAt = true, sum, s.o.Now().UTC()
+	if err != nil {
+		msg := err.Error()
+		b.Error = &msg
+	}
+	s.o.Logger.Info("backfill finished", "job", b.Job, "backfill_id", b.ID, "request_id", b.RequestID,
+		"planned", sum.Planned, "succeeded", sum.Succeeded, "failed", sum.Failed, "errors", sum.Errors,
+		"error", errString(err))
+	s.finished = append(s.finished, b.ID)
+	for len(s.finished) > maxBackfillsKept {
+		delete(s.backfills, s.finished[0])
+		s.finished = s.finished[1:]
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// backfillError maps a runner's backfill error onto an answer: a backend
+// failure (a wrapped error) is the server's, the runner's own complaints
+// about the request are the caller's.
+func backfillError(err error) error {
+	switch {
+	case errors.Is(err, claim.ErrUnavailable), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return storeError(err)
+	case errors.Unwrap(err) != nil:
+		return errorf(http.StatusInternalServerError, "%s", err.Error())
+	}
+	return errorf(http.StatusBadRequest, "%s", err.Error())
+}
+
+func (s *Server) getBackfill(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	b, ok := s.backfills[id]
+	var v backfill
+	if ok {
+		v = *b
+	}
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no backfill %q on this replica (finished ones are kept, the last %d)", id, maxBackfillsKept))
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
