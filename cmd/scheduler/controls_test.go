@@ -228,29 +228,30 @@ claimer:
 			for _, n := range back {
 				startReplica(t, dir, config, n)
 			}
-			var missed []claim.Record
-			t.Cleanup(func() {
-				if t.Failed() {
-					for _, rec := range history(t, dir, config) {
-						if rec.At.After(down.Add(-5 * time.Second)) {
-							t.Logf("%s %s %s attempt %d (down %s, missed by %s)", rec.RunID, rec.Status, rec.Holder, rec.Attempt,
-								down.Format("15:04:05.000"), missedBy.Format("15:04:05.000"))
-						}
-					}
-				}
-			})
-			waitFor(t, "the instants of the outage to be recorded missed", func() bool {
-				missed = missed[:0]
-				for _, rec := range history(t, dir, config) {
+			// Recording waits for the replicas to start and to read the
+			// history: give a loaded machine a minute.
+			for deadline := time.Now().Add(time.Minute); ; {
+				missed, ok := 0, true
+				recs := history(t, dir, config)
+				for _, rec := range recs {
 					if rec.At.After(down) && rec.At.Before(missedBy) {
-						if rec.Status != claim.Missed {
-							return false
-						}
-						missed = append(missed, rec)
+						ok = ok && rec.Status == claim.Missed
+						missed++
 					}
 				}
-				return len(missed) >= 2
-			})
+				if ok && missed >= 2 {
+					break
+				}
+				if time.Now().After(deadline) {
+					for _, rec := range recs {
+						if rec.At.After(down.Add(-5 * time.Second)) {
+							t.Logf("%s %s %s attempt %d", rec.RunID, rec.Status, rec.Holder, rec.Attempt)
+						}
+					}
+					t.Fatalf("the instants from %s to %s were not all recorded missed", down.Format("15:04:05.000"), missedBy.Format("15:04:05.000"))
+				}
+				time.Sleep(100 * time.Millisecond) // polling the backend through the CLI
+			}
 			time.Sleep(2 * time.Second) // a second recording, if any, would land by now
 			logged := 0
 			for _, e := range readEvents(t, dir, back...) {

@@ -38,6 +38,16 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 	cfg := explore.Config{Seed: o.Seed, Replicas: o.Replicas, Lease: o.Lease, MaxSkew: o.MaxClockSkew,
 		Faults: max(o.Duration/2, 2*o.Lease), Extra: 2,
 		Open: func(id string) (claim.Claimer, error) { return ns.open(ctx, id, nil) }}
+	if ns.ns != nil {
+		// The operator's pauses and requests go straight to the backend,
+		// as the CLI's do, past the faults the replicas suffer.
+		op, err := ns.ns.Open(ctx, "operator")
+		if err != nil {
+			return res.unopened(err)
+		}
+		defer op.Close()
+		cfg.Controls = op.Controls
+	}
 	if len(ns.servers) > 0 {
 		cfg.Nodes = len(ns.servers)
 		cfg.Restart = func(node int, down time.Duration) error {

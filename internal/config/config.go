@@ -46,7 +46,7 @@ const (
 // Misfire policies (jobs.<name>.misfire.policy): what start-up does about an
 // instant that passed while every replica was down.
 const (
-	// MisfireSkip records the missed run as skipped.
+	// MisfireSkip records the missed run as missed (claim.Missed).
 	MisfireSkip = "skip"
 	// MisfireRunOnce executes the latest missed run once, if it is no older
 	// than misfire.grace.

@@ -102,6 +102,8 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 		{"UnknownDatabaseKind", "claimer:\n" + pg + "database:\n  kind: mysql\n", "database.kind", "mysql", "want sqlite or postgres"},
 		{"PasswordAndPasswordFile", "claimer:\n  kind: redis\n" + rd + "    password_file: /run/secrets/redis\n", "claimer.redis.password_file", "", "keep one"},
 		{"PasswordFileMissing", "claimer:\n  kind: redis\n  redis:\n    addr: h:1\n    password_file: /nonexistent/pw\n", "claimer.redis.password_file", "/nonexistent/pw", "no such file"},
+		{"TokenAndTokenFile", "claimer:\n" + pg + "http:\n  token: " + secret + "\n  token_file: /run/secrets/api\n", "http.token_file", "", "keep one"},
+		{"TokenFileMissing", "claimer:\n" + pg + "http:\n  token_file: /nonexistent/token\n", "http.token_file", "/nonexistent/token", "no such file"},
 		{"SecretOfWrongType", "claimer:\n  redis:\n    password: [" + secret + "]\n", "claimer.redis.password", "", "want a string"},
 		{"DoneTTLShorterThanGrace", "claimer:\n  kind: redis\n" + rd + "    done_ttl: 2h\n" + job("    schedule: '@daily'\n    misfire: {policy: run-once, grace: 6h}\n"), "claimer.redis.done_ttl", "2h0m0s", "misfire.grace"},
 		{"DoneTTLWithinSkipJobsWindow", "claimer:\n  kind: redis\n" + rd + "    done_ttl: 1h\n" + job("    schedule: '@daily'\n"), "claimer.redis.done_ttl", "1h0m0s", "at least 1h1m4s, the longest a replica may still claim a finished run of jobs.billing.nightly"},
@@ -253,6 +255,12 @@ func TestLoadReadsPasswordFiles(t *testing.T) {
 		c := mustLoad(t, "claimer:\n  kind: redis\n  redis:\n    addr: h:6379\n    password_file: "+file+"\n")
 		if got := string(c.Claimer.Redis.Password); got != secret {
 			t.Errorf("password %q, want %q", got, secret)
+		}
+	})
+	t.Run("HTTPToken", func(t *testing.T) {
+		c := mustLoad(t, "http:\n  token_file: "+file+"\n")
+		if got := string(c.HTTP.Token); got != secret {
+			t.Errorf("token %q, want %q", got, secret)
 		}
 	})
 	t.Run("PostgresAlsoFeedsDatabase", func(t *testing.T) {

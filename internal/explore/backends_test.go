@@ -116,6 +116,9 @@ func realConfig(t *testing.T, kind string, seed uint64) Config {
 	}
 	ns := backends.Prepare(t, kind, opts)
 	cfg.Open = func(replica string) (claim.Claimer, error) { return ns.Open(replica), nil }
+	operator := ns.Open("operator")
+	t.Cleanup(func() { _ = operator.Close() })
+	cfg.Controls = operator.Controls
 	if len(nodes) > 0 {
 		cfg.Nodes = len(nodes)
 		cfg.Restart = func(node int, down time.Duration) error {

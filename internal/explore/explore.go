@@ -23,6 +23,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
 	"github.com/scheduler-dev/scheduler/internal/runner"
@@ -59,6 +60,11 @@ type Config struct {
 	Nodes   int
 	// Classes limits the fault classes drawn (default: all that apply).
 	Classes []string
+	// Controls is the backend's register of operator state: during the
+	// faults an operator, drawn from the seed, pauses and resumes jobs
+	// and requests runs now, some under a request id sent twice. Nil with
+	// Open nil: the memory store's; nil with Open set: no operator.
+	Controls claim.Controls
 }
 
 // Result is one exploration's history and verdict.
@@ -156,6 +162,9 @@ func Run(cfg Config) (*Result, error) {
 	w := &world{cfg: cfg, rng: rng, store: memory.NewStore(nil)}
 	if cfg.Open == nil {
 		cfg.Open = func(replica string) (claim.Claimer, error) { return memory.New(w.store, replica), nil }
+		if cfg.Controls == nil {
+			cfg.Controls = w.store.Controls()
+		}
 	}
 	w.cfg = cfg
 	w.log = history.NewLog(nil)
@@ -191,6 +200,9 @@ func Run(cfg Config) (*Result, error) {
 		w.wg.Go(func() { r.life(ctx) })
 	}
 	w.wg.Go(func() { w.nemesis(ctx) })
+	if cfg.Controls != nil {
+		w.wg.Go(func() { w.operate(ctx) })
+	}
 	sleepUntil(ctx, end)
 	cancel()
 	w.wg.Wait()
@@ -209,6 +221,76 @@ func Run(cfg Config) (*Result, error) {
 	res.Expected = len(spec.Expected)
 	res.Violations = history.Check(res.Events, spec)
 	return res, nil
+}
+
+// operate is the operator: a few actions at seeded times in the fault
+// window, each logged as a fault so a report shows it. Its draws come
+// from a stream of their own, so a seed's nemesis plan is the same with or
+// without it.
+func (w *world) operate(ctx context.Context) {
+	rng := rand.New(rand.NewPCG(w.cfg.Seed, 0x0b))
+	ctl := control.New(w.cfg.Controls, nil)
+	type action struct {
+		at   time.Duration
+		kind int // 0, 1: request; 2: pause
+		job  string
+		id   string
+		long time.Duration // how long a pause lasts
+	}
+	var acts []action
+	for k := range 2 + rng.IntN(4) {
+		a := action{at: w.cfg.Lease + time.Duration(rng.Int64N(int64(max(w.cfg.Faults-w.cfg.Lease, time.Second)))),
+			kind: rng.IntN(3), job: w.jobs[rng.IntN(len(w.jobs))].name, id: fmt.Sprintf("op-%d", k)}
+		if k > 0 && rng.IntN(3) == 0 {
+			a.id = fmt.Sprintf("op-%d", rng.IntN(k)) // a retried request
+		}
+		if a.kind == 2 {
+			if rng.IntN(4) == 0 {
+				a.job = control.AllJobs
+			}
+			a.long = time.Second + time.Duration(rng.Int64N(int64(5*time.Second)))
+		}
+		acts = append(acts, a)
+	}
+	slices.SortFunc(acts, func(a, b action) int { return int(a.at - b.at) })
+	var pauses sync.WaitGroup
+	defer pauses.Wait()
+	for _, a := range acts {
+		if !sleepUntil(ctx, w.t0.Add(a.at)) {
+			return
+		}
+		switch a.kind {
+		case 2:
+			w.control(fmt.Sprintf("pause %s for %.1fs", a.job, a.long.Seconds()), func(c context.Context) error {
+				_, err := ctl.SetPause(c, control.Pause{Job: a.job, Paused: true, By: "explorer"})
+				return err
+			})
+			pauses.Go(func() {
+				if sleepUntil(ctx, time.Now().Add(a.long)) {
+					w.control("resume "+a.job, func(c context.Context) error {
+						_, err := ctl.SetPause(c, control.Pause{Job: a.job, By: "explorer"})
+						return err
+					})
+				}
+			})
+		default:
+			w.control(fmt.Sprintf("request %s of %s", a.id, a.job), func(c context.Context) error {
+				_, _, err := ctl.Request(c, control.Request{ID: a.id, Job: a.job, By: "explorer"})
+				return err
+			})
+		}
+	}
+}
+
+// control applies one operator action and logs it as a fault.
+func (w *world) control(what string, do func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.Lease)
+	defer cancel()
+	note := "operator: " + what
+	if err := do(ctx); err != nil {
+		note += ": " + err.Error()
+	}
+	w.log.Add(history.Event{Kind: history.Fault, Note: note})
 }
 
 // sleepUntil waits until t; false if ctx ended first.

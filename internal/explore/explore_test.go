@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"testing"
 	"testing/synctest"
+
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/runner"
 )
 
 var (
@@ -33,4 +37,36 @@ func TestExplore(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestOperatorActionsAreExplored guards the operator's part of the sweep:
+// across seeds its requests run (each at most once: history.Check holds
+// every run id to that) and its pauses skip instants, so the controls are
+// explored under the faults rather than merely configured.
+func TestOperatorActionsAreExplored(t *testing.T) {
+	var manual, paused, seeds int
+	for seed := uint64(1); seed <= 40; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			res, err := Run(Config{Seed: seed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Violations) > 0 {
+				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
+			}
+			seeds++
+			for _, e := range res.Events {
+				switch {
+				case e.Kind == history.Start && control.Manual(e.Run):
+					manual++
+				case e.Kind == history.Skip && e.Reason == runner.ReasonPaused:
+					paused++
+				}
+			}
+		})
+	}
+	if manual < seeds/2 || paused < seeds/2 {
+		t.Fatalf("over %d seeds: %d requested runs started and %d instants skipped as paused; the operator is not exercised", seeds, manual, paused)
+	}
+	t.Logf("over %d seeds: %d requested runs started, %d instants skipped as paused", seeds, manual, paused)
 }

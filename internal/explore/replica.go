@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
 	"github.com/scheduler-dev/scheduler/internal/runner"
@@ -55,10 +56,13 @@ func (r *replica) life(ctx context.Context) {
 			continue
 		}
 		c := &faulty{r: r, gen: gen, inner: inner}
-		run, err := runner.New(runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
+		opts := runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
 			Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, ShutdownGrace: time.Second,
-			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })},
-			r.w.runnerJobs(r, gen))
+			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })}
+		if r.w.cfg.Controls != nil {
+			opts.Controls = control.New(r.w.cfg.Controls, nil)
+		}
+		run, err := runner.New(opts, r.w.runnerJobs(r, gen))
 		if err != nil {
 			panic(err) // the workload is the harness's own: a bug here is ours
 		}

@@ -7,6 +7,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -115,23 +116,22 @@ func (d *dispatcher) recordChunk(ctx context.Context, runs []claim.Run) int {
 				retry = append(retry, runs[i])
 			}
 		}
-		if len(won) > 0 {
-			outs := make([]claim.Status, len(won))
-			for i := range outs {
-				outs[i] = claim.Missed
-			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease)
-			errs := r.opts.Claimer.Release(rctx, won, outs)
-			cancel()
-			for i, cl := range won {
-				// A failed release leaves the claim to expire; the run is
-				// then taken over as attempt 2, which is never missed.
-				if errs[i] == nil {
+		// Each release retries until the backend answers, batched with
+		// the others: a claim left to expire would leave the run live,
+		// and a takeover would run it (attempt 2 is never missed).
+		var ended sync.WaitGroup
+		var mu sync.Mutex
+		for _, cl := range won {
+			ended.Go(func() {
+				if d.release(ctx, cl, claim.Missed) == nil {
+					mu.Lock()
 					recorded++
+					mu.Unlock()
 					r.emit(Event{Kind: EventSkipped, Run: cl.Run, Claim: cl, Reason: ReasonMissed, Cause: MissedNoReplica})
 				}
-			}
+			})
 		}
+		ended.Wait()
 		runs = retry
 		if len(runs) == 0 {
 			break
