@@ -179,6 +179,15 @@ claimer:
 			if manual != 1 {
 				t.Fatalf("%d manual runs started after one request sent twice, want 1", manual)
 			}
+			said := 0
+			for _, e := range readEvents(t, dir, names...) {
+				if e.Msg == "run requested" && e.RequestID == "drill-1" {
+					said++
+				}
+			}
+			if said != 1 {
+				t.Fatalf("the request was logged %d times with who and why, want once, by the replica that ran it", said)
+			}
 
 			// Backfill 100 past instants, of which an earlier backfill ran
 			// the first 50.

@@ -298,6 +298,7 @@ type event struct {
 	Claimer     string    `json:"claimer"`
 	Duration    *int64    `json:"duration_ms"`
 	Count       int       `json:"count"`
+	RequestID   string    `json:"request_id"`
 }
 
 func readEvents(t *testing.T, dir string, names ...string) []event {

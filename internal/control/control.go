@@ -91,15 +91,45 @@ func (s *Store) Pauses(ctx context.Context) (Pauses, error) {
 	if err != nil {
 		return nil, err
 	}
-	ps := Pauses{}
-	for _, c := range cs {
-		var p Pause
-		if err := json.Unmarshal(c.Value, &p); err != nil {
-			return nil, fmt.Errorf("control %s: %w", c.Key, err)
-		}
-		ps[p.Job] = p
+	ps, _, err := decode(cs)
+	return ps, err
+}
+
+// Snapshot reads the pause switches and the requests in one round trip,
+// as a replica does every tick.
+func (s *Store) Snapshot(ctx context.Context) (Pauses, []Request, error) {
+	cs, err := s.reg.List(ctx, "")
+	if err != nil {
+		return nil, nil, err
 	}
-	return ps, nil
+	return decode(cs)
+}
+
+// decode reads pauses and requests out of register entries, ignoring keys
+// of neither kind (a newer version's controls).
+func decode(cs []claim.Control) (Pauses, []Request, error) {
+	ps := Pauses{}
+	var reqs []Request
+	for _, c := range cs {
+		var err error
+		switch {
+		case strings.HasPrefix(c.Key, pausePrefix):
+			var p Pause
+			if err = json.Unmarshal(c.Value, &p); err == nil {
+				ps[p.Job] = p
+			}
+		case strings.HasPrefix(c.Key, requestPrefix):
+			var r Request
+			if err = json.Unmarshal(c.Value, &r); err == nil {
+				reqs = append(reqs, r)
+			}
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("control %s: %w", c.Key, err)
+		}
+	}
+	slices.SortFunc(reqs, func(a, b Request) int { return a.Created.Compare(b.Created) })
+	return ps, reqs, nil
 }
 
 // Of returns the switch that governs job: the later of its own and the
@@ -207,16 +237,8 @@ func (s *Store) Requests(ctx context.Context) ([]Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Request, 0, len(cs))
-	for _, c := range cs {
-		var r Request
-		if err := json.Unmarshal(c.Value, &r); err != nil {
-			return nil, fmt.Errorf("control %s: %w", c.Key, err)
-		}
-		out = append(out, r)
-	}
-	slices.SortFunc(out, func(a, b Request) int { return a.Created.Compare(b.Created) })
-	return out, nil
+	_, reqs, err := decode(cs)
+	return reqs, err
 }
 
 // Identity is the default "by" of a control: user@host.

@@ -22,13 +22,13 @@ func (r *Runner) readPauses(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
 	defer cancel()
-	ps, err := r.opts.Controls.Pauses(ctx)
-	if err != nil {
-		if ctx.Err() == nil || context.Cause(ctx) == context.DeadlineExceeded {
-			r.log.DebugContext(ctx, "cannot read pause switches", "instance", r.opts.Instance, "error", err.Error())
-		}
-		return
+	if ps, err := r.opts.Controls.Pauses(ctx); err == nil {
+		r.setPauses(ctx, ps)
 	}
+}
+
+// setPauses installs ps and logs each job whose switch changed here.
+func (r *Runner) setPauses(ctx context.Context, ps control.Pauses) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pauses = ps
@@ -78,8 +78,14 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 			return
 		case <-t.C:
 		}
-		r.readPauses(ctx)
-		d.requests(ctx, execCtx, seen)
+		rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+		ps, reqs, err := r.opts.Controls.Snapshot(rctx)
+		cancel()
+		if err != nil {
+			continue // the last known switches stay; requests wait
+		}
+		r.setPauses(ctx, ps)
+		d.requests(ctx, execCtx, reqs, seen)
 	}
 }
 
@@ -88,14 +94,8 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 // nobody picked up in time is not run at a surprising hour; it stays
 // remembered, so a retry of it does not run either). seen is pruned to
 // the requests still remembered.
-func (d *dispatcher) requests(ctx, execCtx context.Context, seen map[string]bool) {
+func (d *dispatcher) requests(ctx, execCtx context.Context, reqs []control.Request, seen map[string]bool) {
 	r := d.r
-	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
-	reqs, err := r.opts.Controls.Requests(rctx)
-	cancel()
-	if err != nil {
-		return
-	}
 	listed := map[string]bool{}
 	now := r.opts.Now()
 	for _, req := range reqs {
@@ -105,8 +105,8 @@ func (d *dispatcher) requests(ctx, execCtx context.Context, seen map[string]bool
 			continue
 		}
 		seen[req.ID] = true
-		r.log.DebugContext(ctx, "run requested", "job", req.Job, "run_id", req.Run().ID(), "request_id", req.ID,
-			"by", req.By, "note", req.Note, "instance", r.opts.Instance)
+		r.log.DebugContext(ctx, "request seen", "job", req.Job, "run_id", req.Run().ID(), "request_id", req.ID,
+			"instance", r.opts.Instance)
 		d.start(ctx, execCtx, j, req.At, origin{request: &req}, 0)
 	}
 	for id := range seen {

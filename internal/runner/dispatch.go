@@ -322,6 +322,11 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		d.finished(cl, claim.Failed, 0, err)
 		d.release(ctx, cl, claim.Failed)
 	default:
+		if q := o.request; q != nil {
+			// Who asked and why, said once, by the replica that runs it.
+			r.log.InfoContext(ctx, "run requested", append(runAttrs(r, cl.Run, cl),
+				"request_id", q.ID, "by", q.By, "note", q.Note)...)
+		}
 		// Live before the standby that won it stops counting, so a later
 		// instant never sees a gap and overlaps this run.
 		j.setLive(cl.Run.At, executing, +1)

@@ -32,14 +32,20 @@ func (d *dispatcher) startupHistory(ctx, execCtx context.Context, j *jobState, r
 			break
 		}
 	}
+	// Count from the newest scheduled run recorded before the late
+	// tolerance: later instants may be claimed right now, by this replica's
+	// look-back or by replicas already up, and their records say nothing
+	// about the outage before them.
+	end := now.Add(-d.r.lateTolerance())
 	for _, rec := range recs {
-		if !control.Manual(claim.Run{Job: rec.Job, At: rec.At}) {
+		if !control.Manual(claim.Run{Job: rec.Job, At: rec.At}) && rec.At.Before(end) {
 			d.recordMissed(ctx, execCtx, j, rec.At, now)
 			return
 		}
 	}
-	// No scheduled run recorded: a new job, or one whose history was
-	// pruned; nothing to count from.
+	// No scheduled run recorded before then among the newest: a new job,
+	// one whose history was pruned, or one so frequent that the probe
+	// cannot tell; nothing to count from.
 }
 
 // recordMissed records as missed, reason no_replica, every instant of j
