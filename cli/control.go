@@ -190,25 +190,13 @@ func (e *env) triggerHere(cfg *config.Config, name string) int {
 		e.configError(err)
 		return ExitUsage
 	}
-	log := newLogger(cfg, e.stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	b, err := openBackend(ctx, cfg, true)
-	if err != nil {
-		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
-		return ExitRuntime
+	r, closeAll, code := e.localRunner(ctx, cfg, jobsList, name, true)
+	if code != ExitOK {
+		return code
 	}
-	defer b.Close()
-	closeJobs, err := e.openJobs(ctx, cfg, nil, name)
-	if err != nil {
-		log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
-		return ExitRuntime
-	}
-	defer closeJobs()
-	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
-	if err != nil {
-		return e.fail("%v", err)
-	}
+	defer closeAll()
 	status, err := r.Trigger(ctx, name)
 	if err != nil {
 		return e.fail("%v", err)
@@ -218,6 +206,34 @@ func (e *env) triggerHere(cfg *config.Config, name string) int {
 		return ExitRuntime
 	}
 	return ExitOK
+}
+
+// localRunner opens cfg's backend and, with openJob, the resources of job
+// name, and returns a runner over them for work done in this process
+// (trigger --here, backfill) and what closes it all; a nonzero code if it
+// could not.
+func (e *env) localRunner(ctx context.Context, cfg *config.Config, jobsList []runner.Job, name string, openJob bool) (*runner.Runner, func(), int) {
+	log := newLogger(cfg, e.stderr)
+	b, err := openBackend(ctx, cfg, true)
+	if err != nil {
+		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
+		return nil, nil, ExitRuntime
+	}
+	closeJobs := func() error { return nil }
+	if openJob {
+		if closeJobs, err = e.openJobs(ctx, cfg, nil, name); err != nil {
+			log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
+			b.Close()
+			return nil, nil, ExitRuntime
+		}
+	}
+	closeAll := func() { _ = closeJobs(); b.Close() }
+	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
+	if err != nil {
+		closeAll()
+		return nil, nil, e.fail("%v", err)
+	}
+	return r, closeAll, ExitOK
 }
 
 func (e *env) backfill(args []string) int {
@@ -273,27 +289,13 @@ func (e *env) backfill(args []string) int {
 		fmt.Fprintf(e.stderr, "scheduler backfill: job %q is disabled in the configuration\n", name)
 		return ExitUsage
 	}
-	log := newLogger(cfg, e.stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	b, err := openBackend(ctx, cfg, true)
-	if err != nil {
-		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
-		return ExitRuntime
+	r, closeAll, code := e.localRunner(ctx, cfg, jobsList, name, !o.DryRun)
+	if code != ExitOK {
+		return code
 	}
-	defer b.Close()
-	if !o.DryRun {
-		closeJobs, err := e.openJobs(ctx, cfg, nil, name)
-		if err != nil {
-			log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
-			return ExitRuntime
-		}
-		defer closeJobs()
-	}
-	r, err := runner.New(runnerOptions(cfg, b, log, nil), jobsList)
-	if err != nil {
-		return e.fail("%v", err)
-	}
+	defer closeAll()
 	tty := isTerminal(e.stdout)
 	if tty && !*asJSON {
 		o.Progress = func(it runner.BackfillItem, s runner.BackfillSummary) {

@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -280,7 +279,7 @@ claimer:
 			if logged != len(ids) {
 				t.Fatalf("%d missed runs logged by the replicas that came back, %d recorded (%v): want each once", logged, len(ids), ids)
 			}
-			t.Log(fmt.Sprintf("%s: %d instants skipped while paused, %d missed in the outage", kind, inPause, len(ids)))
+			t.Logf("%s: %d instants skipped while paused, %d missed in the outage", kind, inPause, len(ids))
 		})
 	}
 }

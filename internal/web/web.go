@@ -167,7 +167,7 @@ func (s *Server) snapshot(ctx context.Context, now time.Time) snapshot {
 	defer cancel()
 	var snap snapshot
 	type seen struct {
-		last, success bool
+		last bool
 		st            jobState
 	}
 	per := map[string]*seen{}

@@ -183,4 +183,40 @@ func controlCases(t *testing.T, newClaimers Factory, opts Options) {
 			wantErr(t, err, claim.ErrInvalid, fmt.Sprintf("put %q v%d", c.Key, c.Version))
 		}
 	})
+
+	t.Run("PruneDropsExpiredControlsAndKeepsTheRest", func(t *testing.T) {
+		t.Parallel()
+		b := newClaimers(t)("a")
+		if b.Pruner == nil {
+			if opts.Prunes {
+				t.Fatal("the opener offers no Pruner for a backend that keeps finished runs")
+			}
+			t.Skip("the backend expires entries itself; the expiry case covers it")
+		}
+		for _, c := range []claim.Control{
+			{Key: "request/gone", Version: 1, First: true, Expires: time.Now().Add(time.Millisecond)},
+			{Key: "request/kept", Version: 1, First: true, Expires: time.Now().Add(time.Hour)},
+			{Key: "pause/j", Version: 1}, // a nil value is stored, as empty
+		} {
+			got := put(t, b, c)
+			// Stored to the backend's precision (SQLite: milliseconds,
+			// rounded up so that nothing expires early).
+			if !c.Expires.IsZero() && (got.Expires.Before(c.Expires.Add(-time.Microsecond)) || got.Expires.After(c.Expires.Add(time.Millisecond))) {
+				t.Fatalf("put %s: expires %v, want %v", c.Key, got.Expires, c.Expires)
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // request/gone expires
+		if n, err := b.Pruner.Prune(ctxT(t), time.Hour); err != nil || n != 0 {
+			t.Fatalf("prune = %d, %v; want 0 runs (controls are not counted)", n, err)
+		}
+		if b.DB != nil {
+			var rows int
+			if err := b.DB.QueryRowContext(ctxT(t), "SELECT count(*) FROM scheduler_controls").Scan(&rows); err != nil || rows != 2 {
+				t.Fatalf("rows after prune = %d, %v; want 2: the expired entry deleted", rows, err)
+			}
+		}
+		if l := list(t, b, ""); len(l) != 2 || l[0].Key != "pause/j" || l[1].Key != "request/kept" {
+			t.Fatalf("list after prune = %+v", l)
+		}
+	})
 }
