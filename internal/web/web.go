@@ -168,7 +168,7 @@ func (s *Server) snapshot(ctx context.Context, now time.Time) snapshot {
 	var snap snapshot
 	type seen struct {
 		last bool
-		st            jobState
+		st   jobState
 	}
 	per := map[string]*seen{}
 	if s.o.History != nil {
