@@ -28,6 +28,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	if d.tooLate(ctx, cl) { // checked again: the exec goroutine may start late too
 		return claim.LeaseLost
 	}
+	defer r.opts.Metrics.holding(cl.Run.Job)()
 	// The backend's clock as of the grant, read before keepAlive owns
 	// cl's lease fields: Deadline is backend time, Requested local.
 	grantedAt := cl.Deadline.Add(-cl.Lease)

@@ -23,6 +23,7 @@ type Metrics struct {
 	dataLoss      *prometheus.CounterVec
 	missedRuns    *prometheus.CounterVec
 	lastSuccess   *prometheus.GaugeVec
+	held          *prometheus.GaugeVec
 
 	mu   sync.Mutex
 	last map[string]float64 // lastSuccess's values, to keep it from going back
@@ -69,9 +70,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "scheduler_job_last_success_timestamp_seconds",
 			Help: "When the newest succeeded run of the job this replica knows of finished (unix seconds); take the max over replicas for freshness alerts.",
 		}, []string{"job"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "scheduler_runs_held",
+			Help: "Runs this replica holds a claim on and executes now.",
+		}, []string{"job"}),
 	}
 	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips, m.dataLoss,
-		m.missedRuns, m.lastSuccess)
+		m.missedRuns, m.lastSuccess, m.held)
 	return m
 }
 
@@ -129,6 +134,17 @@ func (m *Metrics) finished(job string, status claim.Status, d time.Duration) {
 		m.runs.WithLabelValues(job, string(status)).Inc()
 		m.runDuration.WithLabelValues(job).Observe(d.Seconds())
 	}
+}
+
+// holding counts a run held and executed here while it lasts: it returns
+// what to call when it ends.
+func (m *Metrics) holding(job string) func() {
+	if m == nil {
+		return func() {}
+	}
+	g := m.held.WithLabelValues(job)
+	g.Inc()
+	return g.Dec
 }
 
 func (m *Metrics) missed(job, reason string, n int) {
