@@ -47,10 +47,12 @@ Usage:
   scheduler backfill [--config FILE] --from T --to T [--rerun none|failed|all] [--max-concurrent N] [--dry-run] JOB
   scheduler compare  [--claimers a,b] [--faults pause,crash,…] [--json F] [--html F]  claim strategies side by side under faults
   scheduler prune    [--config FILE] [--older-than 720h]   delete old finished runs (SQL claimers)
+  scheduler completion bash|zsh   shell completion script
   scheduler version
 
 Exit codes: 0 ok, 1 runtime failure, 2 bad usage or invalid config.
-Run "scheduler COMMAND --help" for a command's flags.
+Flags go before or after a command's arguments.
+Run "scheduler COMMAND --help" for a command's flags and examples.
 `
 
 // Main runs the command line with args (without the program name) and
@@ -69,8 +71,15 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer, cmds ...Co
 		fmt.Fprint(stderr, usage)
 		return ExitUsage
 	}
-	cmd, rest := args[0], args[1:]
-	e := &env{reg: reg, stdout: stdout, stderr: stderr}
+	e := &env{reg: reg, stdout: stdout, stderr: stderr, cmds: cmds, usage: usage}
+	return e.dispatch(args[0], args[1:])
+}
+
+// builtins are Main's own commands with flags, in usage order.
+var builtins = []string{"run", "migrate", "jobs", "runs", "pause", "resume", "trigger", "backfill", "compare", "prune", "completion"}
+
+// dispatch runs command cmd with args.
+func (e *env) dispatch(cmd string, rest []string) int {
 	switch cmd {
 	case "run":
 		return e.run(rest)
@@ -92,19 +101,21 @@ func Main(args []string, reg *job.Registry, stdout, stderr io.Writer, cmds ...Co
 		return e.prune(rest)
 	case "compare":
 		return e.compare(rest)
+	case "completion":
+		return e.completion(rest)
 	case "version", "--version":
-		fmt.Fprintln(stdout, "scheduler", version())
+		fmt.Fprintln(e.stdout, "scheduler", version())
 		return ExitOK
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(e.stdout, e.usage)
 		return ExitOK
 	}
-	for _, c := range cmds {
+	for _, c := range e.cmds {
 		if c.Name == cmd {
 			return e.command(c, rest)
 		}
 	}
-	fmt.Fprintf(stderr, "scheduler: unknown command %q\n\n%s", cmd, usage)
+	fmt.Fprintf(e.stderr, "scheduler: unknown command %q\n\n%s", cmd, e.usage)
 	return ExitUsage
 }
 
@@ -122,6 +133,11 @@ func version() string {
 type env struct {
 	reg            *job.Registry
 	stdout, stderr io.Writer
+	cmds           []Command // the binary's own
+	usage          string
+	// declared, when set, receives each command's flag set instead of
+	// the command running: completion learns the flags from it.
+	declared func(*flag.FlagSet)
 }
 
 // flags returns a FlagSet with --config, whose errors go to stderr.
@@ -131,6 +147,7 @@ func (e *env) flags(name, synopsis string) (*flag.FlagSet, *string) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: scheduler %s %s\n\nFlags:\n", name, synopsis)
 		fs.PrintDefaults()
+		e.printExamples(fs.Output(), name)
 	}
 	path := fs.String("config", "", "YAML config `FILE` (default: built-in sqlite ./scheduler.db)")
 	return fs, path
@@ -139,8 +156,12 @@ func (e *env) flags(name, synopsis string) (*flag.FlagSet, *string) {
 // parse parses flags before or after the arguments (`scheduler pause
 // billing --note x` as well as `scheduler pause --note x billing`); "--"
 // ends the flags. It returns an exit code and false when the command
-// should stop (help requested or bad usage).
-func parse(fs *flag.FlagSet, args []string) (int, bool) {
+// should stop (help requested, bad usage, or flags only declared).
+func (e *env) parse(fs *flag.FlagSet, args []string) (int, bool) {
+	if e.declared != nil {
+		e.declared(fs)
+		return ExitOK, false
+	}
 	if err := fs.Parse(interspersed(fs, args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return ExitOK, false
@@ -173,7 +194,10 @@ func interspersed(fs *flag.FlagSet, args []string) []string {
 		if f == nil {
 			continue // flag.Parse reports it
 		}
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !(ok && b.IsBoolFlag()) && i+1 < len(args) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !(ok && b.IsBoolFlag()) {
+			if i+1 == len(args) {
+				return flags // its value is missing: flag.Parse says so
+			}
 			flags = append(flags, args[i+1]) // the flag's value
 			i++
 		}
@@ -221,7 +245,7 @@ func (e *env) fail(format string, args ...any) int {
 
 func (e *env) migrate(args []string) int {
 	fs, path := e.flags("migrate", "[--config FILE] up|down|status")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	if fs.NArg() != 1 || (fs.Arg(0) != "up" && fs.Arg(0) != "down" && fs.Arg(0) != "status") {
@@ -276,7 +300,7 @@ type jobView struct {
 func (e *env) jobs(args []string) int {
 	fs, path := e.flags("jobs", "[--config FILE] [--json]")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	cfg, ok := e.load(*path)
@@ -347,7 +371,7 @@ func (e *env) runs(args []string) int {
 	jobName := fs.String("job", "", "only runs of `JOB`")
 	limit := fs.Int("limit", 20, "at most `N` runs, newest first")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	if *limit < 1 {

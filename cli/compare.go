@@ -32,6 +32,7 @@ func (e *env) compare(args []string) int {
 			"time from --seed, judged by its history checker (the engine CI runs).\n\nFlags:\n",
 			strings.Join(compare.AllFaults, ", "))
 		fs.PrintDefaults()
+		e.printExamples(fs.Output(), "compare")
 	}
 	claimers := fs.String("claimers", strings.Join(compare.Kinds, ","), "claimer `KINDS` to compare, comma-separated")
 	faults := fs.String("faults", "none,pause,crash,skew,partition", "fault `SCENARIOS`, comma-separated")
@@ -49,7 +50,7 @@ func (e *env) compare(args []string) int {
 	redisAddr := fs.String("redis-addr", "", "Redis `ADDR` for redis cells (none: a private redis-server per cell)")
 	redlockAddrs := fs.String("redlock-addrs", "", "Redis node `ADDRS` for redlock, comma-separated (none: 3 private nodes per cell)")
 	tempDir := fs.String("temp-dir", "", "`DIR` for the cells' SQLite files and private PostgreSQL cluster (none: the system's temp dir); SQLite syncs every commit, so put it on the disk you would deploy on")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {

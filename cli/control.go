@@ -60,9 +60,9 @@ func (e *env) resume(args []string) int { return e.setPause("resume", args, fals
 func (e *env) setPause(cmd string, args []string, paused bool) int {
 	fs, path := e.flags(cmd, "[--config FILE] [--note TEXT] [--by WHO] JOB|--all")
 	all := fs.Bool("all", false, "every job, including jobs added later")
-	note := fs.String("note", "", "why, shown in `scheduler jobs`, the status page and the logs")
+	note := fs.String("note", "", "why, shown by scheduler jobs, the status page and the logs")
 	by := fs.String("by", control.Identity(), "who, recorded with the switch")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	cfg, ok := e.load(*path)
@@ -104,7 +104,7 @@ func (e *env) trigger(args []string) int {
 	wait := fs.Bool("wait", false, "follow the run to its end and exit with its status")
 	timeout := fs.Duration("timeout", time.Hour, "with --wait, give up after `DURATION`")
 	here := fs.Bool("here", false, "claim and execute the run in this process instead of asking the fleet")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	if *overlap != "" && *overlap != runner.OverlapAllow {
@@ -245,7 +245,7 @@ func (e *env) backfill(args []string) int {
 	newest := fs.Bool("newest-first", false, "run the newest instants first")
 	dry := fs.Bool("dry-run", false, "print the plan; claim and run nothing")
 	asJSON := fs.Bool("json", false, "print the items and the summary as JSON")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	cfg, ok := e.load(*path)

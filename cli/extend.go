@@ -60,6 +60,8 @@ type Command struct {
 	Synopsis string
 	// Summary is its line in the usage text.
 	Summary string
+	// Example, optional, ends its --help: one example per line.
+	Example string
 	// Setup declares the command's flags on fs, which has --config, and
 	// returns the Action that runs the command.
 	Setup func(fs *flag.FlagSet) Action
@@ -116,7 +118,7 @@ func usageWith(cmds []Command) string {
 func (e *env) command(c Command, args []string) int {
 	fs, path := e.flags(c.Name, c.Synopsis)
 	action := c.Setup(fs)
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	cfg, ok := e.load(*path)

@@ -60,7 +60,7 @@ func runnerOptions(cfg *config.Config, b *claimers.Backend, log *slog.Logger, m 
 func (e *env) run(args []string) int {
 	fs, path := e.flags("run", "[--config FILE] [--check]")
 	check := fs.Bool("check", false, "validate the configuration and exit")
-	if code, ok := parse(fs, args); !ok {
+	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {
