@@ -21,6 +21,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
+	"github.com/scheduler-dev/scheduler/internal/tracing"
 	"github.com/scheduler-dev/scheduler/internal/web"
 )
 
@@ -81,6 +82,19 @@ func (e *env) run(args []string) int {
 		return ExitOK
 	}
 	log := newLogger(cfg, e.stderr)
+	tracer, flushTraces, err := tracing.Setup(context.Background(), "scheduler", cfg.InstanceID)
+	if err != nil {
+		log.Error("invalid tracing settings", "error", err.Error())
+		return ExitUsage
+	}
+	tracing.LogErrors(log)
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := flushTraces(fctx); err != nil {
+			log.Warn("cannot flush traces", "error", err.Error())
+		}
+	}()
 
 	// The first SIGTERM/SIGINT starts a graceful shutdown; a second one
 	// exits at once.
@@ -109,7 +123,9 @@ func (e *env) run(args []string) int {
 		return ExitRuntime
 	}
 	defer closeJobs()
-	r, err := runner.New(runnerOptions(cfg, b, log, metrics), jobsList)
+	opts := runnerOptions(cfg, b, log, metrics)
+	opts.Tracer = tracer.Tracer("github.com/scheduler-dev/scheduler/internal/runner")
+	r, err := runner.New(opts, jobsList)
 	if err != nil {
 		log.Error("invalid runner settings", "error", err.Error())
 		return ExitUsage

@@ -10,6 +10,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/tracing"
 )
 
 // openBackend opens the configured claimer through the one opener that
@@ -21,17 +22,19 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*claime
 }
 
 // newLogger builds the process logger from log.level and log.format. It
-// also becomes go-redis's logger, which is process-wide.
+// also becomes go-redis's logger, which is process-wide. A record logged
+// with a traced context carries its trace_id and span_id.
 func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.Log.Level)) // validated already
 	opts := &slog.HandlerOptions{Level: level}
-	var log *slog.Logger
+	var h slog.Handler
 	if cfg.Log.Format == "json" {
-		log = slog.New(slog.NewJSONHandler(w, opts))
+		h = slog.NewJSONHandler(w, opts)
 	} else {
-		log = slog.New(slog.NewTextHandler(w, opts))
+		h = slog.NewTextHandler(w, opts)
 	}
+	log := slog.New(tracing.LogHandler(h)) // trace_id, span_id from the context, when traced
 	goredis.SetLogger(redisLogger{log.With("component", "go-redis")})
 	return log
 }

@@ -146,9 +146,11 @@ func (b *batcher) send(ctx context.Context) {
 		// held until the lease expires and are then taken over, never run
 		// twice.
 		bctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+		bctx, span := r.startBatch(bctx, "claim batch", len(runs))
 		start := time.Now()
 		cls, errs := r.opts.Claimer.Claim(bctx, runs, r.opts.Lease)
 		cancel()
+		endBatch(span, attrBatchWon, errs, claim.ErrHeld, claim.ErrDone)
 		took := time.Since(start)
 		for i, x := range batch {
 			r.opts.Metrics.claimed(x.run.Job, r.opts.ClaimerName, errs[i], took)

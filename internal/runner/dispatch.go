@@ -315,12 +315,17 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		// Only a run that never started is missed. A later attempt is a
 		// takeover of a run whose holder died or handed it back: it ran on
 		// time and must finish, however late this replica came to it.
+		ctx, _, span := r.startRun(ctx, ctx, cl)
+		span.SetAttributes(attrReason.String(o.late))
 		d.missed(ctx, cl.Run, cl, o.late)
 		d.release(ctx, cl, claim.Missed)
+		endRun(span, claim.Missed, nil)
 	case cl.Attempt > j.MaxAttempts:
+		ctx, _, span := r.startRun(ctx, ctx, cl)
 		err := fmt.Errorf("attempt %d exceeds max_attempts %d", cl.Attempt, j.MaxAttempts)
-		d.finished(cl, claim.Failed, 0, err)
+		d.finished(ctx, cl, claim.Failed, 0, err)
 		d.release(ctx, cl, claim.Failed)
+		endRun(span, claim.Failed, err)
 	default:
 		if q := o.request; q != nil {
 			// Who asked and why, said once, by the replica that runs it.
@@ -362,7 +367,7 @@ func (d *dispatcher) tooLate(ctx context.Context, cl *claim.Claim) bool {
 	err := fmt.Errorf("claim reached the handler %v past its trust window: %w", late.Round(time.Millisecond), claim.ErrLeaseLost)
 	r.opts.Logger.WarnContext(ctx, "lease not confirmed in time; not starting run", runAttrs(r, cl.Run, cl)...)
 	d.release(ctx, cl, claim.Interrupted)
-	d.finished(cl, claim.LeaseLost, 0, err)
+	d.finished(ctx, cl, claim.LeaseLost, 0, err)
 	return true
 }
 

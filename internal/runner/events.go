@@ -86,8 +86,9 @@ func (d *dispatcher) missed(ctx context.Context, run claim.Run, cl *claim.Claim,
 }
 
 // finished reports the final status of a run granted here: logged,
-// counted, and emitted.
-func (d *dispatcher) finished(cl *claim.Claim, status claim.Status, elapsed time.Duration, err error) {
+// counted, and emitted. ctx only carries values to the logger (the run's
+// span, where it has one).
+func (d *dispatcher) finished(ctx context.Context, cl *claim.Claim, status claim.Status, elapsed time.Duration, err error) {
 	r := d.r
 	attrs := append(runAttrs(r, cl.Run, cl), "status", status, "duration_ms", elapsed.Milliseconds())
 	level := slog.LevelInfo
@@ -95,7 +96,7 @@ func (d *dispatcher) finished(cl *claim.Claim, status claim.Status, elapsed time
 		attrs = append(attrs, "error", err.Error())
 		level = slog.LevelWarn
 	}
-	r.opts.Logger.Log(context.Background(), level, "run finished", attrs...)
+	r.opts.Logger.Log(ctx, level, "run finished", attrs...)
 	r.opts.Metrics.finished(cl.Run.Job, status, elapsed)
 	r.emit(Event{Kind: EventFinished, Run: cl.Run, Claim: cl, Status: status, Err: err, Ran: elapsed})
 }

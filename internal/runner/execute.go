@@ -29,6 +29,9 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		return claim.LeaseLost
 	}
 	defer r.opts.Metrics.holding(cl.Run.Job)()
+	// From here on ctx and execCtx carry the run's span, ended once the
+	// run is settled.
+	ctx, execCtx, span := r.startRun(ctx, execCtx, cl)
 	// The backend's clock as of the grant, read before keepAlive owns
 	// cl's lease fields: Deadline is backend time, Requested local.
 	grantedAt := cl.Deadline.Add(-cl.Lease)
@@ -62,7 +65,8 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		status, err = d.settle(ctx, cl, status, o, err)
 		stopKeep()
 		<-keepDone
-		d.finished(cl, status, elapsed, err)
+		d.finished(ctx, cl, status, elapsed, err)
+		endRun(span, status, err)
 		return status
 	}
 
@@ -95,6 +99,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			stopKeep()
 			<-keepDone
 			d.release(ctx, cl, claim.Skipped)
+			endRun(span, claim.Skipped, nil)
 			return claim.Skipped
 		}
 	}
@@ -103,6 +108,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	start := time.Now()
 	r.opts.Metrics.started(cl.Run.Job, r.opts.Now().Sub(cl.Run.At))
 	logger.InfoContext(hctx, "run started")
+	span.AddEvent("handler started")
 	r.emit(Event{Kind: EventStarted, Run: cl.Run, Claim: cl})
 	err := callHandler(hctx, j.Handler, job.Run{
 		Job: cl.Run.Job, ScheduledAt: cl.Run.At, ID: cl.ID(), Fence: cl.Fence, Attempt: cl.Attempt,
@@ -111,6 +117,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	cause := context.Cause(hctx)
 	cancel(nil) // the handler is done; the cause recorded above stays
 	elapsed := time.Since(start)
+	span.AddEvent("handler returned")
 	r.emit(Event{Kind: EventReturned, Run: cl.Run, Claim: cl, Err: err, Ran: elapsed})
 
 	var status claim.Status

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
@@ -77,6 +79,7 @@ type ending struct {
 	o    claim.Status
 	done chan struct{}
 	err  error
+	span trace.SpanContext // the run's span, when traced: the batch links to it
 }
 
 // release ends cl with o in the next batch and returns its answer. A batch
@@ -84,6 +87,9 @@ type ending struct {
 // a timeout while the keep-alive holds the lease; the caller retries.
 func (b *releaser) release(ctx context.Context, cl *claim.Claim, o claim.Status) error {
 	x := &ending{cl: cl, o: o, done: make(chan struct{})}
+	if b.d.r.opts.Tracer != nil {
+		x.span = trace.SpanContextFromContext(ctx)
+	}
 	if b.q.add(x) {
 		b.send(ctx, x)
 	}
@@ -103,12 +109,20 @@ func (b *releaser) send(ctx context.Context, own *ending) {
 		}
 
 		cls, outs := make([]*claim.Claim, len(batch)), make([]claim.Status, len(batch))
+		var links []trace.Link
 		for i, x := range batch {
 			cls[i], outs[i] = x.cl, x.o
+			if x.span.IsValid() {
+				links = append(links, trace.Link{SpanContext: x.span})
+			}
 		}
 		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.d.r.opts.Lease)
+		// A batch of its own, not a child of the run whose release leads
+		// it (ctx's): it links every run it releases instead.
+		bctx, span := b.d.r.startBatch(bctx, "release batch", len(batch), trace.WithNewRoot(), trace.WithLinks(links...))
 		errs := b.d.r.opts.Claimer.Release(bctx, cls, outs)
 		cancel()
+		endBatch(span, attrBatchDone, errs, claim.ErrLeaseLost, claim.ErrInvalid)
 		answered := false
 		for i, x := range batch {
 			x.err = errs[i]

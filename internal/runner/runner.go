@@ -47,6 +47,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
@@ -120,6 +122,9 @@ type Options struct {
 	// within that.
 	Controls     *control.Store
 	ControlEvery time.Duration
+	// Tracer, when set, traces every run granted here and every claim and
+	// release batch (see tracing.go); nil: no traces.
+	Tracer trace.Tracer
 }
 
 // Runner schedules and executes jobs on one replica.
