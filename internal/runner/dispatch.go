@@ -84,7 +84,13 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 			return
 		}
 		forbid := j.Overlap == OverlapForbid && (o.request == nil || o.request.Overlap != OverlapAllow)
-		if forbid && d.overlaps(ctx, execCtx, j, at) {
+		// An instant past its deadline that its misfire policy will not
+		// run is recorded missed, whatever else is live: another
+		// replica's claims on the outage's earlier instants, taken only to
+		// record them missed, are no overlap. (A takeover of it, attempt
+		// 2, would run it; execute's owner probe still guards that.)
+		missed := o.late != "" && (j.Misfire == MisfireSkip || d.r.opts.Now().Sub(at) > j.Grace)
+		if forbid && !missed && d.overlaps(ctx, execCtx, j, at) {
 			// Record the skip in the backend, once: whichever replica wins
 			// the run ends it as skipped; the others hear done. A holder
 			// may be a ghost (a grant whose reply was lost) or die: stand

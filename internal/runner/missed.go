@@ -33,12 +33,16 @@ func (d *dispatcher) startupHistory(ctx, execCtx context.Context, j *jobState, r
 		}
 	}
 	// Count from the newest scheduled run recorded before the late
-	// tolerance: later instants may be claimed right now, by this replica's
-	// look-back or by replicas already up, and their records say nothing
-	// about the outage before them.
-	end := now.Add(-d.r.lateTolerance())
+	// tolerance and before the look-back instant: those may be claimed
+	// right now, by this replica's look-back (every replica that starts
+	// dispatches it) or by replicas already up, and their records say
+	// nothing about the outage before them.
+	bound := now.Add(-d.r.lateTolerance())
+	if prev := j.Schedule.Prev(now, max(j.Grace, d.r.lateTolerance())); !prev.IsZero() && prev.Before(bound) {
+		bound = prev
+	}
 	for _, rec := range recs {
-		if !control.Manual(claim.Run{Job: rec.Job, At: rec.At}) && rec.At.Before(end) {
+		if !control.Manual(claim.Run{Job: rec.Job, At: rec.At}) && rec.At.Before(bound) {
 			d.recordMissed(ctx, execCtx, j, rec.At, now)
 			return
 		}
