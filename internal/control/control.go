@@ -27,6 +27,7 @@ const AllJobs = "*"
 const (
 	pausePrefix   = "pause/"
 	requestPrefix = "request/"
+	instantPrefix = "instant/" // a requested run's instant, taken
 )
 
 // RequestTTL is how long a request is remembered: a retry with the same
@@ -213,7 +214,11 @@ func (s *Store) Request(ctx context.Context, r Request) (Request, bool, error) {
 	}
 	r.Created = r.Created.UTC()
 	if r.At.IsZero() {
-		r.At = ManualInstant(r.Created)
+		at, err := s.reserve(ctx, r.Job, ManualInstant(r.Created), r.ID, now)
+		if err != nil {
+			return Request{}, false, err
+		}
+		r.At = at
 	}
 	v, err := json.Marshal(r)
 	if err != nil {
@@ -229,6 +234,25 @@ func (s *Store) Request(ctx context.Context, r Request) (Request, bool, error) {
 		return Request{}, false, err
 	}
 	return out, out.At.Equal(r.At) && out.Created.Equal(r.Created) && out.Job == r.Job, nil
+}
+
+// reserve takes at, or the first free microsecond after it, as the
+// instant of request id's run, so that two requests made at one clock
+// reading (two hosts, a coarse clock) never share a run id.
+func (s *Store) reserve(ctx context.Context, job string, at time.Time, id string, now time.Time) (time.Time, error) {
+	for range 1000 {
+		key := instantPrefix + claim.Run{Job: job, At: at}.ID()
+		got, err := s.reg.Put(ctx, claim.Control{Key: key, Value: []byte(id), Version: now.UnixNano(),
+			First: true, Expires: now.Add(RequestTTL)})
+		if err != nil {
+			return time.Time{}, err
+		}
+		if string(got.Value) == id {
+			return at, nil
+		}
+		at = at.Add(time.Microsecond)
+	}
+	return time.Time{}, fmt.Errorf("request %s: no free instant near %s", id, at.Format(time.RFC3339Nano))
 }
 
 // Requests lists the remembered requests, oldest first.

@@ -1,0 +1,90 @@
+package control_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/control"
+)
+
+// The later of a job's own switch and the one for every job governs it.
+func TestThePauseThatGovernsAJobIsTheLater(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	st := control.New(memory.NewStore(nil).Controls(), func() time.Time { return now })
+	set := func(job string, paused bool) {
+		t.Helper()
+		now = now.Add(time.Second)
+		if _, err := st.SetPause(ctx, control.Pause{Job: job, Paused: paused, By: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paused := func(job string) bool {
+		t.Helper()
+		ps, err := st.Pauses(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ps.Paused(job)
+	}
+	if paused("a") {
+		t.Fatal("paused before any switch")
+	}
+	set(control.AllJobs, true)
+	if !paused("a") || !paused("b") {
+		t.Fatal("pause --all does not pause every job")
+	}
+	set("a", false)
+	if paused("a") || !paused("b") {
+		t.Fatal("resume a after pause --all: want a running, b paused")
+	}
+	set(control.AllJobs, false)
+	set("b", true)
+	if paused("a") || !paused("b") {
+		t.Fatal("resume --all then pause b: want a running, b paused")
+	}
+	// An older switch written late (a skewed operator's clock) loses.
+	if p, err := st.SetPause(ctx, control.Pause{Job: "b", Paused: false, At: now.Add(-time.Hour)}); err != nil || !p.Paused {
+		t.Fatalf("an older resume won: %+v %v", p, err)
+	}
+}
+
+// A request made again under its id learns of the first, even from a
+// clock behind; the run ids of requests never name a scheduled instant or
+// a backfill's rerun.
+func TestRequestsAreIdempotentAndNeverNameAScheduledInstant(t *testing.T) {
+	ctx := context.Background()
+	reg := memory.NewStore(nil).Controls()
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC) // a whole second
+	first, isNew, err := control.New(reg, func() time.Time { return at }).Request(ctx, control.Request{ID: "r", Job: "j"})
+	if err != nil || !isNew {
+		t.Fatalf("first: %v %t", err, isNew)
+	}
+	if ns := first.At.Nanosecond(); ns < int(time.Microsecond) {
+		t.Fatalf("manual instant %s is within a microsecond of a whole second", first.At)
+	}
+	if !control.Manual(first.Run()) {
+		t.Fatal("a requested run is not Manual")
+	}
+	behind := control.New(reg, func() time.Time { return at.Add(-time.Minute) })
+	again, isNew, err := behind.Request(ctx, control.Request{ID: "r", Job: "j"})
+	if err != nil || isNew || again.Run().ID() != first.Run().ID() {
+		t.Fatalf("retry from behind: %+v %t %v; want the first request", again, isNew, err)
+	}
+	// Another request at the same clock reading (another host, a coarse
+	// clock) gets a run of its own.
+	other, isNew, err := control.New(reg, func() time.Time { return at }).Request(ctx, control.Request{ID: "s", Job: "j"})
+	if err != nil || !isNew || other.Run().ID() == first.Run().ID() || !control.Manual(other.Run()) {
+		t.Fatalf("second request at the same reading: %+v %t %v; want a run of its own", other, isNew, err)
+	}
+	reqs, err := behind.Requests(ctx)
+	if err != nil || len(reqs) != 2 {
+		t.Fatalf("requests: %d %v", len(reqs), err)
+	}
+	if control.Manual(claim.Run{Job: "j", At: at}) {
+		t.Fatal("a whole second counts as manual")
+	}
+}
