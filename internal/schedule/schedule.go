@@ -96,7 +96,59 @@ func (s *Schedule) Next(t time.Time) time.Time {
 		// clocks fall back, on the first of the two identical wall times.
 		n = s.cron.Next(n)
 	}
+	if s.fixedHours() {
+		// Like Vixie cron too, a job pinned to a wall time that the clocks
+		// spring over fires once, at the transition, instead of not at all
+		// that day (the library skips it: a nightly run would be lost).
+		if g := s.springGap(t, n); !g.IsZero() {
+			n = g
+		}
+	}
 	return n.UTC()
+}
+
+// springGap returns the first spring-forward transition after t and
+// before n (n zero: within a year) at which the spec names a wall time
+// the clocks skip, or the zero time.
+func (s *Schedule) springGap(t, n time.Time) time.Time {
+	spec, ok := s.cron.(*cron.SpecSchedule)
+	if !ok || s.loc == time.UTC {
+		return time.Time{}
+	}
+	if n.IsZero() {
+		n = t.AddDate(1, 0, 0)
+	}
+	naive := *spec
+	naive.Location = time.UTC // the spec on a wall clock that never jumps
+	_, off := t.In(s.loc).Zone()
+	for h := t.Truncate(time.Hour).Add(time.Hour); h.Before(n.Add(time.Hour)); h = h.Add(time.Hour) {
+		_, next := h.In(s.loc).Zone()
+		if next <= off {
+			off = next
+			continue
+		}
+		// The offset grew by next-off within the hour before h: find the
+		// transition to the second, and the wall times it skips.
+		lo, hi := h.Add(-time.Hour).Unix(), h.Unix() // whole seconds, as instants are
+		for hi-lo > 1 {
+			mid := lo + (hi-lo)/2
+			if _, o := time.Unix(mid, 0).In(s.loc).Zone(); o == off {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		wall := func(x time.Time, offset int) time.Time {
+			return x.Add(time.Duration(offset) * time.Second).UTC()
+		}
+		at := time.Unix(hi, 0)
+		from, to := wall(at, off), wall(at, next) // [from, to) never shows on the clock
+		if w := naive.Next(from.Add(-time.Second)); w.Before(to) && at.After(t) && at.Before(n) {
+			return at
+		}
+		off = next
+	}
+	return time.Time{}
 }
 
 // fixedHours reports whether the spec names its hours (not "*"), so that a

@@ -62,6 +62,73 @@ func TestNext(t *testing.T) {
 	}
 }
 
+// The DST rule, in three zones: a wall time the clocks spring over fires
+// once, at the transition (the library alone skips that day: a lost
+// nightly run); a wall time the clocks repeat fires once, the first time;
+// specs that do not pin the hour, and @every, keep their cadence.
+func TestDaylightSavingTransitions(t *testing.T) {
+	cases := []struct {
+		name, spec, tz, from string
+		want                 []string // wall times in the zone
+	}{
+		{"NewYorkSpringGap", "30 2 * * *", "America/New_York", "2026-03-07T12:00:00Z",
+			[]string{"2026-03-08 03:00 EDT", "2026-03-09 02:30 EDT"}},
+		{"NewYorkSpringGapHourStart", "0 2 * * *", "America/New_York", "2026-03-07T12:00:00Z",
+			[]string{"2026-03-08 03:00 EDT", "2026-03-09 02:00 EDT"}},
+		{"NewYorkJustAfterGap", "0 3 * * *", "America/New_York", "2026-03-07T12:00:00Z",
+			[]string{"2026-03-08 03:00 EDT", "2026-03-09 03:00 EDT"}},
+		{"NewYorkAutumnRepeat", "30 1 * * *", "America/New_York", "2026-10-31T12:00:00Z",
+			[]string{"2026-11-01 01:30 EDT", "2026-11-02 01:30 EST"}},
+		{"BerlinSpringGap", "30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z",
+			[]string{"2026-03-29 03:00 CEST", "2026-03-30 02:30 CEST"}},
+		{"BerlinAutumnRepeat", "30 2 * * *", "Europe/Berlin", "2026-10-24T12:00:00Z",
+			[]string{"2026-10-25 02:30 CEST", "2026-10-26 02:30 CET"}},
+		{"SydneySpringGap", "30 2 * * *", "Australia/Sydney", "2026-10-03T00:00:00Z",
+			[]string{"2026-10-04 03:00 AEDT", "2026-10-05 02:30 AEDT"}},
+		{"SydneyAutumnRepeat", "30 2 * * *", "Australia/Sydney", "2026-04-03T00:00:00Z",
+			[]string{"2026-04-04 02:30 AEDT", "2026-04-05 02:30 AEDT", "2026-04-06 02:30 AEST"}},
+		{"EveryFifteenMinutesThroughTheGap", "*/15 * * * *", "America/New_York", "2026-03-08T06:40:00Z",
+			[]string{"2026-03-08 01:45 EST", "2026-03-08 03:00 EDT", "2026-03-08 03:15 EDT"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Parse(tc.spec, tc.tz)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := mustTime(t, tc.from)
+			for _, w := range tc.want {
+				at = s.Next(at)
+				if got := at.In(s.Location()).Format("2006-01-02 15:04 MST"); got != w || at.Nanosecond() != 0 {
+					t.Fatalf("next = %s (%s), want %s", got, at.Format(time.RFC3339Nano), w)
+				}
+			}
+		})
+	}
+	// @every is anchored to the epoch: its cadence never sees the clocks.
+	for _, tz := range []string{"America/New_York", "Europe/Berlin", "Australia/Sydney"} {
+		s, err := Parse("@every 10m", tz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, from := range []string{"2026-03-08T05:00:00Z", "2026-11-01T04:00:00Z", "2026-03-29T00:00:00Z", "2026-10-03T15:00:00Z"} {
+			at := mustTime(t, from)
+			for range 20 {
+				next := s.Next(at)
+				if d := next.Sub(at); d != 10*time.Minute { // every from is on a 10m boundary
+					t.Fatalf("%s from %s: step %v, want 10m", tz, at, d)
+				}
+				at = next
+			}
+		}
+	}
+	// Prev agrees with Next across the gap.
+	s, _ := Parse("30 2 * * *", "America/New_York")
+	if p := s.Prev(mustTime(t, "2026-03-08T08:00:00Z"), 24*time.Hour); !p.Equal(mustTime(t, "2026-03-08T07:00:00Z")) {
+		t.Fatalf("prev across the spring gap = %s, want the transition", p)
+	}
+}
+
 func TestInstantsDoNotDependOnWhenAReplicaAsks(t *testing.T) {
 	for _, spec := range []string{"@every 7s", "*/3 * * * * *", "@every 1h"} {
 		s, err := Parse(spec, "")
