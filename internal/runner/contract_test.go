@@ -1,9 +1,7 @@
 package runner_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,44 +18,14 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
-// syncBuffer is a log sink several goroutines write to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) lines() []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(s.b.String()), "\n") {
-		var m map[string]any
-		if json.Unmarshal([]byte(l), &m) == nil {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // observed is a JSON logger at level into a buffer, and the runner's
 // metrics on a fresh registry.
-func observed(level slog.Level) (*syncBuffer, *slog.Logger, *prometheus.Registry, *runner.Metrics) {
-	logs := &syncBuffer{}
+func observed(level slog.Level) (*testenv.Logs, *slog.Logger, *prometheus.Registry, *runner.Metrics) {
+	logs := &testenv.Logs{}
 	reg := prometheus.NewRegistry()
 	return logs, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: level})), reg, runner.NewMetrics(reg)
 }
@@ -116,7 +84,7 @@ func TestLogAndMetricsContract(t *testing.T) {
 		want := map[string]string{"job.succeeded": "succeeded", "job.failed": "failed", "job.timeout": "timeout",
 			"job.lease_lost": "lease_lost", "job.interrupted": "interrupted"}
 		got := map[string]string{}
-		for _, l := range logs.lines() {
+		for _, l := range logs.JSONLines() {
 			msg, _ := l["msg"].(string)
 			if msg != "run started" && msg != "run finished" && msg != "run skipped" && msg != "handler says hello" {
 				continue
@@ -241,7 +209,7 @@ func TestDataLossWarnsOncePerLoss(t *testing.T) {
 		<-done
 
 		var warned []string
-		for _, l := range logs.lines() {
+		for _, l := range logs.JSONLines() {
 			if l["msg"] == "claimer backend lost its data" {
 				if l["level"] != "WARN" || l["claimer"] != "redis" || l["instance"] != "a" {
 					t.Errorf("warning %v: want level WARN, claimer redis, instance a", l)

@@ -289,7 +289,7 @@ func runFault(t *testing.T, kind string, nodes []string, proxied int, fc faultCa
 	defer cancel()
 	// The replicas' logs are shown only if the scenario fails: they tell a
 	// replica that could not reach its backend from one that never tried.
-	logs := &syncBuffer{}
+	logs := &testenv.Logs{}
 	logger := slog.New(slog.NewTextHandler(logs, nil))
 	t.Cleanup(func() {
 		if t.Failed() {

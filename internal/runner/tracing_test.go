@@ -20,6 +20,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/tracing"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -28,16 +29,16 @@ import (
 // its own span ids), logging JSON through tracing.LogHandler.
 type traced struct {
 	rec    *tracetest.SpanRecorder
-	logs   syncBuffer
+	logs   testenv.Logs
 	cancel context.CancelFunc
 	done   chan struct{}
 	r      *runner.Runner
 }
 
 // records returns what logs logged with message msg.
-func records(logs *syncBuffer, msg string) []map[string]any {
+func records(logs *testenv.Logs, msg string) []map[string]any {
 	var out []map[string]any
-	for _, m := range logs.lines() {
+	for _, m := range logs.JSONLines() {
 		if m["msg"] == msg {
 			out = append(out, m)
 		}

@@ -1,7 +1,6 @@
 package web_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,29 +19,12 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/web"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
 const secretToken = "tok-S3cr3t-9f8e7d"
-
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // apiEnv is a web server over a memory store, with a runner for
 // backfills of the job "minutely".
@@ -53,12 +35,12 @@ type apiEnv struct {
 	store    *memory.Store
 	claimer  *memory.Claimer
 	controls *control.Store
-	logs     *syncBuffer
+	logs     *testenv.Logs
 	ran      atomic.Int64
 	release  chan struct{} // when set, backfilled runs wait for it or ctx
 	running  chan struct{} // closed once a backfilled run started
 	once     sync.Once
-	seen     syncBuffer // every response, headers included
+	seen     testenv.Logs // every response, headers included
 }
 
 func mustSchedule(t *testing.T, spec string) *schedule.Schedule {
@@ -72,7 +54,7 @@ func mustSchedule(t *testing.T, spec string) *schedule.Schedule {
 
 func newAPIEnv(t *testing.T, token string, wrap func(http.Handler) http.Handler) *apiEnv {
 	t.Helper()
-	e := &apiEnv{t: t, store: memory.NewStore(nil), logs: &syncBuffer{}, running: make(chan struct{})}
+	e := &apiEnv{t: t, store: memory.NewStore(nil), logs: &testenv.Logs{}, running: make(chan struct{})}
 	e.claimer = memory.New(e.store, "web-1")
 	e.controls = control.New(e.store.Controls(), nil)
 	minutely := mustSchedule(t, "0 * * * * *")
