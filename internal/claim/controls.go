@@ -54,13 +54,14 @@ type Controls interface {
 	List(ctx context.Context, prefix string) ([]Control, error)
 }
 
-// CheckControl validates a Put's argument.
-func CheckControl(c Control) error {
+// CheckControl validates a Put's argument, then reports ctx's error if ctx
+// is done: one check before any backend is asked.
+func CheckControl(ctx context.Context, c Control) error {
 	switch {
 	case c.Key == "" || strings.ContainsAny(c.Key, "\x00\n"):
 		return fmt.Errorf("%w: control key %q", ErrInvalid, c.Key)
 	case c.Version <= 0:
 		return fmt.Errorf("%w: control %q: version %d must be positive", ErrInvalid, c.Key, c.Version)
 	}
-	return nil
+	return ctx.Err()
 }

@@ -207,10 +207,7 @@ type controls struct{ s *Store }
 
 // Put implements claim.Controls.
 func (c controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(e); err != nil {
-		return claim.Control{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := claim.CheckControl(ctx, e); err != nil {
 		return claim.Control{}, err
 	}
 	s := c.s

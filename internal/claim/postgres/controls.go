@@ -60,7 +60,7 @@ var _ claim.Controls = controls{}
 
 // Put implements claim.Controls in one statement.
 func (s controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(e); err != nil {
+	if err := claim.CheckControl(ctx, e); err != nil {
 		return claim.Control{}, err
 	}
 	if !utf8.ValidString(e.Key) { // text rejects it

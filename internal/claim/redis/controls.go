@@ -18,10 +18,7 @@ type controls struct{ c *Claimer }
 
 // Put implements claim.Controls: one script, atomic on the server.
 func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(e); err != nil {
-		return claim.Control{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := claim.CheckControl(ctx, e); err != nil {
 		return claim.Control{}, err
 	}
 	got, err := k.c.node.PutControl(ctx, e)

@@ -28,10 +28,7 @@ type controls struct{ c *Claimer }
 // what the nodes that answered hold afterwards: c, or an entry that beats
 // it on one of them.
 func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(e); err != nil {
-		return claim.Control{}, err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := claim.CheckControl(ctx, e); err != nil {
 		return claim.Control{}, err
 	}
 	c := k.c

@@ -69,7 +69,7 @@ func expiresMS(t time.Time) any {
 
 // Put implements claim.Controls in one write statement.
 func (s controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(e); err != nil {
+	if err := claim.CheckControl(ctx, e); err != nil {
 		return claim.Control{}, err
 	}
 	value := e.Value
