@@ -89,7 +89,7 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 		// replica's claims on the outage's earlier instants, taken only to
 		// record them missed, are no overlap. (A takeover of it, attempt
 		// 2, would run it; execute's owner probe still guards that.)
-		missed := o.late != "" && (j.Misfire == MisfireSkip || d.r.opts.Now().Sub(at) > j.Grace)
+		missed := o.late != "" && !j.runsLate(at, d.r.opts.Now())
 		if forbid && !missed && d.overlaps(ctx, execCtx, j, at) {
 			// Record the skip in the backend, once: whichever replica wins
 			// the run ends it as skipped; the others hear done. A holder
@@ -317,7 +317,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 	switch {
 	case d.tooLate(ctx, cl):
 		return false
-	case late && cl.Attempt == 1 && (j.Misfire == MisfireSkip || now.Sub(cl.Run.At) > j.Grace):
+	case late && cl.Attempt == 1 && !j.runsLate(cl.Run.At, now):
 		// Only a run that never started is missed. A later attempt is a
 		// takeover of a run whose holder died or handed it back: it ran on
 		// time and must finish, however late this replica came to it.
@@ -388,6 +388,12 @@ const (
 	executing = iota
 	watching
 )
+
+// runsLate reports whether j's misfire policy still runs an instant at,
+// past its deadline, at now: run-once within the grace.
+func (j *jobState) runsLate(at, now time.Time) bool {
+	return j.Misfire == MisfireRunOnce && now.Sub(at) <= j.Grace
+}
 
 func (j *jobState) setLive(at time.Time, kind, delta int) {
 	k := at.UnixNano()
