@@ -238,12 +238,15 @@ const (
 	Skipped   Status = "skipped"
 	Missed    Status = "missed"
 
-	// LeaseLost and Timeout are ends a replica reports and no backend
-	// records: a run whose lease was lost is not released by its former
-	// holder (the new holder decides), and one that timed out is released
-	// as Failed.
+	// LeaseLost, Timeout and Retrying are ends a replica reports and no
+	// backend records: a run whose lease was lost is not released by its
+	// former holder (the new holder decides), one that timed out is
+	// released as Failed, and an attempt that failed and is retried is
+	// not released at all: its lease is cut to lapse after the backoff,
+	// and the next attempt takes the run over.
 	LeaseLost Status = "lease_lost"
 	Timeout   Status = "timeout"
+	Retrying  Status = "retrying"
 )
 
 // Live reports whether a run a backend records in status s may still

@@ -41,6 +41,12 @@ const (
 	OverlapForbid = "forbid"
 	// OverlapAllow lets runs of the same job execute concurrently.
 	OverlapAllow = "allow"
+	// OverlapBufferOne lets one instant wait for the running one and start
+	// when it ends; further instants meanwhile are skipped.
+	OverlapBufferOne = "buffer-one"
+	// OverlapReplace cancels the running run (its handler sees
+	// ErrLeaseLost) and starts the new instant once it has stopped.
+	OverlapReplace = "replace"
 )
 
 // Misfire policies (jobs.<name>.misfire.policy): what start-up does about an
@@ -51,6 +57,10 @@ const (
 	// MisfireRunOnce executes the latest missed run once, if it is no older
 	// than misfire.grace.
 	MisfireRunOnce = "run-once"
+	// MisfireRunAll executes the latest misfire.max_catchup missed runs
+	// no older than misfire.grace, oldest first, one after another, and
+	// records the older ones missed.
+	MisfireRunAll = "run-all"
 )
 
 // Config is the whole configuration file. Build it with Load or Default; a
@@ -231,9 +241,16 @@ type Job struct {
 	Timeout Duration `yaml:"timeout"`
 	// Overlap is OverlapForbid (default) or OverlapAllow.
 	Overlap string `yaml:"overlap"`
-	// MaxAttempts bounds takeovers of one run after crashes. Default 3.
-	MaxAttempts int     `yaml:"max_attempts"`
-	Misfire     Misfire `yaml:"misfire"`
+	// MaxAttempts bounds the grants of one run: its first attempt, the
+	// takeovers after crashes and the retries after failures. Default 3.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Retry retries a run whose handler failed, inside the same run.
+	Retry   Retry   `yaml:"retry"`
+	Misfire Misfire `yaml:"misfire"`
+	// Jitter delays each run by an offset in [0, jitter) hashed from the
+	// job and the instant: the same on every replica, and shorter than
+	// the gap to the next instant. Default 0.
+	Jitter Duration `yaml:"jitter"`
 	// Enabled schedules the job. Default true.
 	Enabled bool `yaml:"enabled"`
 	// Params are handed to the handler as they are.
@@ -247,7 +264,28 @@ type Misfire struct {
 	// Grace is how old a missed run may be and still run under run-once.
 	// Default 1h.
 	Grace Duration `yaml:"grace"`
+	// MaxCatchup bounds how many missed runs run-all executes. Default 10.
+	MaxCatchup int `yaml:"max_catchup"`
 }
+
+// Retry is a job's retry policy. A failed or timed-out attempt is retried
+// after Backoff, doubled per attempt up to MaxBackoff, by whichever
+// replica claims the run next, until max_attempts grants were spent.
+type Retry struct {
+	// MaxAttempts, when set, replaces the job's max_attempts: it bounds
+	// retries and crash takeovers together. 0 or 1 without a backoff:
+	// no retries.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Backoff is the wait before the second attempt. Default 10s once
+	// retries are on.
+	Backoff Duration `yaml:"backoff"`
+	// MaxBackoff caps the doubling. Default 10m.
+	MaxBackoff Duration `yaml:"max_backoff"`
+}
+
+// Enabled reports whether failed runs retry: the block asks for more than
+// one attempt or names a backoff.
+func (r Retry) Enabled() bool { return r.MaxAttempts > 1 || r.Backoff > 0 }
 
 // Duration is a time.Duration written as a Go duration string ("30s",
 // "1h30m"). A bare number other than 0 is an error: "30" has no unit.

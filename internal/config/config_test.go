@@ -89,8 +89,12 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 		{"BareNumberDuration", "claimer:\n  lease: 30\n" + pg, "claimer.lease", "30", "no unit"},
 		{"BadDurationString", "claimer:\n" + pg + "shutdown_grace: thirty\n", "shutdown_grace", "thirty", "Go duration"},
 		{"NegativeShutdownGrace", "claimer:\n" + pg + "shutdown_grace: -1s\n", "shutdown_grace", "-1s", "negative"},
-		{"UnknownOverlap", "claimer:\n" + rd + job("    schedule: '@daily'\n    overlap: sometimes\n"), "jobs.billing.nightly.overlap", "sometimes", "want forbid or allow"},
-		{"UnknownMisfirePolicy", "claimer:\n" + rd + job("    schedule: '@daily'\n    misfire: {policy: later}\n"), "jobs.billing.nightly.misfire.policy", "later", "want skip or run-once"},
+		{"UnknownOverlap", "claimer:\n" + rd + job("    schedule: '@daily'\n    overlap: sometimes\n"), "jobs.billing.nightly.overlap", "sometimes", "want forbid, allow, buffer-one or replace"},
+		{"UnknownMisfirePolicy", "claimer:\n" + rd + job("    schedule: '@daily'\n    misfire: {policy: later}\n"), "jobs.billing.nightly.misfire.policy", "later", "want skip, run-once or run-all"},
+		{"RetryMaxBackoffBelowBackoff", "claimer:\n" + rd + job("    schedule: '@daily'\n    retry: {backoff: 1m, max_backoff: 10s}\n"), "jobs.billing.nightly.retry.max_backoff", "10s", "at least retry.backoff"},
+		{"RetryConflictsWithMaxAttempts", "claimer:\n" + rd + job("    schedule: '@daily'\n    max_attempts: 2\n    retry: {max_attempts: 5}\n"), "jobs.billing.nightly.retry.max_attempts", "5", "set one"},
+		{"NegativeJitter", "claimer:\n" + rd + job("    schedule: '@daily'\n    jitter: -5m\n"), "jobs.billing.nightly.jitter", "-5m0s", "negative"},
+		{"ZeroMaxCatchup", "claimer:\n" + rd + job("    schedule: '@daily'\n    misfire: {policy: run-all, max_catchup: 0}\n"), "jobs.billing.nightly.misfire.max_catchup", "0", "at least 1"},
 		{"ZeroMaxAttempts", "claimer:\n" + rd + job("    schedule: '@daily'\n    max_attempts: 0\n"), "jobs.billing.nightly.max_attempts", "0", "at least 1"},
 		{"MaxAttemptsNotANumber", "claimer:\n" + rd + job("    schedule: '@daily'\n    max_attempts: many\n"), "jobs.billing.nightly.max_attempts", "many", "want an integer"},
 		{"NegativeTimeout", "claimer:\n" + rd + job("    schedule: '@daily'\n    timeout: -1m\n"), "jobs.billing.nightly.timeout", "-1m0s", "negative"},
@@ -300,8 +304,14 @@ jobs:
     enabled: false
     max_attempts: 1
     misfire: {grace: 0s}
+  r:
+    schedule: "@hourly"
+    retry: {max_attempts: 5}
+  s:
+    schedule: "@hourly"
+    retry: {backoff: 20m}
 `)
-	a, b := c.Jobs["a"], c.Jobs["b"]
+	a, b, rj, sj := c.Jobs["a"], c.Jobs["b"], c.Jobs["r"], c.Jobs["s"]
 	for _, tt := range []struct {
 		name string
 		got  any
@@ -324,6 +334,13 @@ jobs:
 		{"LogFormat", c.Log.Format, "text"},
 		{"ShutdownGrace", c.ShutdownGrace.Duration(), 30 * time.Second},
 		{"JobTimezone", a.Timezone, "UTC"},
+		{"NoRetry", a.Retry.Enabled(), false},
+		{"MaxCatchup", a.Misfire.MaxCatchup, 10},
+		{"RetryMaxAttemptsIsMaxAttempts", rj.MaxAttempts, 5},
+		{"RetryBackoff", rj.Retry.Backoff.Duration(), 10 * time.Second},
+		{"RetryMaxBackoff", rj.Retry.MaxBackoff.Duration(), 10 * time.Minute},
+		{"RetryAttemptsFromJob", sj.Retry.MaxAttempts, 3},
+		{"RetryMaxBackoffAtLeastBackoff", sj.Retry.MaxBackoff.Duration(), 20 * time.Minute},
 		{"JobOverlap", a.Overlap, OverlapForbid},
 		{"JobMaxAttempts", a.MaxAttempts, 3},
 		{"JobMisfirePolicy", a.Misfire.Policy, MisfireSkip},

@@ -3,6 +3,7 @@ package config
 import (
 	"cmp"
 	"os"
+	"strconv"
 	"time"
 )
 
@@ -37,7 +38,7 @@ var (
 		Timezone:    "UTC",
 		Overlap:     OverlapForbid,
 		MaxAttempts: 3,
-		Misfire:     Misfire{Policy: MisfireSkip, Grace: Duration(time.Hour)},
+		Misfire:     Misfire{Policy: MisfireSkip, Grace: Duration(time.Hour), MaxCatchup: 10},
 		Enabled:     true,
 	}
 )
@@ -58,6 +59,28 @@ func (c *Config) deriveDefaults(p *problems, given func(key string) bool) {
 	cl := &c.Claimer
 	if cl.Lease > 0 && !given("claimer.renew_every") {
 		cl.RenewEvery = cl.Lease / 3
+	}
+
+	for name, j := range c.Jobs {
+		if !j.Retry.Enabled() {
+			continue
+		}
+		key := "jobs." + name
+		if j.Retry.MaxAttempts > 0 {
+			if given(key+".max_attempts") && j.MaxAttempts != j.Retry.MaxAttempts {
+				p.add(key+".retry.max_attempts", strconv.Itoa(j.Retry.MaxAttempts),
+					"conflicts with %s.max_attempts %d: both bound the same count; set one", key, j.MaxAttempts)
+			}
+			j.MaxAttempts = j.Retry.MaxAttempts
+		}
+		j.Retry.MaxAttempts = j.MaxAttempts
+		if !given(key + ".retry.backoff") {
+			j.Retry.Backoff = Duration(10 * time.Second)
+		}
+		if !given(key + ".retry.max_backoff") {
+			j.Retry.MaxBackoff = max(Duration(10*time.Minute), j.Retry.Backoff)
+		}
+		c.Jobs[name] = j
 	}
 
 	d := &c.Database

@@ -253,16 +253,30 @@ func validateJob(p *problems, name string, j Job, registered func(string) bool) 
 		p.add(key+".schedule", j.Schedule, "%s", strings.TrimLeft(msg, ": "))
 	}
 	nonNegative(p, key+".timeout", j.Timeout)
-	if !oneOf(j.Overlap, OverlapForbid, OverlapAllow) {
-		p.add(key+".overlap", j.Overlap, "want forbid or allow")
+	if !oneOf(j.Overlap, OverlapForbid, OverlapAllow, OverlapBufferOne, OverlapReplace) {
+		p.add(key+".overlap", j.Overlap, "want forbid, allow, buffer-one or replace")
 	}
 	if j.MaxAttempts < 1 {
 		p.add(key+".max_attempts", strconv.Itoa(j.MaxAttempts), "must be at least 1")
 	}
-	if !oneOf(j.Misfire.Policy, MisfireSkip, MisfireRunOnce) {
-		p.add(key+".misfire.policy", j.Misfire.Policy, "want skip or run-once")
+	if !oneOf(j.Misfire.Policy, MisfireSkip, MisfireRunOnce, MisfireRunAll) {
+		p.add(key+".misfire.policy", j.Misfire.Policy, "want skip, run-once or run-all")
 	}
 	nonNegative(p, key+".misfire.grace", j.Misfire.Grace)
+	if j.Misfire.MaxCatchup < 1 {
+		p.add(key+".misfire.max_catchup", strconv.Itoa(j.Misfire.MaxCatchup), "must be at least 1")
+	}
+	nonNegative(p, key+".jitter", j.Jitter)
+	if j.Retry.Enabled() {
+		if j.Retry.MaxAttempts < 1 {
+			p.add(key+".retry.max_attempts", strconv.Itoa(j.Retry.MaxAttempts), "must be at least 1")
+		}
+		if positive(p, key+".retry.backoff", j.Retry.Backoff) && j.Retry.MaxBackoff < j.Retry.Backoff {
+			p.add(key+".retry.max_backoff", j.Retry.MaxBackoff.String(), "must be at least retry.backoff (%s)", j.Retry.Backoff)
+		}
+	} else if j.Retry.MaxAttempts < 0 {
+		p.add(key+".retry.max_attempts", strconv.Itoa(j.Retry.MaxAttempts), "must be at least 1")
+	}
 }
 
 // checkTLS reports the TLS file that cannot be used.

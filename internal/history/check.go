@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
 )
 
 // Invariant names, as violations report them.
@@ -22,6 +23,8 @@ const (
 	Abandoned       = "abandoned"        // a run was granted, but never ended, though replicas stayed up
 	TakeoverMisfire = "takeover-misfire" // a run that had started was skipped as a misfire on takeover
 	HandedBackDone  = "handed-back-done" // a handler finished its work, and the run was handed back to run again
+	Unscheduled     = "unscheduled"      // a scheduled run started at an instant no version of its job's schedule names
+	RetryOverlap    = "retry-overlap"    // a retry of a run started before the attempt it retries had returned
 )
 
 // Spec is what a history is checked against.
@@ -36,6 +39,13 @@ type Spec struct {
 	// long enough after it for any holder's lease to lapse and a standby,
 	// or a restarted replica's recovery, to finish the run.
 	Settled time.Time
+	// Scheduled, when set, reports whether some version of a job's
+	// schedule (replicas may run two during a rolling deploy) names a
+	// run's instant. Every scheduled run started must be one: an instant
+	// named by both versions then runs once under its one run id, and a
+	// run id that drifted off its instant (jitter added to it, a zone
+	// applied twice) is caught rather than run beside the real one.
+	Scheduled func(claim.Run) bool
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -89,6 +99,8 @@ func Check(events []Event, spec Spec) []Violation {
 	c.lost()
 	c.settled()
 	c.policy(events)
+	c.unscheduled(events)
+	c.retries(events)
 	slices.SortStableFunc(c.out, func(a, b Violation) int {
 		return cmp.Or(cmp.Compare(a.Invariant, b.Invariant), cmp.Compare(a.Run, b.Run))
 	})
@@ -132,8 +144,11 @@ func (c *checker) index(events []Event) {
 			c.holds[e.Token] = h
 			c.order = append(c.order, h)
 		case Renew:
+			// A holder's renewals are sequential, so the last one
+			// confirmed bounds its lease, even when it shortened it: a
+			// failed attempt cuts its lease to the retry's backoff.
 			if h := c.holds[e.Token]; h != nil {
-				h.until = later(h.until, e.Until)
+				h.until = e.Until
 			}
 		case Release:
 			if h := c.holds[e.Token]; h != nil && h.released.IsZero() {
@@ -354,4 +369,58 @@ func (c *checker) ended(id string) bool {
 	}
 	finished := slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Return && e.Status == claim.Succeeded })
 	return finished && slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Skip && e.Reason == "done" })
+}
+
+// retries: an attempt that failed and handed its run on to a retry
+// (status retrying) had returned before any later attempt of the run
+// started. The lease cut already keeps grants apart (grants); this checks
+// the handlers themselves.
+func (c *checker) retries(events []Event) {
+	returned := map[string]time.Time{}  // by token
+	retrying := map[string][]*holding{} // by run id
+	for _, e := range events {
+		switch {
+		case e.Kind == Return:
+			returned[e.Token] = e.At
+		case e.Kind == End && e.Status == claim.Retrying:
+			if h := c.holds[e.Token]; h != nil {
+				retrying[e.Run.ID()] = append(retrying[e.Run.ID()], h)
+			}
+		}
+	}
+	for _, e := range events {
+		if e.Kind != Start {
+			continue
+		}
+		x := c.holds[e.Token]
+		for _, prev := range retrying[e.Run.ID()] {
+			if x == nil || prev.grant.Attempt >= x.grant.Attempt {
+				continue
+			}
+			if ret, ok := returned[prev.grant.Token]; !ok || e.At.Before(ret) {
+				c.add(RetryOverlap, e.Run.ID(), fmt.Sprintf("attempt %d started on %s before attempt %d (%s) had returned",
+					x.grant.Attempt, e.Replica, prev.grant.Attempt, prev.grant.Replica))
+			}
+		}
+	}
+}
+
+// unscheduled: every scheduled (not manual) run that started is at an
+// instant spec.Scheduled names.
+func (c *checker) unscheduled(events []Event) {
+	if c.spec.Scheduled == nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, e := range events {
+		id := e.Run.ID()
+		if e.Kind != Start || control.Manual(e.Run) || seen[id] {
+			continue
+		}
+		seen[id] = true
+		if !c.spec.Scheduled(e.Run) {
+			c.add(Unscheduled, id, fmt.Sprintf("started on %s, but no version of %s's schedule names %s",
+				e.Replica, e.Run.Job, e.Run.At.UTC().Format(time.RFC3339Nano)))
+		}
+	}
 }

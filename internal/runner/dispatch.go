@@ -56,6 +56,9 @@ type origin struct {
 	// request is the operator's request that asked for a manual run: it
 	// is never paused nor missed, and its overlap is its own.
 	request *control.Request
+	// after delays the first bid: a retry is not due before its backoff
+	// has passed, and is bid for promptly once it has.
+	after time.Duration
 }
 
 // dispatch starts the life of one run: claim, stand by, execute. Only
@@ -229,6 +232,9 @@ func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run clai
 	r := d.r
 	var unavailable error
 	heldLogged, unreachable := false, false
+	if o.after > 0 && !sleep(ctx, o.after) {
+		return
+	}
 	for attempt := 0; ; attempt++ {
 		cl, err := d.claim(ctx, run)
 		switch {
@@ -273,16 +279,30 @@ func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run clai
 		// skipped while it lives, so standing by lasts until it ends; the
 		// takeover itself is bounded in granted().
 		wait := jitter(r.opts.RenewEvery)
+		if o.after > 0 && attempt < 6 {
+			// A retry's lease lapses on the backend's clock, a moment
+			// after this replica's: ask again soon (until another
+			// replica is found running it).
+			wait = jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*20*time.Millisecond))
+		}
 		if unavailable != nil {
 			wait = jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx, wait) {
 			return
-		case <-t.C:
 		}
+	}
+}
+
+// sleep waits for d, and reports false if ctx ended the wait first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -343,17 +363,22 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		j.setLive(cl.Run.At, executing, +1)
 		d.exec.Go(func() {
 			status := d.execute(ctx, execCtx, j, cl, o.request != nil && o.request.Overlap == OverlapAllow)
-			if status != claim.LeaseLost || ctx.Err() != nil {
+			if status != claim.LeaseLost && status != claim.Retrying || ctx.Err() != nil {
 				j.setLive(cl.Run.At, executing, -1)
 				return
 			}
-			// The run was handed back or taken over, not finished: stand
-			// by for it like any replica, or it may be left to nobody
-			// (the other standbys may have stopped meanwhile).
+			// The run was handed back or taken over, or is to be retried,
+			// not finished: stand by for it like any replica, or it may be
+			// left to nobody (the other standbys may have stopped
+			// meanwhile). A retry is due once its backoff has passed.
+			next := origin{takeover: true}
+			if status == claim.Retrying {
+				next.after = j.backoff(cl.Attempt)
+			}
 			j.setLive(cl.Run.At, watching, +1)
 			j.setLive(cl.Run.At, executing, -1)
 			defer j.setLive(cl.Run.At, watching, -1)
-			d.contend(ctx, execCtx, j, cl.Run, origin{takeover: true}, "")
+			d.contend(ctx, execCtx, j, cl.Run, next, "")
 		})
 	}
 	return true

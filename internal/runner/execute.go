@@ -139,6 +139,19 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	default:
 		status, outcome = claim.Failed, claim.Failed
 	}
+	if status == claim.Failed || status == claim.Timeout {
+		if j.retries(cl.Attempt) {
+			// Recorded while the keep-alive still holds the lease, which
+			// it must stop holding before the cut.
+			d.recordAttempt(ctx, j, cl, status, start, err, r.opts.Now().Add(j.backoff(cl.Attempt)))
+			stopKeep()
+			<-keepDone
+			status = d.retryLater(ctx, j, cl, status, elapsed, err)
+			endRun(span, status, err)
+			return status
+		}
+		d.recordAttempt(ctx, j, cl, status, start, err, time.Time{})
+	}
 	return settle(status, outcome, elapsed, err)
 }
 

@@ -57,14 +57,17 @@ import (
 
 // Overlap policies.
 const (
-	OverlapForbid = "forbid"
-	OverlapAllow  = "allow"
+	OverlapForbid    = "forbid"
+	OverlapAllow     = "allow"
+	OverlapBufferOne = "buffer-one"
+	OverlapReplace   = "replace"
 )
 
 // Misfire policies.
 const (
 	MisfireSkip    = "skip"
 	MisfireRunOnce = "run-once"
+	MisfireRunAll  = "run-all"
 )
 
 // Job is one scheduled job as the runner sees it.
@@ -73,11 +76,20 @@ type Job struct {
 	Schedule    *schedule.Schedule
 	Handler     job.Handler
 	Timeout     time.Duration // 0: none
-	Overlap     string        // OverlapForbid (default) or OverlapAllow
+	Overlap     string        // OverlapForbid (default), OverlapAllow, OverlapBufferOne, OverlapReplace
 	MaxAttempts int           // grants of one run before it is failed; default 3
-	Misfire     string        // MisfireSkip (default) or MisfireRunOnce
-	Grace       time.Duration // how late a misfired run may still start; default 1h
-	Params      job.Params
+	// Backoff, when positive, retries a run whose handler failed or timed
+	// out, within the same run: after Backoff, doubled per attempt up to
+	// MaxBackoff (default max(10m, Backoff)), until MaxAttempts grants,
+	// takeovers included, were spent (see retry.go).
+	Backoff, MaxBackoff time.Duration
+	Misfire             string        // MisfireSkip (default), MisfireRunOnce or MisfireRunAll
+	Grace               time.Duration // how late a misfired run may still start; default 1h
+	MaxCatchup          int           // run-all: the most missed runs caught up; default 10
+	// Jitter delays each instant's start by an offset hashed from (job,
+	// instant) in [0, Jitter), the same on every replica (see jitter.go).
+	Jitter time.Duration
+	Params job.Params
 }
 
 // Options configure a Runner.
@@ -186,6 +198,10 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 		j.Misfire = cmp.Or(j.Misfire, MisfireSkip)
 		j.MaxAttempts = cmp.Or(j.MaxAttempts, 3)
 		j.Grace = cmp.Or(j.Grace, time.Hour)
+		j.MaxCatchup = cmp.Or(j.MaxCatchup, 10)
+		if j.Backoff > 0 {
+			j.MaxBackoff = max(cmp.Or(j.MaxBackoff, 10*time.Minute), j.Backoff)
+		}
 		r.jobs = append(r.jobs, &jobState{Job: j, live: map[int64][2]int{}})
 	}
 	return r, nil
@@ -344,11 +360,28 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	d := r.dispatcher(&wg, &wg)
 	// ctx is both the claim's and the execution's: Trigger has no
 	// shutdown grace of its own.
-	cl, err := d.claim(ctx, claim.Run{Job: name, At: at})
+	run := claim.Run{Job: name, At: at}
+	cl, err := d.claim(ctx, run)
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	return d.execute(ctx, ctx, j, cl, false), nil
+	status := d.execute(ctx, ctx, j, cl, false)
+	// A retry is this caller's to run too: it waits for the result.
+	for status == claim.Retrying {
+		if !sleep(ctx, j.backoff(cl.Attempt)) {
+			return status, ctx.Err()
+		}
+		for cl, err = d.claim(ctx, run); errors.Is(err, claim.ErrHeld); cl, err = d.claim(ctx, run) {
+			if !sleep(ctx, 20*time.Millisecond) {
+				return status, ctx.Err()
+			}
+		}
+		if err != nil {
+			return status, fmt.Errorf("trigger %s: retry: %w", name, err)
+		}
+		status = d.execute(ctx, ctx, j, cl, false)
+	}
+	return status, nil
 }
 
 // errClosing stops work that would start after shutdown began.

@@ -1,0 +1,48 @@
+package history
+
+import (
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// retried is attempt 1 of runA on a, failing and cutting its lease to
+// cut, then attempt 2 granted to b at start2, starting at once.
+func retried(cut, start2, return1 time.Duration) []Event {
+	b := newBuilder().grant("a", "t1", runA, 1, 1)
+	b.event(Start, "a", "t1", runA, nil)
+	b.at(cut).event(Renew, "a", "t1", runA, func(e *Event) { e.Sent = b.now; e.Until = b.now.Add(200 * time.Millisecond) })
+	b.at(start2).grant("b", "t2", runA, 2, 2)
+	b.event(Start, "b", "t2", runA, nil)
+	b.at(return1).event(Return, "a", "t1", runA, func(e *Event) { e.Status = claim.Failed })
+	b.event(End, "a", "t1", runA, func(e *Event) { e.Status = claim.Retrying })
+	b.at(start2+100*time.Millisecond).event(Return, "b", "t2", runA, func(e *Event) { e.Status = claim.Succeeded })
+	b.event(Release, "b", "t2", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+	b.event(End, "b", "t2", runA, func(e *Event) { e.Status = claim.Succeeded })
+	return b.evs
+}
+
+// A retry granted once the failed attempt's cut lease ended is no
+// overlap, though the attempt's earlier renewals reached further; a
+// retry started before the failed handler returned is one.
+func TestRetryOverlap(t *testing.T) {
+	// Returned at 100ms, cut at 110ms to 310ms, retried at 400ms.
+	if vs := Check(retried(110*time.Millisecond, 400*time.Millisecond, 100*time.Millisecond), Spec{}); len(vs) != 0 {
+		t.Errorf("a clean retry was judged: %v", vs)
+	}
+	// The return is logged only at 500ms, after attempt 2 started.
+	vs := Check(retried(110*time.Millisecond, 400*time.Millisecond, 500*time.Millisecond), Spec{})
+	if !has(vs, RetryOverlap) {
+		t.Errorf("attempt 2 started before attempt 1 returned, not judged retry-overlap: %v", vs)
+	}
+}
+
+func has(vs []Violation, inv string) bool {
+	for _, v := range vs {
+		if v.Invariant == inv {
+			return true
+		}
+	}
+	return false
+}

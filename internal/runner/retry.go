@@ -1,0 +1,94 @@
+// This file owns retries inside one run: a handler that failed or timed
+// out hands its run on to a next attempt after a backoff, instead of
+// ending it failed, until the job's max_attempts grants were spent.
+//
+// No backend needed a new operation. The holder does not release the run:
+// it cuts its lease to end when the backoff does, and stops renewing it.
+// Until then the run is held (no replica takes it earlier, and later
+// instants meet it under their overlap policy as they would meet a
+// running one); then the lease lapses, and whichever replica claims the
+// run next takes it over as attempt+1, with a higher fence: the path of
+// a takeover after a crash. That is also why retries and takeovers share
+// one attempt count, and why a holder that dies during the backoff loses
+// nothing: the lease lapses all the same.
+
+package runner
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
+)
+
+// retries reports whether a failed attempt of j is retried.
+func (j *jobState) retries(attempt int) bool { return j.Backoff > 0 && attempt < j.MaxAttempts }
+
+// backoff is the wait after attempt failed before the next may start:
+// Backoff, doubled per attempt, at most MaxBackoff. It is the same on
+// every replica, so the history says when a retry was due.
+func (j *jobState) backoff(attempt int) time.Duration {
+	b := j.Backoff
+	for i := 1; i < attempt && b < j.MaxBackoff; i++ {
+		b *= 2
+	}
+	return min(b, j.MaxBackoff)
+}
+
+// recordAttempt remembers a failed attempt of a job that retries, so the
+// history can show every attempt (the backend's run record keeps only
+// the latest). It is bounded and best effort: a lost record costs the
+// operator a line of history, never the run. retryAt is zero for the last
+// attempt.
+func (d *dispatcher) recordAttempt(ctx context.Context, j *jobState, cl *claim.Claim, status claim.Status, started time.Time, herr error, retryAt time.Time) {
+	r := d.r
+	if r.opts.Controls == nil || j.Backoff <= 0 {
+		return
+	}
+	a := control.Attempt{RunID: cl.ID(), Attempt: cl.Attempt, Fence: cl.Fence, Holder: r.opts.Instance,
+		Status: status, Started: started.UTC(), Ended: r.opts.Now().UTC(), RetryAt: retryAt}
+	if herr != nil {
+		a.Error = herr.Error()
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	defer cancel()
+	if err := r.opts.Controls.RecordAttempt(wctx, a); err != nil {
+		r.log.WarnContext(ctx, "cannot record the failed attempt", append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
+	}
+}
+
+// retryLater ends a failed attempt by cutting cl's lease to the backoff
+// (see the file comment). The keep-alive must have stopped: it would
+// renew the lease to a full one again. It returns Retrying, or LeaseLost
+// if the run was no longer this replica's to hand on. ctx is Run's.
+func (d *dispatcher) retryLater(ctx context.Context, j *jobState, cl *claim.Claim, status claim.Status, elapsed time.Duration, herr error) claim.Status {
+	r := d.r
+	wait := j.backoff(cl.Attempt)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease/3)
+	err := r.opts.Claimer.Renew(rctx, cl, wait)
+	cancel()
+	attrs := append(runAttrs(r, cl.Run, cl), "status", status, "duration_ms", elapsed.Milliseconds())
+	if herr != nil {
+		attrs = append(attrs, "error", herr.Error())
+	}
+	switch {
+	case errors.Is(err, claim.ErrLeaseLost):
+		// Taken over meanwhile: the new holder is the next attempt.
+		d.finished(ctx, cl, claim.LeaseLost, elapsed, errors.Join(herr, err))
+		return claim.LeaseLost
+	case err != nil:
+		// The lease could not be cut: it lapses at its last deadline, at
+		// most a lease away, and the retry comes then.
+		attrs = append(attrs, "retry_in_ms", r.opts.Lease.Milliseconds(), "cut_error", err.Error())
+	default:
+		attrs = append(attrs, "retry_in_ms", wait.Milliseconds(),
+			"retry_at", r.opts.Now().Add(wait).UTC().Format(time.RFC3339Nano))
+	}
+	r.opts.Logger.Log(ctx, slog.LevelWarn, "run failed; retry scheduled", attrs...)
+	r.opts.Metrics.finished(cl.Run.Job, claim.Retrying, elapsed)
+	r.emit(Event{Kind: EventFinished, Run: cl.Run, Claim: cl, Status: claim.Retrying, Err: herr, Ran: elapsed})
+	return claim.Retrying
+}

@@ -1,0 +1,237 @@
+package runner_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+var errFlaky = errors.New("downstream unavailable")
+
+// failUntil fails every attempt before attempt n (0: every attempt).
+func failUntil(n int) job.Handler {
+	return func(ctx context.Context, run job.Run) error {
+		if n == 0 || run.Attempt < n {
+			return fmt.Errorf("attempt %d: %w", run.Attempt, errFlaky)
+		}
+		return nil
+	}
+}
+
+// checkAttempts asserts that run id was started once per attempt,
+// 1…want, under strictly growing fences, and that each retry started
+// only after its backoff (doubled per attempt from backoff) had passed
+// since the attempt before it returned.
+func checkAttempts(t *testing.T, led *ledger, id string, want int, backoff time.Duration) {
+	t.Helper()
+	starts := led.events(history.Start)[id]
+	returns := led.events(history.Return)[id]
+	if len(starts) != want || len(returns) != want {
+		t.Fatalf("%s: %d starts and %d returns, want %d of each", id, len(starts), len(returns), want)
+	}
+	for i, s := range starts {
+		cl := led.claimOf(s.Token)
+		if cl.Attempt != i+1 {
+			t.Errorf("%s: start %d ran attempt %d", id, i+1, cl.Attempt)
+		}
+		if i == 0 {
+			continue
+		}
+		prev := led.claimOf(starts[i-1].Token)
+		if cl.Fence <= prev.Fence {
+			t.Errorf("%s: attempt %d has fence %d, not above attempt %d's %d", id, cl.Attempt, cl.Fence, prev.Attempt, prev.Fence)
+		}
+		wait := backoff << (i - 1)
+		if gap := s.At.Sub(returns[i-1].At); gap < wait {
+			t.Errorf("%s: attempt %d started %v after attempt %d returned, before its backoff %v", id, i+1, gap, i, wait)
+		}
+	}
+}
+
+// A failed run is retried inside the same run, by whichever replica claims
+// it once the backoff (doubled per attempt) has passed, with attempt+1 and
+// a higher fence, until it succeeds or max_attempts is spent; every failed
+// attempt is recorded beside the run, and a retry pending when the next
+// instant falls due obeys the overlap policy like a running run.
+func TestRetriesRunTheSameRunAgainAfterBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		jobs := []runner.Job{
+			{Name: "flaky", Schedule: mustSchedule(t, "0 * * * * *"), Handler: failUntil(3),
+				MaxAttempts: 4, Backoff: 2 * time.Second},
+			{Name: "doomed", Schedule: mustSchedule(t, "0 * * * * *"), Handler: failUntil(0),
+				MaxAttempts: 2, Backoff: time.Second},
+			// Its retry is pending when the next instant falls due.
+			{Name: "slow-retry", Schedule: mustSchedule(t, "*/20 * * * * *"), Handler: failUntil(2),
+				MaxAttempts: 2, Backoff: 30 * time.Second},
+		}
+		time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute - 5*time.Second)))
+		minute := time.Now().UTC().Truncate(time.Minute).Add(time.Minute)
+		rs := startReplicas(t, store, led, jobs, "a", "b", "c")
+		time.Sleep(65 * time.Second)
+		stopAll(rs)
+
+		flaky := claim.Run{Job: "flaky", At: minute}.ID()
+		checkAttempts(t, led, flaky, 3, 2*time.Second)
+		if st := statuses(t, store, "flaky")[minute]; st != claim.Succeeded {
+			t.Errorf("flaky ended %s, want succeeded on its third attempt", st)
+		}
+		doomed := claim.Run{Job: "doomed", At: minute}.ID()
+		checkAttempts(t, led, doomed, 2, time.Second)
+		if st := statuses(t, store, "doomed")[minute]; st != claim.Failed {
+			t.Errorf("doomed ended %s, want failed once its 2 attempts were spent", st)
+		}
+		var ends []claim.Status
+		for _, f := range led.finishes(doomed) {
+			ends = append(ends, f.Status)
+		}
+		if fmt.Sprint(ends) != fmt.Sprint([]claim.Status{claim.Retrying, claim.Failed}) {
+			t.Errorf("doomed's attempts ended %v, want [retrying failed]", ends)
+		}
+
+		// Every failed attempt is in the history beside the run.
+		as, err := control.New(store.Controls(), nil).Attempts(context.Background(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		by := control.AttemptsByRun(as)
+		if got := by[flaky]; len(got) != 2 || got[0].Attempt != 1 || got[1].Attempt != 2 ||
+			got[0].RetryAt.IsZero() || (got[1].RetryAt.Sub(got[1].Ended)-4*time.Second).Abs() > 100*time.Millisecond {
+			t.Errorf("flaky's recorded attempts: %+v, want attempts 1 and 2, retried after 2s then 4s", got)
+		}
+		if got := by[doomed]; len(got) != 2 || !got[1].RetryAt.IsZero() || got[0].Error == "" {
+			t.Errorf("doomed's recorded attempts: %+v, want 2, the last with no retry", got)
+		}
+
+		// slow-retry's first instant waits 30s for its retry: the instant
+		// 20s later meets it held and is skipped (overlap: forbid).
+		first := minute
+		second := first.Add(20 * time.Second)
+		st := statuses(t, store, "slow-retry")
+		if st[second] != claim.Skipped {
+			t.Errorf("slow-retry's %s: %s while the retry of %s was pending, want skipped", second.Format(time.TimeOnly), st[second], first.Format(time.TimeOnly))
+		}
+		if st[first] != claim.Succeeded {
+			t.Errorf("slow-retry's %s: %s, want succeeded on its retry", first.Format(time.TimeOnly), st[first])
+		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"flaky": true, "doomed": true, "slow-retry": true}})
+	})
+}
+
+// Takeovers after a crash and retries after a failure share one attempt
+// count: a run interrupted once, then failing, is retried only up to
+// max_attempts grants in all.
+func TestRetriesAndTakeoversShareMaxAttempts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		started := make(chan string, 1)
+		jobs := []runner.Job{{Name: "shared", Schedule: mustSchedule(t, "0 * * * * *"), MaxAttempts: 3, Backoff: time.Second,
+			Handler: func(ctx context.Context, run job.Run) error {
+				if run.Attempt == 1 {
+					started <- run.Instance
+					<-ctx.Done() // the replica is stopped under it
+					return context.Cause(ctx)
+				}
+				return errFlaky
+			}}}
+		time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute - 5*time.Second)))
+		minute := time.Now().UTC().Truncate(time.Minute).Add(time.Minute)
+		rs := startReplicas(t, store, led, jobs, "a", "b", "c")
+		holder := <-started
+		for _, rp := range rs {
+			if rp.name == holder {
+				rp.stop() // shutdown_grace 0: interrupted, handed back
+			}
+		}
+		time.Sleep(30 * time.Second)
+		stopAll(rs)
+		id := claim.Run{Job: "shared", At: minute}.ID()
+		starts := led.events(history.Start)[id]
+		if len(starts) != 3 {
+			t.Fatalf("%s started %d times, want 3: one interrupted, two failed", id, len(starts))
+		}
+		if st := statuses(t, store, "shared")[minute]; st != claim.Failed {
+			t.Errorf("%s ended %s, want failed after 3 attempts", id, st)
+		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"shared": true}})
+	})
+}
+
+// On every real backend, with replicas as goroutines on their own clients,
+// each instant of a job failing twice runs three attempts, each after its
+// backoff, under growing fences, and succeeds once.
+func TestRetriesAcrossReplicasOnRealBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: 12s")
+	}
+	testenv.WallClock(t)
+	const backoff = 200 * time.Millisecond
+	var all sync.WaitGroup
+	defer all.Wait()
+	for _, kind := range backends.Kinds {
+		all.Go(func() {
+			t.Run(kind, func(t *testing.T) {
+				open := backends.Open(t, kind)
+				led := newLedger()
+				jobs := []runner.Job{{Name: "flaky", Schedule: mustSchedule(t, "@every 3s"), Handler: failUntil(3),
+					MaxAttempts: 3, Backoff: backoff}}
+				ctx, cancel := context.WithCancel(context.Background())
+				var wg sync.WaitGroup
+				begin := time.Now()
+				for i := range 3 {
+					name := fmt.Sprintf("r%d", i)
+					b := open(name)
+					r, err := runner.New(runner.Options{
+						Claimer: led.claimer(name, b.Claimer), ClaimerName: kind, Instance: name,
+						Controls: control.New(b.Controls, nil), Lease: 2 * time.Second,
+						MaxClockSkew: 500 * time.Millisecond, Observe: led.observer(name),
+					}, jobs)
+					if err != nil {
+						t.Fatal(err)
+					}
+					wg.Go(func() { _ = r.Run(ctx) })
+				}
+				time.Sleep(12 * time.Second)
+				end := time.Now()
+				cancel()
+				wg.Wait()
+
+				sched := mustSchedule(t, "@every 3s")
+				var expected []claim.Run
+				for at := sched.Next(begin.Add(time.Second)); at.Before(end.Add(-2 * time.Second)); at = sched.Next(at) {
+					run := claim.Run{Job: "flaky", At: at}
+					expected = append(expected, run)
+					checkAttempts(t, led, run.ID(), 3, backoff)
+					var ok int
+					for _, f := range led.finishes(run.ID()) {
+						if f.Status == claim.Succeeded {
+							ok++
+						}
+					}
+					if ok != 1 {
+						t.Errorf("%s succeeded %d times, want once", run.ID(), ok)
+					}
+				}
+				if len(expected) < 2 {
+					t.Fatalf("checked %d instants, want at least 2", len(expected))
+				}
+				led.check(t, history.Spec{Forbid: map[string]bool{"flaky": true}, Expected: expected})
+			})
+		})
+	}
+}
