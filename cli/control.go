@@ -124,7 +124,7 @@ func (e *env) trigger(args []string) int {
 		return ExitUsage
 	}
 	if *here {
-		return e.triggerHere(cfg, name)
+		return e.triggerHere(cfg, *path, name)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -183,9 +183,10 @@ func waitRun(ctx context.Context, c claim.Claimer, run claim.Run) (claim.Status,
 	}
 }
 
-// triggerHere claims and executes one run of name in this process.
-func (e *env) triggerHere(cfg *config.Config, name string) int {
-	jobsList, _, err := e.runnerJobs(cfg)
+// triggerHere claims and executes one run of name in this process; file is
+// cfg's.
+func (e *env) triggerHere(cfg *config.Config, file, name string) int {
+	jobsList, _, err := e.runnerJobs(cfg, file)
 	if err != nil {
 		e.configError(err)
 		return ExitUsage
@@ -280,7 +281,7 @@ func (e *env) backfill(args []string) int {
 	}
 	o.Rerun, o.MaxConcurrent, o.NewestFirst, o.DryRun = *rerun, *maxConc, *newest, *dry
 
-	jobsList, _, err := e.runnerJobs(cfg)
+	jobsList, _, err := e.runnerJobs(cfg, *path)
 	if err != nil {
 		e.configError(err)
 		return ExitUsage

@@ -23,12 +23,17 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/internal/tracing"
 	"github.com/scheduler-dev/scheduler/internal/web"
+	"github.com/scheduler-dev/scheduler/job"
 )
 
 func sortStrings(s []string) { slices.Sort(s) }
 
-// runnerJobs turns the enabled configured jobs into runner jobs.
-func (e *env) runnerJobs(cfg *config.Config) ([]runner.Job, []web.JobInfo, error) {
+// runnerJobs turns the enabled configured jobs into runner jobs, once their
+// params pass checkParams; file is the configuration's, for errors.
+func (e *env) runnerJobs(cfg *config.Config, file string) ([]runner.Job, []web.JobInfo, error) {
+	if err := e.checkParams(cfg, file); err != nil {
+		return nil, nil, err
+	}
 	var out []runner.Job
 	var info []web.JobInfo
 	for _, name := range sortedJobs(cfg) {
@@ -43,10 +48,43 @@ func (e *env) runnerJobs(cfg *config.Config) ([]runner.Job, []web.JobInfo, error
 		h, _ := e.reg.Lookup(name)
 		out = append(out, runner.Job{Name: name, Schedule: s, Handler: h, Timeout: j.Timeout.Duration(),
 			Overlap: j.Overlap, MaxAttempts: j.MaxAttempts, Misfire: j.Misfire.Policy, Grace: j.Misfire.Grace.Duration(),
-			Params: j.Params})
+			MaxCatchup: j.Misfire.MaxCatchup, Jitter: j.Jitter.Duration(), Params: j.Params})
+		if j.Retry.Enabled() {
+			rj := &out[len(out)-1]
+			rj.Backoff, rj.MaxBackoff = j.Retry.Backoff.Duration(), j.Retry.MaxBackoff.Duration()
+		}
 		info = append(info, web.JobInfo{Name: name, Schedule: j.Schedule, Timezone: s.Location().String(), Next: s.Next})
 	}
 	return out, info, nil
+}
+
+// checkParams checks the params of every enabled job against the ones its
+// handler declares (job.Registry.CheckParams), so that a bad value is a
+// configuration error before anything runs rather than a failure of every
+// run. Jobs without a handler are left to Validate, and handlers that
+// declare nothing accept any params. It returns every problem, joined, each
+// a *config.Error in file ("" for the built-in configuration).
+func (e *env) checkParams(cfg *config.Config, file string) error {
+	var errs []error
+	for _, name := range enabledJobs(cfg) {
+		err := e.reg.CheckParams(name, cfg.Jobs[name].Params)
+		if err == nil {
+			continue
+		}
+		all := []error{err}
+		var joined interface{ Unwrap() []error }
+		if errors.As(err, &joined) {
+			all = joined.Unwrap()
+		}
+		for _, one := range all {
+			var pe *job.ParamError
+			if errors.As(one, &pe) {
+				one = &config.Error{File: file, Key: pe.ConfigKey(), Value: pe.Value, Msg: pe.Msg}
+			}
+			errs = append(errs, one)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // runnerOptions are the runner's settings from cfg, on backend b.
@@ -72,7 +110,7 @@ func (e *env) run(args []string) int {
 	if !ok {
 		return ExitUsage
 	}
-	jobsList, info, err := e.runnerJobs(cfg)
+	jobsList, info, err := e.runnerJobs(cfg, *path)
 	if err != nil {
 		e.configError(err)
 		return ExitUsage

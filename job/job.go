@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sort"
 	"sync"
@@ -55,7 +56,9 @@ type Run struct {
 	Logger *slog.Logger
 }
 
-// Params are the job's free-form `params` from the config.
+// Params are the job's `params` from the config. A handler that declares
+// them as a struct (Typed, WithParams) gets them decoded and checked before
+// anything runs; Decode, Duration and String read them by hand.
 type Params map[string]any
 
 // Duration reads a duration parameter ("1s", "250ms"), or def when absent.
@@ -134,9 +137,10 @@ type Registry struct {
 }
 
 type entry struct {
-	h    Handler // the registered handler, or for an opener, one calling bound
-	open Opener
-	busy bool // guarded by Registry.mu: Open is opening or has opened it
+	h      Handler // the registered handler, or for an opener, one calling bound
+	open   Opener
+	params reflect.Type // the struct declared with WithParams; nil: any params
+	busy   bool         // guarded by Registry.mu: Open is opening or has opened it
 	// bound is what open returned, until Open's close.
 	bound atomic.Pointer[Handler]
 }
@@ -146,24 +150,27 @@ func NewRegistry() *Registry { return &Registry{m: map[string]*entry{}} }
 
 // Register adds a handler. A duplicate or empty name, or a nil handler, is
 // an error: two handlers for one job would make "which one ran" a guess.
-func (r *Registry) Register(name string, h Handler) error {
+// WithParams among opts declares the job's params; RegisterTyped registers
+// a TypedHandler with its params in one call.
+func (r *Registry) Register(name string, h Handler, opts ...Option) error {
 	if h == nil {
 		return fmt.Errorf("job: register %q: nil handler", name)
 	}
-	return r.add(name, &entry{h: h})
+	return r.add(name, &entry{h: h}, opts)
 }
 
 // MustRegister is Register for init-time wiring; it panics on error.
-func (r *Registry) MustRegister(name string, h Handler) {
-	if err := r.Register(name, h); err != nil {
+func (r *Registry) MustRegister(name string, h Handler, opts ...Option) {
+	if err := r.Register(name, h, opts...); err != nil {
 		panic(err)
 	}
 }
 
 // RegisterOpener adds a job whose handler Open gets from o. Until then,
-// the handler Lookup returns for it fails every run. Names are checked as by
-// Register.
-func (r *Registry) RegisterOpener(name string, o Opener) error {
+// the handler Lookup returns for it fails every run. Names and opts are
+// checked as by Register: declare the params here, with WithParams, since
+// commands check them without opening the job.
+func (r *Registry) RegisterOpener(name string, o Opener, opts ...Option) error {
 	if o == nil {
 		return fmt.Errorf("job: register %q: nil opener", name)
 	}
@@ -175,20 +182,28 @@ func (r *Registry) RegisterOpener(name string, o Opener) error {
 		}
 		return (*h)(ctx, run)
 	}
-	return r.add(name, e)
+	return r.add(name, e, opts)
 }
 
 // MustRegisterOpener is RegisterOpener for init-time wiring; it panics on
 // error.
-func (r *Registry) MustRegisterOpener(name string, o Opener) {
-	if err := r.RegisterOpener(name, o); err != nil {
+func (r *Registry) MustRegisterOpener(name string, o Opener, opts ...Option) {
+	if err := r.RegisterOpener(name, o, opts...); err != nil {
 		panic(err)
 	}
 }
 
-func (r *Registry) add(name string, e *entry) error {
+func (r *Registry) add(name string, e *entry, opts []Option) error {
 	if name == "" {
 		return errors.New("job: register: empty job name")
+	}
+	for _, o := range opts {
+		if o.apply == nil {
+			continue // the zero Option
+		}
+		if err := o.apply(e); err != nil {
+			return fmt.Errorf("job: register %q: %w", name, err)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

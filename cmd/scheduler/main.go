@@ -17,9 +17,10 @@ import (
 
 func main() {
 	reg := job.NewRegistry()
-	reg.MustRegister(jobs.SleepName, jobs.Sleep)
+	job.MustRegisterTyped(reg, jobs.SleepName, jobs.Sleep)
 	// billing.nightly needs the configured database: the commands that
-	// execute it open it through billing.Opener.
-	reg.MustRegisterOpener(billing.JobName, billing.Opener)
+	// execute it open it through billing.Opener. Its params are declared
+	// here, as they are checked without opening it.
+	reg.MustRegisterOpener(billing.JobName, billing.Opener, job.WithParams[billing.Params]())
 	os.Exit(cli.Main(os.Args[1:], reg, os.Stdout, os.Stderr, seed))
 }

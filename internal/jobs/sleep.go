@@ -11,15 +11,26 @@ import (
 // SleepName is the demo job's name.
 const SleepName = "example.sleep"
 
-// Sleep logs and sleeps params.duration (default 0): for demos and drills
-// (kill a replica mid-run, watch another take over).
-func Sleep(ctx context.Context, run job.Run) error {
-	d, err := run.Params.Duration("duration", 0)
-	if err != nil {
-		return err
+// SleepParams are example.sleep's params.
+type SleepParams struct {
+	// Duration is how long a run sleeps ("1s"); default 0.
+	Duration time.Duration `yaml:"duration"`
+}
+
+// Validate rejects a negative duration.
+func (p SleepParams) Validate() error {
+	if p.Duration < 0 {
+		return &job.ParamError{Key: "duration", Value: p.Duration.String(), Msg: "must not be negative"}
 	}
-	run.Logger.InfoContext(ctx, "sleeping", "duration", d.String())
-	t := time.NewTimer(d)
+	return nil
+}
+
+// Sleep logs and sleeps p.Duration: for demos and drills (kill a replica
+// mid-run, watch another take over). Register it with job.RegisterTyped,
+// which declares SleepParams.
+func Sleep(ctx context.Context, run job.Run, p SleepParams) error {
+	run.Logger.InfoContext(ctx, "sleeping", "duration", p.Duration.String())
+	t := time.NewTimer(p.Duration)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

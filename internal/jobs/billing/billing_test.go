@@ -129,24 +129,35 @@ func TestPeriodFor(t *testing.T) {
 	}
 }
 
-func TestPeriodParam(t *testing.T) {
+func TestParams(t *testing.T) {
 	at := time.Date(2026, 3, 2, 2, 30, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name    string
 		params  job.Params
-		want    string
+		want    string // the period billed, or the error's key
 		wantErr bool
 	}{
 		{"Absent", nil, "2026-03-01", false},
 		{"Date", job.Params{"period": "2025-12-24"}, "2025-12-24", false},
 		{"YAMLTimestamp", job.Params{"period": time.Date(2025, 12, 24, 0, 0, 0, 0, time.UTC)}, "2025-12-24", false},
-		{"NotADate", job.Params{"period": "yesterday"}, "", true},
-		{"WrongType", job.Params{"period": 3}, "", true},
+		{"Pace", job.Params{"pace": "40ms"}, "2026-03-01", false},
+		{"NotADate", job.Params{"period": "yesterday"}, "params.period", true},
+		{"WrongType", job.Params{"period": 3}, "params.period", true},
+		{"NotAWholeDay", job.Params{"period": "2025-12-24T05:00:00Z"}, "params.period", true},
+		{"NegativePace", job.Params{"pace": "-1s"}, "params.pace", true},
+		{"UnknownKey", job.Params{"currency": "EUR"}, "params.currency", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := period(job.Run{ScheduledAt: at, Params: tc.params})
-			if (err != nil) != tc.wantErr || (err == nil && p.String() != tc.want) {
-				t.Fatalf("period = %v, %v; want %s (error %v)", p, err, tc.want, tc.wantErr)
+			var p Params
+			err := tc.params.Decode(&p)
+			var pe *job.ParamError
+			switch {
+			case tc.wantErr && (!errors.As(err, &pe) || pe.ConfigKey() != tc.want):
+				t.Fatalf("Decode(%v) = %v, want an error at %s", tc.params, err, tc.want)
+			case !tc.wantErr && err != nil:
+				t.Fatalf("Decode(%v) = %v", tc.params, err)
+			case !tc.wantErr && p.period(at).String() != tc.want:
+				t.Fatalf("period = %v, want %s", p.period(at), tc.want)
 			}
 		})
 	}

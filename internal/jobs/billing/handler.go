@@ -42,30 +42,44 @@ func (p Period) String() string {
 	return p.Start.Format(time.RFC3339) + "/" + p.End.Format(time.RFC3339)
 }
 
-// period reads params.period ("2026-01-31": that UTC day) or derives the
-// period from the run's instant.
-func period(run job.Run) (Period, error) {
-	switch v := run.Params["period"].(type) {
-	case nil:
-		return PeriodFor(run.ScheduledAt), nil
-	case time.Time: // YAML may decode an unquoted date as a timestamp
-		return Day(v), nil
-	case string:
-		t, err := time.Parse(dateLayout, v)
-		if err != nil {
-			return Period{}, fmt.Errorf("params.period: %q: want a date such as 2026-01-31", v)
-		}
-		return Day(t), nil
-	default:
-		return Period{}, fmt.Errorf("params.period: %v: want a date such as 2026-01-31", v)
+// Params are billing.nightly's params. Register the job with
+// job.WithParams[Params]() so that commands check them before running.
+type Params struct {
+	// Period, a date (2026-01-31: that UTC day), bills another day than the
+	// one before the run's instant.
+	Period time.Time `yaml:"period"`
+	// Pace slows each customer down, as a slow pricing or payment call
+	// would; drills use it to pause a holder mid-run. Default 0.
+	Pace time.Duration `yaml:"pace"`
+}
+
+// Validate rejects a period that is not a whole UTC day and a negative pace.
+func (p Params) Validate() error {
+	var errs []error
+	if !p.Period.IsZero() && !p.Period.Equal(Day(p.Period).Start) {
+		errs = append(errs, &job.ParamError{Key: "period", Value: p.Period.Format(time.RFC3339),
+			Msg: "want a date such as 2026-01-31"})
 	}
+	if p.Pace < 0 {
+		errs = append(errs, &job.ParamError{Key: "pace", Value: p.Pace.String(), Msg: "must not be negative"})
+	}
+	return errors.Join(errs...)
+}
+
+// period is the period a run bills: p.Period's day, or the one PeriodFor
+// derives from the run's instant.
+func (p Params) period(at time.Time) Period {
+	if p.Period.IsZero() {
+		return PeriodFor(at)
+	}
+	return Day(p.Period)
 }
 
 // Opener opens billing.nightly for a command that executes it: the Store on
 // res.Database, migrated, and Handler over it; close closes the store. With
 // res.Metrics set, rejected writes are counted there in
 // scheduler_fence_rejections_total{resource="invoices"}. Register it with
-// job.Registry.RegisterOpener under JobName.
+// job.Registry.RegisterOpener under JobName, with job.WithParams[Params]().
 func Opener(ctx context.Context, res job.Resources) (job.Handler, func() error, error) {
 	var onReject func(string)
 	if res.Metrics != nil {
@@ -110,25 +124,17 @@ func registerRejections(reg prometheus.Registerer) (*prometheus.CounterVec, erro
 // the same period) has written that invoice, so this holder is stale and
 // returns an error wrapping job.ErrLeaseLost.
 //
-// The params may set `period` (a date) to bill another day than the one
-// before the run's instant.
+// Its params are Params: `period` (a date) bills another day than the one
+// before the run's instant, `pace` slows it down.
 func Handler(s *Store) job.Handler {
-	return func(ctx context.Context, run job.Run) (err error) {
+	return job.Typed(func(ctx context.Context, run job.Run, params Params) (err error) {
 		log := cmp.Or(run.Logger, slog.New(slog.DiscardHandler))
-		p, err := period(run)
-		if err != nil {
-			return err
-		}
+		p := params.period(run.ScheduledAt)
 		invoices, err := s.Charges(ctx, p)
 		if err != nil {
 			return cmp.Or(context.Cause(ctx), err)
 		}
-		// params.pace slows each customer down, as a slow pricing or payment
-		// call would; drills use it to pause a holder mid-run.
-		pace, err := run.Params.Duration("pace", 0)
-		if err != nil {
-			return err
-		}
+		pace := params.Pace
 		written, rejected := 0, 0
 		defer func() {
 			level := slog.LevelInfo
@@ -165,5 +171,5 @@ func Handler(s *Store) job.Handler {
 			written++
 		}
 		return nil
-	}
+	})
 }
