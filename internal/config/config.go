@@ -253,7 +253,9 @@ type Job struct {
 	Jitter Duration `yaml:"jitter"`
 	// Enabled schedules the job. Default true.
 	Enabled bool `yaml:"enabled"`
-	// Params are handed to the handler as they are.
+	// Params are decoded into the params type the handler declares
+	// (job.Typed), and checked before anything runs; a handler that
+	// declares none gets them as they are.
 	Params map[string]any `yaml:"params"`
 }
 

@@ -72,7 +72,7 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 	if at.IsZero() {
 		return
 	}
-	if d.r.opts.Now().Sub(at) <= d.r.lateTolerance() {
+	if d.r.opts.Now().Sub(j.fire(at)) <= d.r.lateTolerance() {
 		o.late = "" // not late after all
 	}
 	run := claim.Run{Job: j.Name, At: at.UTC()}
@@ -101,7 +101,7 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 			d.contend(ctx, execCtx, j, run, o, ReasonOverlap)
 			return
 		}
-		if o.late == "" && !d.hold(ctx, run, spread) {
+		if o.late == "" && !d.hold(ctx, j, run, spread) {
 			return
 		}
 		d.contend(ctx, execCtx, j, run, o, "")
@@ -184,13 +184,13 @@ func (d *dispatcher) overlaps(ctx, execCtx context.Context, j *jobState, at time
 	return false
 }
 
-// hold waits until this replica's share of spread past run's instant
-// before its first bid for run (see Options.Spread). The hold counts from
-// the instant, not from now: a replica that took longer to get to the run
-// (thousands due at once) does not bid later for it. It returns false if
-// ctx (Run's) ended the wait.
-func (d *dispatcher) hold(ctx context.Context, run claim.Run, spread time.Duration) bool {
-	wait := holdFor(run.ID(), d.r.opts.Instance, spread) - d.r.opts.Now().Sub(run.At)
+// hold waits until this replica's share of spread past run's start (its
+// instant, jittered) before its first bid for run (see Options.Spread).
+// The hold counts from the start, not from now: a replica that took
+// longer to get to the run (thousands due at once) does not bid later for
+// it. It returns false if ctx (Run's) ended the wait.
+func (d *dispatcher) hold(ctx context.Context, j *jobState, run claim.Run, spread time.Duration) bool {
+	wait := holdFor(run.ID(), d.r.opts.Instance, spread) - d.r.opts.Now().Sub(j.fire(run.At))
 	if wait <= 0 {
 		return true
 	}
@@ -330,7 +330,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 	// (config.ClaimWindow), not to how long an outage lasts. A manual run
 	// (a request, a backfill's rerun) carries its request's time, not a
 	// deadline.
-	late := !control.Manual(cl.Run) && now.Sub(cl.Run.At) > r.lateTolerance()
+	late := !control.Manual(cl.Run) && now.Sub(j.fire(cl.Run.At)) > r.lateTolerance()
 	if late && o.late == "" {
 		o.late = MissedBehind
 	}
@@ -413,6 +413,15 @@ const (
 	executing = iota
 	watching
 )
+
+// fire is when j's run at starts: its instant, jittered (see
+// Job.Jitter); a manual run (a request, a rerun) starts when asked.
+func (j *jobState) fire(at time.Time) time.Time {
+	if j.Jitter <= 0 || control.Manual(claim.Run{At: at}) {
+		return at
+	}
+	return j.Schedule.Jittered(j.Name, at, j.Jitter)
+}
 
 // runsLate reports whether j's misfire policy still runs an instant at,
 // past its deadline, at now: run-once within the grace.

@@ -71,9 +71,9 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	}
 
 	// A replica whose wall clock runs ahead claims runs before their
-	// instant; it holds the claim until the instant comes on the
-	// backend's clock, then runs it on time.
-	if early := cl.Run.At.Sub(backendNow()); early > 0 {
+	// start (the instant, jittered); it holds the claim until the start
+	// comes on the backend's clock, then runs it on time.
+	if early := j.fire(cl.Run.At).Sub(backendNow()); early > 0 {
 		if early > r.opts.MaxClockSkew {
 			r.opts.Logger.WarnContext(ectx, "replica clock ahead of the backend; holding the run until its instant",
 				append(runAttrs(r, cl.Run, cl), "ahead_ms", early.Milliseconds())...)
@@ -106,7 +106,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 
 	logger := r.opts.Logger.With(runAttrs(r, cl.Run, cl)...)
 	start := time.Now()
-	r.opts.Metrics.started(cl.Run.Job, r.opts.Now().Sub(cl.Run.At))
+	r.opts.Metrics.started(cl.Run.Job, r.opts.Now().Sub(j.fire(cl.Run.At)))
 	logger.InfoContext(hctx, "run started")
 	span.AddEvent("handler started")
 	r.emit(Event{Kind: EventStarted, Run: cl.Run, Claim: cl})
@@ -218,12 +218,12 @@ func (d *dispatcher) owner(ctx context.Context, j *jobState, cl *claim.Claim, gr
 		cancel()
 		if err == nil {
 			now := backendNow()
-			mine := firstChance(cl.Run.At, grantedAt)
+			mine := firstChance(j.fire(cl.Run.At), grantedAt)
 			for _, rec := range recs {
 				if rec.RunID == cl.ID() || rec.Status != claim.Running || !rec.LeaseUntil.After(now) {
 					continue
 				}
-				if theirs := firstChance(rec.At, rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
+				if theirs := firstChance(j.fire(rec.At), rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
 					return &rec, nil
 				}
 			}

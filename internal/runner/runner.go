@@ -234,15 +234,19 @@ const (
 // suspend is noticed within a second, not at the next instant.
 const maxWait = time.Second
 
+// due is an instant of a job waiting in the loop's heap: at is the
+// instant (the run's id), fire when it starts (at, jittered).
 type due struct {
-	at  time.Time
-	job *jobState
+	at, fire time.Time
+	job      *jobState
 }
+
+func dueAt(j *jobState, at time.Time) due { return due{at: at, fire: j.fire(at), job: j} }
 
 type dueHeap []due
 
 func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h dueHeap) Less(i, j int) bool { return h[i].fire.Before(h[j].fire) }
 func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
 func (h *dueHeap) Push(x any)        { *h = append(*h, x.(due)) }
 func (h *dueHeap) Pop() any {
@@ -277,7 +281,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() {
 			d.dispatch(ctx, execCtx, j, prev, MissedNoReplica)
 		}
-		heap.Push(h, due{at: j.Schedule.Next(now), job: j})
+		heap.Push(h, dueAt(j, j.Schedule.Next(now)))
 	}
 	started := now
 	standby.Go(func() { d.recover(ctx, execCtx, started) })
@@ -287,31 +291,31 @@ loop:
 	for {
 		now = r.opts.Now()
 		d.spread = r.opts.Spread
-		if h.Len() > 0 && !(*h)[0].at.After(now) {
+		if h.Len() > 0 && !(*h)[0].fire.After(now) {
 			due := 0
 			for _, e := range *h {
-				if !e.at.After(now) {
+				if !e.fire.After(now) {
 					due++
 				}
 			}
 			d.spread = r.spreadFor(due)
 		}
-		for h.Len() > 0 && !(*h)[0].at.After(now) {
+		for h.Len() > 0 && !(*h)[0].fire.After(now) {
 			e := heap.Pop(h).(due)
-			if now.Sub(e.at) > r.lateTolerance() {
+			if now.Sub(e.fire) > r.lateTolerance() {
 				// The loop was paused or the clock jumped: only the latest
 				// missed instant matters, under the job's misfire policy.
 				latest := e.job.Schedule.Prev(now, now.Sub(e.at))
 				d.dispatch(ctx, execCtx, e.job, latest, MissedBehind)
-				heap.Push(h, due{at: e.job.Schedule.Next(now), job: e.job})
+				heap.Push(h, dueAt(e.job, e.job.Schedule.Next(now)))
 				continue
 			}
 			d.dispatch(ctx, execCtx, e.job, e.at, "")
-			heap.Push(h, due{at: e.job.Schedule.Next(e.at), job: e.job})
+			heap.Push(h, dueAt(e.job, e.job.Schedule.Next(e.at)))
 		}
 		wait := maxWait
 		if h.Len() > 0 {
-			wait = min(wait, (*h)[0].at.Sub(now))
+			wait = min(wait, (*h)[0].fire.Sub(now))
 		}
 		timer.Reset(wait)
 		select {

@@ -227,3 +227,47 @@ func FuzzNext(f *testing.F) {
 		}
 	})
 }
+
+// Jitter is the same for a (job, instant) wherever it is computed, stays
+// within the jitter and before the next instant, and spreads instants
+// over the window.
+func TestJitteredIsDeterministicBoundedAndSpread(t *testing.T) {
+	hourly, err := Parse("@hourly", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	if got := hourly.Jittered("billing", at, 0); !got.Equal(at) {
+		t.Errorf("no jitter moved the start to %v", got)
+	}
+	var first, last time.Duration = time.Hour, 0
+	for i := range 200 {
+		a := at.Add(time.Duration(i) * time.Hour)
+		got := hourly.Jittered("billing", a, 5*time.Minute)
+		if again := hourly.Jittered("billing", a.In(time.FixedZone("X", 3600)), 5*time.Minute); !again.Equal(got) {
+			t.Fatalf("%v: %v, then %v from another zone's reading", a, got, again)
+		}
+		off := got.Sub(a)
+		if off < 0 || off >= 5*time.Minute {
+			t.Fatalf("%v: offset %v outside [0, 5m)", a, off)
+		}
+		first, last = min(first, off), max(last, off)
+	}
+	if first > 30*time.Second || last < 4*time.Minute+30*time.Second {
+		t.Errorf("200 instants jittered within [%v, %v], want spread over [0, 5m)", first, last)
+	}
+	if a, b := hourly.Jittered("a", at, time.Hour), hourly.Jittered("b", at, time.Hour); a.Equal(b) {
+		t.Errorf("jobs a and b start at one moment %v", a)
+	}
+	// A jitter wider than the period stays before the next instant.
+	every, err := Parse("@every 10s", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		a := at.Add(time.Duration(i) * 10 * time.Second)
+		if off := every.Jittered("tick", a, time.Hour).Sub(a); off < 0 || off >= 10*time.Second {
+			t.Fatalf("%v: offset %v reaches the next instant 10s later", a, off)
+		}
+	}
+}
