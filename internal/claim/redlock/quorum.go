@@ -202,9 +202,23 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	copies := map[grant]int{}
 	quorum := map[grant]claim.Record{} // the most advanced copy of each grant
 	best := map[string]claim.Record{}
+	// A node that missed a grant is given it back at a renewal (repair),
+	// stamped with that renewal's time: the grant started at its earliest
+	// copy. The overlap probe orders runs by it, and a start that moved
+	// later would let a later run start beside this one.
+	started := map[grant]time.Time{}
 	for _, l := range lists {
 		for _, r := range l {
 			g := grant{r.RunID, r.Fence}
+			if s, ok := started[g]; !ok || r.StartedAt.Before(s) {
+				started[g] = r.StartedAt
+			}
+		}
+	}
+	for _, l := range lists {
+		for _, r := range l {
+			g := grant{r.RunID, r.Fence}
+			r.StartedAt = started[g]
 			copies[g]++
 			if q, ok := quorum[g]; !ok || ahead(r, q) {
 				quorum[g] = r
