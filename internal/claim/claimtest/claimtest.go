@@ -308,6 +308,31 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		}
 	})
 
+	// Retries rest on this: a failed attempt renews its claim for the
+	// backoff, shorter than the lease it held, and stops; once that
+	// lapses the run is taken over as the next attempt, and not before.
+	t.Run("RenewCanShortenALeaseThatThenLapsesToATakeover", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		run := runAt("job.retry", 0)
+		first := mustClaim(t, a, run, longLease)
+		if err := a.Renew(ctxT(t), first, lease); err != nil {
+			t.Fatalf("renew for a shorter lease: %v", err)
+		}
+		if _, err := claim.ClaimOne(ctxT(t), b, run, longLease); err != nil && !errors.Is(err, claim.ErrHeld) {
+			t.Fatalf("claim during the shortened lease: %v, want ErrHeld", err)
+		}
+		second := takeOver(t, b, run, longLease) // fails after waitFor if the long lease still held
+		if second.Attempt != 2 || second.Fence <= first.Fence {
+			t.Fatalf("after the shortened lease: attempt %d fence %d, want attempt 2 and a fence above %d",
+				second.Attempt, second.Fence, first.Fence)
+		}
+		if err := claim.ReleaseOne(ctxT(t), b, second, claim.Succeeded); err != nil {
+			t.Fatalf("release by the next attempt: %v", err)
+		}
+	})
+
 	t.Run("RenewAfterExpiryIsLeaseLost", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)
