@@ -92,25 +92,39 @@ func (s *Store) Pauses(ctx context.Context) (Pauses, error) {
 	if err != nil {
 		return nil, err
 	}
-	ps, _, err := decode(cs)
-	return ps, err
+	snap, err := decode(cs)
+	return snap.Pauses, err
 }
 
-// Snapshot reads the pause switches and the requests in one round trip,
-// as a replica does every tick.
-func (s *Store) Snapshot(ctx context.Context) (Pauses, []Request, error) {
+// Snapshot is what a replica honours of the register, read at once.
+type Snapshot struct {
+	Pauses   Pauses
+	Requests []Request // oldest first
+	// Schedules is the schedule each job last ran under (the drift
+	// guard's entries).
+	Schedules Schedules
+	// Revoked maps each revoked run's id to the run replacing it
+	// (overlap: replace).
+	Revoked map[string]string
+}
+
+// Snapshot reads the pause switches, the requests and the schedule
+// entries in one round trip, as a replica does every tick.
+func (s *Store) Snapshot(ctx context.Context) (Snapshot, error) {
 	cs, err := s.reg.List(ctx, "")
 	if err != nil {
-		return nil, nil, err
+		return Snapshot{}, err
 	}
 	return decode(cs)
 }
 
-// decode reads pauses and requests out of register entries, ignoring keys
-// of neither kind (a newer version's controls).
-func decode(cs []claim.Control) (Pauses, []Request, error) {
+// decode reads pauses, requests and schedule entries out of register
+// entries, ignoring keys of other kinds (a newer version's controls).
+func decode(cs []claim.Control) (Snapshot, error) {
 	ps := Pauses{}
 	var reqs []Request
+	scheds := Schedules{}
+	revoked := map[string]string{}
 	for _, c := range cs {
 		var err error
 		switch {
@@ -124,13 +138,23 @@ func decode(cs []claim.Control) (Pauses, []Request, error) {
 			if err = json.Unmarshal(c.Value, &r); err == nil {
 				reqs = append(reqs, r)
 			}
+		case strings.HasPrefix(c.Key, revokePrefix):
+			var v Revocation
+			if err = json.Unmarshal(c.Value, &v); err == nil {
+				revoked[v.RunID] = v.By
+			}
+		case strings.HasPrefix(c.Key, schedulePrefix):
+			var e ScheduleEntry
+			if err = json.Unmarshal(c.Value, &e); err == nil {
+				scheds[e.Job] = e
+			}
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("control %s: %w", c.Key, err)
+			return Snapshot{}, fmt.Errorf("control %s: %w", c.Key, err)
 		}
 	}
 	slices.SortFunc(reqs, func(a, b Request) int { return a.Created.Compare(b.Created) })
-	return ps, reqs, nil
+	return Snapshot{Pauses: ps, Requests: reqs, Schedules: scheds, Revoked: revoked}, nil
 }
 
 // Of returns the switch that governs job: the later of its own and the
@@ -261,8 +285,8 @@ func (s *Store) Requests(ctx context.Context) ([]Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, reqs, err := decode(cs)
-	return reqs, err
+	snap, err := decode(cs)
+	return snap.Requests, err
 }
 
 // Identity is the default "by" of a control: user@host.

@@ -2,6 +2,7 @@ package control_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -86,5 +87,39 @@ func TestRequestsAreIdempotentAndNeverNameAScheduledInstant(t *testing.T) {
 	}
 	if control.Manual(claim.Run{Job: "j", At: at}) {
 		t.Fatal("a whole second counts as manual")
+	}
+}
+
+// The schedule entries come with the pauses and requests in one snapshot,
+// one per job: the latest write, whatever order the writes land in.
+func TestDriftEntriesComeWithTheSnapshot(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	st := control.New(memory.NewStore(nil).Controls(), func() time.Time { return now })
+	put := func(fp, by string, at time.Time) control.ScheduleEntry {
+		t.Helper()
+		got, err := st.SetSchedule(ctx, control.ScheduleEntry{Job: "j", Fingerprint: fp, Spec: "@every 2s", Timezone: "UTC", By: by, At: at})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	put("aaaa", "a", now)
+	if got := put("bbbb", "b", now.Add(-time.Second)); got.Fingerprint != "aaaa" {
+		t.Fatalf("an older write (a clock behind) replaced the entry: %+v", got)
+	}
+	put("cccc", "c", now.Add(time.Second))
+	if _, err := st.SetPause(ctx, control.Pause{Job: "j", Paused: true, By: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := snap.Schedules["j"]; len(snap.Schedules) != 1 || e.Fingerprint != "cccc" || e.By != "c" || !snap.Pauses.Paused("j") {
+		t.Fatalf("snapshot %+v; want the pause and c's entry", snap)
+	}
+	if _, err := st.SetSchedule(ctx, control.ScheduleEntry{}); !errors.Is(err, claim.ErrInvalid) {
+		t.Fatalf("an entry without a job: %v, want ErrInvalid", err)
 	}
 }

@@ -65,6 +65,11 @@ type Config struct {
 	// and requests runs now, some under a request id sent twice. Nil with
 	// Open nil: the memory store's; nil with Open set: no operator.
 	Controls claim.Controls
+	// Mixed, when set, replaces the mixed config the seed would draw (see
+	// mixed.go); &Mixed{} runs one version of every job everywhere. With
+	// Plan set and Mixed nil, none is drawn: a pinned plan replays the
+	// history it pinned.
+	Mixed *Mixed
 }
 
 // Result is one exploration's history and verdict.
@@ -76,12 +81,17 @@ type Result struct {
 	Events     []history.Event
 	Expected   int
 	Violations []history.Violation
+	// Mixed is the second version of a job some replicas ran; nil: none.
+	Mixed *Mixed
 }
 
 // Report renders the verdict: the plan, and each violation with its trace.
 func (r *Result) Report() string {
 	s := fmt.Sprintf("%s\nreplicas=%d expected runs=%d events=%d violations=%d",
 		r.Plan, r.Replicas, r.Expected, len(r.Events), len(r.Violations))
+	if r.Mixed != nil {
+		s += "\n" + r.Mixed.String()
+	}
 	for _, v := range r.Violations {
 		s += "\n  " + v.Format(r.T0)
 	}
@@ -132,6 +142,11 @@ type world struct {
 	reps   []*replica
 	wg     sync.WaitGroup
 
+	// mixed is the second version of a job some replicas run (nil: none),
+	// mixedSched its schedule.
+	mixed      *Mixed
+	mixedSched *schedule.Schedule
+
 	mu          sync.Mutex
 	outageUntil time.Time
 	stallUntil  time.Time
@@ -176,6 +191,9 @@ func Run(cfg Config) (*Result, error) {
 		}
 		w.scheds = append(w.scheds, s)
 	}
+	if err := w.setupMixed(); err != nil {
+		return nil, err
+	}
 	if cfg.Plan != nil {
 		w.plan = *cfg.Plan
 	} else {
@@ -207,12 +225,12 @@ func Run(cfg Config) (*Result, error) {
 	cancel()
 	w.wg.Wait()
 
-	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events()}
+	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed}
 	// Every replica is up and healthy from heal on: a run granted before
 	// heal+lease has a holder that finishes, or a lease that lapses and
 	// a standby (or a restarted replica's recovery) that takes over.
 	settled := w.t0.Add(w.plan.Heal() + cfg.Lease)
-	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled}
+	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled}
 	for _, j := range w.jobs {
 		if j.overlap == runner.OverlapForbid {
 			spec.Forbid[j.name] = true
@@ -358,17 +376,19 @@ func (w *world) outage() bool {
 // not paused, clock within the skew) from a second before to two seconds
 // after, while some replica stayed up (partitions and pauses allowed) from
 // then until the faults healed, and early enough before the end for the
-// longest run and a takeover to finish.
+// longest run and a takeover to finish. Under a mixed config only the
+// replicas whose version names an instant count for it.
 func (w *world) expected(end time.Time) []claim.Run {
 	heal := w.t0.Add(w.plan.Heal())
 	last := end.Add(-(2*w.cfg.Lease + 2*w.cfg.Lease + 3*time.Second))
 	var out []claim.Run
 	for i, j := range w.jobs {
-		for at := w.scheds[i].Next(w.t0.Add(time.Second)); at.Before(last); at = w.scheds[i].Next(at) {
-			healthy := slices.ContainsFunc(w.reps, func(r *replica) bool {
+		for _, d := range w.dueInstants(i, w.t0.Add(time.Second), last) {
+			at := d.at
+			healthy := slices.ContainsFunc(d.reps, func(r *replica) bool {
 				return r.healthy(w.t0, at.Add(-time.Second), at.Add(2*time.Second))
 			})
-			stays := slices.ContainsFunc(w.reps, func(r *replica) bool {
+			stays := slices.ContainsFunc(d.reps, func(r *replica) bool {
 				return r.up(w.t0, at.Add(-time.Second), later(heal, at.Add(2*time.Second)))
 			})
 			if healthy && stays {
@@ -390,7 +410,7 @@ func (w *world) hash(runID string) uint64 {
 func (w *world) runnerJobs(r *replica, gen int) []runner.Job {
 	var out []runner.Job
 	for i, j := range w.jobs {
-		out = append(out, runner.Job{Name: j.name, Schedule: w.scheds[i], Overlap: j.overlap, Misfire: j.misfire,
+		out = append(out, runner.Job{Name: j.name, Schedule: w.scheduleOf(r, i), Overlap: j.overlap, Misfire: j.misfire,
 			Grace: j.grace, MaxAttempts: 5, Handler: r.handler(j, gen)})
 	}
 	return out

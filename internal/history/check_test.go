@@ -165,3 +165,23 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		})
 	}
 }
+
+// Under two versions of a schedule (a rolling deploy), a scheduled run
+// started at an instant neither names is unscheduled; manual runs, and
+// instants either version names, are not.
+func TestUnscheduledRunsUnderMixedSchedules(t *testing.T) {
+	even := func(r claim.Run) bool { return r.At.Second()%2 == 0 }
+	thirds := func(r claim.Run) bool { return r.At.Second()%3 == 0 }
+	spec := Spec{Scheduled: func(r claim.Run) bool { return even(r) || thirds(r) }}
+	at := func(s int) claim.Run { return claim.Run{Job: "j", At: runA.At.Add(time.Duration(s) * time.Second)} }
+	manual := claim.Run{Job: "j", At: at(1).At.Add(time.Microsecond)}
+	b := newBuilder()
+	for i, run := range []claim.Run{at(2), at(3), at(6), manual, at(7)} {
+		tok := string(rune('a' + i))
+		b.grant("r1", tok, run, int64(i+1), 1).finish("r1", tok, run, claim.Succeeded)
+	}
+	vs := Check(b.evs, spec)
+	if len(vs) != 1 || vs[0].Invariant != Unscheduled || vs[0].Run != at(7).ID() {
+		t.Fatalf("violations %v; want one unscheduled, of %s", vs, at(7).ID())
+	}
+}

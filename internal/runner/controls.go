@@ -4,6 +4,8 @@
 // requested run like a scheduled one. Neither needs agreement between
 // replicas: a run is claimed whatever a replica thinks of it, so a pause
 // that reaches one replica before another still decides each instant once.
+// The same read brings the schedule entries the drift guard compares
+// (drift.go).
 
 package runner
 
@@ -70,6 +72,8 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 		return
 	}
 	seen := map[string]bool{} // requests dispatched here, by id
+	drift, stop := d.guardDrift()
+	defer stop()
 	t := time.NewTicker(r.opts.ControlEvery)
 	defer t.Stop()
 	for {
@@ -79,13 +83,15 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
-		ps, reqs, err := r.opts.Controls.Snapshot(rctx)
+		snap, err := r.opts.Controls.Snapshot(rctx)
 		cancel()
 		if err != nil {
 			continue // the last known switches stay; requests wait
 		}
-		r.setPauses(ctx, ps)
-		d.requests(ctx, execCtx, reqs, seen)
+		r.setPauses(ctx, snap.Pauses)
+		r.setRevoked(snap.Revoked)
+		d.requests(ctx, execCtx, snap.Requests, seen)
+		drift.compare(ctx, snap.Schedules)
 	}
 }
 

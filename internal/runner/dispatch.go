@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -33,6 +34,9 @@ type dispatcher struct {
 	// spread is the hold window of the runs being dispatched; only Run's
 	// loop reads and writes it.
 	spread time.Duration
+	// drift is the schedule-drift guard while the controls watcher runs
+	// (drift.go): granted() reports the versions it runs to it.
+	drift atomic.Pointer[drift]
 }
 
 // dispatcher returns the state one Run (or Trigger) call's goroutines
@@ -59,6 +63,20 @@ type origin struct {
 	// after delays the first bid: a retry is not due before its backoff
 	// has passed, and is bid for promptly once it has.
 	after time.Duration
+	// catchup marks a run caught up after an outage (misfire: run-all):
+	// it runs in its turn, after the earlier ones.
+	catchup bool
+}
+
+// admission is how the run's execution treats an earlier live run.
+func (o origin) admission() admission {
+	switch {
+	case o.request != nil && o.request.Overlap == OverlapAllow:
+		return admitAlways
+	case o.catchup:
+		return admitInTurn
+	}
+	return admitByPolicy
 }
 
 // dispatch starts the life of one run: claim, stand by, execute. Only
@@ -86,14 +104,18 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 			d.contend(ctx, execCtx, j, run, o, ReasonPaused)
 			return
 		}
-		forbid := j.Overlap == OverlapForbid && (o.request == nil || o.request.Overlap != OverlapAllow)
+		// Forbid and buffer-one skip an instant here that a live run
+		// keeps from starting (buffer-one only once one already waits);
+		// replace never skips: it revokes (execute, overlap.go).
+		forbid := (j.Overlap == OverlapForbid || j.Overlap == OverlapBufferOne) && o.admission() == admitByPolicy
 		// An instant past its deadline that its misfire policy will not
 		// run is recorded missed, whatever else is live: another
 		// replica's claims on the outage's earlier instants, taken only to
 		// record them missed, are no overlap. (A takeover of it, attempt
 		// 2, would run it; execute's owner probe still guards that.)
 		missed := o.late != "" && !j.runsLate(at, d.r.opts.Now())
-		if forbid && !missed && d.overlaps(ctx, execCtx, j, at) {
+		if forbid && !missed && (j.Overlap == OverlapForbid && d.overlaps(ctx, execCtx, j, at) ||
+			j.Overlap == OverlapBufferOne && d.bufferFull(ctx, execCtx, j, at)) {
 			// Record the skip in the backend, once: whichever replica wins
 			// the run ends it as skipped; the others hear done. A holder
 			// may be a ghost (a grant whose reply was lost) or die: stand
@@ -157,31 +179,36 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 	}
 }
 
-// overlaps reports whether an earlier run of j still holds a claim. A run
-// executing here is known to; a run this replica only watched as held
-// elsewhere is probed again now, because the watcher's last look may be
-// stale and every replica must reach the same verdict.
+// overlaps reports whether an earlier run of j still holds a claim.
 func (d *dispatcher) overlaps(ctx, execCtx context.Context, j *jobState, at time.Time) bool {
-	executing, watched := j.earlierLive(at)
-	if executing {
-		return true
-	}
+	return d.liveBefore(ctx, execCtx, j, at, 1) >= 1
+}
+
+// liveBefore counts the earlier runs of j that still hold a claim, up to
+// enough. A run executing here is known to; a run this replica only
+// watched as held elsewhere is probed again now, because the watcher's
+// last look may be stale and every replica must reach the same verdict.
+func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at time.Time, enough int) int {
+	n, watched := j.earlierLive(at)
 	for _, prev := range watched {
+		if n >= enough {
+			break
+		}
 		cl, err := d.claim(ctx, claim.Run{Job: j.Name, At: prev})
 		switch {
 		case err == nil:
 			// Its holder died: granted() hands it back as a missed run
-			// (its window has passed) or runs it (then it overlaps).
+			// (its window has passed) or runs it (then it is live).
 			d.granted(ctx, execCtx, j, cl, origin{})
-			if executing, _ := j.earlierLive(at); executing {
-				return true
+			if j.isExecuting(prev) {
+				n++
 			}
 		case errors.Is(err, claim.ErrDone):
 		default: // held, or unknown because the backend is unreachable
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // hold waits until this replica's share of spread past run's start (its
@@ -353,6 +380,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		d.release(ctx, cl, claim.Failed)
 		endRun(span, claim.Failed, err)
 	default:
+		d.recordSchedule(ctx, j, cl, o) // the version this run is of, in the background (drift.go)
 		if q := o.request; q != nil {
 			// Who asked and why, said once, by the replica that runs it.
 			r.log.InfoContext(ctx, "run requested", append(runAttrs(r, cl.Run, cl),
@@ -362,7 +390,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		// instant never sees a gap and overlaps this run.
 		j.setLive(cl.Run.At, executing, +1)
 		d.exec.Go(func() {
-			status := d.execute(ctx, execCtx, j, cl, o.request != nil && o.request.Overlap == OverlapAllow)
+			status := d.execute(ctx, execCtx, j, cl, o.admission())
 			if status != claim.LeaseLost && status != claim.Retrying || ctx.Err() != nil {
 				j.setLive(cl.Run.At, executing, -1)
 				return
@@ -424,9 +452,9 @@ func (j *jobState) fire(at time.Time) time.Time {
 }
 
 // runsLate reports whether j's misfire policy still runs an instant at,
-// past its deadline, at now: run-once within the grace.
+// past its deadline, at now: run-once or run-all, within the grace.
 func (j *jobState) runsLate(at, now time.Time) bool {
-	return j.Misfire == MisfireRunOnce && now.Sub(at) <= j.Grace
+	return (j.Misfire == MisfireRunOnce || j.Misfire == MisfireRunAll) && now.Sub(at) <= j.Grace
 }
 
 func (j *jobState) setLive(at time.Time, kind, delta int) {
@@ -442,19 +470,34 @@ func (j *jobState) setLive(at time.Time, kind, delta int) {
 	}
 }
 
-// earlierLive reports whether a run of j before at executes here, and which
-// earlier runs this replica watches.
-func (j *jobState) earlierLive(at time.Time) (exec bool, watched []time.Time) {
+// earlierLive counts the runs of j before at executing here, and lists
+// the earlier runs this replica only watches.
+func (j *jobState) earlierLive(at time.Time) (n int, watched []time.Time) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for k, e := range j.live {
-		if k >= at.UnixNano() {
-			continue
+		switch {
+		case k >= at.UnixNano():
+		case e[executing] > 0:
+			n++
+		default:
+			watched = append(watched, time.Unix(0, k).UTC())
 		}
-		if e[executing] > 0 {
-			return true, nil
-		}
-		watched = append(watched, time.Unix(0, k).UTC())
 	}
-	return false, watched
+	return n, watched
+}
+
+// isLive reports whether j's run at executes or is watched here.
+func (j *jobState) isLive(at time.Time) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	_, ok := j.live[at.UnixNano()]
+	return ok
+}
+
+// isExecuting reports whether j's run at executes here.
+func (j *jobState) isExecuting(at time.Time) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.live[at.UnixNano()][executing] > 0
 }

@@ -21,9 +21,9 @@ import (
 // handler (with job.ErrShutdown once ShutdownGrace has passed); ctx is
 // Run's: once it is done, a run still waiting for its instant is handed
 // back instead of started, and a failing release gives up after a lease.
-// overlap allows the run to overlap an earlier live run of a job whose
-// policy forbids it: a request with --overlap allow, a backfill's run.
-func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, overlap bool) claim.Status {
+// mode says what an earlier live run of the job does to this one (see
+// overlap.go).
+func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission) claim.Status {
 	r := d.r
 	if d.tooLate(ctx, cl) { // checked again: the exec goroutine may start late too
 		return claim.LeaseLost
@@ -43,6 +43,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	// has returned; hctx adds the job's timeout for the handler.
 	ectx, cancel := context.WithCancelCause(execCtx)
 	defer cancel(nil)
+	defer r.track(cl.ID(), cancel)() // a revocation cancels it (overlap.go)
 	hctx := ectx
 	if j.Timeout > 0 {
 		var stop context.CancelFunc
@@ -89,19 +90,40 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		case <-t.C:
 		}
 	}
-	if j.Overlap == OverlapForbid && !overlap {
+	skip := func(reason string) claim.Status {
+		d.skip(ctx, cl.Run, cl, reason, slog.LevelInfo)
+		stopKeep()
+		<-keepDone
+		d.release(ctx, cl, claim.Skipped)
+		endRun(span, claim.Skipped, nil)
+		return claim.Skipped
+	}
+	switch {
+	case mode == admitAlways || j.Overlap == OverlapAllow:
+	case mode == admitInTurn || j.Overlap == OverlapBufferOne || j.Overlap == OverlapReplace:
+		err := d.awaitTurn(ctx, ectx, j, cl, grantedAt, backendNow, mode == admitByPolicy && j.Overlap == OverlapReplace)
+		var replaced errReplaced
+		switch {
+		case errors.As(err, &replaced):
+			return skip(ReasonReplaced)
+		case errors.Is(err, errStopped):
+			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
+		case err != nil:
+			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
+		}
+	default: // forbid
 		owner, err := d.owner(ectx, j, cl, grantedAt, backendNow)
 		switch {
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		case owner != nil:
-			d.skip(ctx, cl.Run, cl, ReasonOverlap, slog.LevelInfo)
-			stopKeep()
-			<-keepDone
-			d.release(ctx, cl, claim.Skipped)
-			endRun(span, claim.Skipped, nil)
-			return claim.Skipped
+			return skip(ReasonOverlap)
 		}
+	}
+	if _, ok := r.replacedBy(cl.ID()); ok {
+		// Revoked before it started here: a takeover of a run a later
+		// instant replaced.
+		return skip(ReasonReplaced)
 	}
 
 	logger := r.opts.Logger.With(runAttrs(r, cl.Run, cl)...)
@@ -122,12 +144,18 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 
 	var status claim.Status
 	var outcome claim.Status
+	var replaced errReplaced
 	switch {
 	case err == nil:
 		// The work is done, whatever happened meanwhile (a shutdown, a lost
 		// lease): handing it back would run it again. If the lease was
 		// lost, the release says so.
 		status, outcome = claim.Succeeded, claim.Succeeded
+	case errors.As(cause, &replaced):
+		// Revoked by a later instant (overlap: replace): ended here, once,
+		// so no replica takes it over to run it again.
+		d.skip(ctx, cl.Run, cl, ReasonReplaced, slog.LevelInfo)
+		status, outcome = claim.Skipped, claim.Skipped
 	case errors.Is(cause, claim.ErrLeaseLost):
 		// Hand the run back at once in case the claim is still ours; another
 		// replica then takes over without waiting for the lease.

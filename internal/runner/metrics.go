@@ -24,6 +24,7 @@ type Metrics struct {
 	missedRuns    *prometheus.CounterVec
 	lastSuccess   *prometheus.GaugeVec
 	held          *prometheus.GaugeVec
+	conflicts     *prometheus.CounterVec
 
 	mu   sync.Mutex
 	last map[string]float64 // lastSuccess's values, to keep it from going back
@@ -74,9 +75,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "scheduler_runs_held",
 			Help: "Runs this replica holds a claim on and executes now.",
 		}, []string{"job"}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "scheduler_schedule_conflicts_total",
+			Help: "Other versions of a job's schedule (spec, time zone, jitter) this replica found live beside its own: a rollout in progress, or a replica left on an old config. Counted once per job and other version.",
+		}, []string{"job"}),
 	}
 	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips, m.dataLoss,
-		m.missedRuns, m.lastSuccess, m.held)
+		m.missedRuns, m.lastSuccess, m.held, m.conflicts)
 	return m
 }
 
@@ -164,6 +169,12 @@ func (m *Metrics) succeeded(job string, at time.Time) {
 	if v := float64(at.UnixNano()) / 1e9; v > m.last[job] {
 		m.last[job] = v
 		g.Set(v)
+	}
+}
+
+func (m *Metrics) conflict(job string) {
+	if m != nil {
+		m.conflicts.WithLabelValues(job).Inc()
 	}
 }
 

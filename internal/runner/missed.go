@@ -41,11 +41,19 @@ func (d *dispatcher) startupHistory(ctx, execCtx context.Context, j *jobState, r
 	if prev := j.Schedule.Prev(now, max(j.Grace, d.r.lateTolerance())); !prev.IsZero() && prev.Before(bound) {
 		bound = prev
 	}
+	var last time.Time
 	for _, rec := range recs {
 		if !control.Manual(claim.Run{Job: rec.Job, At: rec.At}) && rec.At.Before(bound) {
-			d.recordMissed(ctx, execCtx, j, rec.At, now)
-			return
+			last = rec.At
+			break
 		}
+	}
+	if j.Misfire == MisfireRunAll {
+		d.catchUp(ctx, execCtx, j, last, now)
+		return
+	}
+	if !last.IsZero() {
+		d.recordMissed(ctx, execCtx, j, last, now)
 	}
 	// No scheduled run recorded before then among the newest: a new job,
 	// one whose history was pruned, or one so frequent that the probe
@@ -83,7 +91,15 @@ walk:
 			}
 		}
 	}
-	if len(runs) == 0 {
+	d.recordMissedRuns(ctx, j, runs, beyond, last)
+}
+
+// recordMissedRuns records runs, j's instants since last that no replica
+// claimed, as missed (reason no_replica), and logs and counts them once;
+// beyond is how many more were not recorded.
+func (d *dispatcher) recordMissedRuns(ctx context.Context, j *jobState, runs []claim.Run, beyond int, last time.Time) {
+	r := d.r
+	if len(runs) == 0 && beyond == 0 {
 		return
 	}
 	recorded := 0

@@ -155,6 +155,11 @@ type Runner struct {
 	pauses control.Pauses
 	// pausedLogged remembers which jobs' pause this replica has logged.
 	pausedLogged map[string]bool
+	// running holds the cancel of every execution here, by run id, and
+	// revoked the revocations last read (run id → the run replacing it):
+	// see overlap.go.
+	running map[string]context.CancelCauseFunc
+	revoked map[string]string
 }
 
 type jobState struct {
@@ -278,7 +283,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		// The latest instant before start-up may have been missed while no
 		// replica was up, or may still be running elsewhere: find out by
 		// claiming it like any run.
-		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() {
+		// Under run-all, the start-up recovery catches it up in turn
+		// with the instants before it (catchup.go).
+		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() && j.Misfire != MisfireRunAll {
 			d.dispatch(ctx, execCtx, j, prev, MissedNoReplica)
 		}
 		heap.Push(h, dueAt(j, j.Schedule.Next(now)))
@@ -369,7 +376,7 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	status := d.execute(ctx, ctx, j, cl, false)
+	status := d.execute(ctx, ctx, j, cl, admitByPolicy)
 	// A retry is this caller's to run too: it waits for the result.
 	for status == claim.Retrying {
 		if !sleep(ctx, j.backoff(cl.Attempt)) {
@@ -383,7 +390,7 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 		if err != nil {
 			return status, fmt.Errorf("trigger %s: retry: %w", name, err)
 		}
-		status = d.execute(ctx, ctx, j, cl, false)
+		status = d.execute(ctx, ctx, j, cl, admitByPolicy)
 	}
 	return status, nil
 }

@@ -1,0 +1,172 @@
+// This file owns what an execution does about an earlier run of its job
+// that is still live, under the job's overlap policy:
+//
+//   - forbid: the later run is skipped (execute's owner probe);
+//   - allow: nothing;
+//   - buffer-one: one later instant waits for the live run and starts
+//     when it ends; an instant that finds one already waiting is skipped
+//     (the verdict is dispatch's, see bufferFull);
+//   - replace: the later run revokes the live one, whichever replica holds
+//     it, and starts once it has stopped.
+//
+// Waiting is decided by the backend, not by this replica's memory: the
+// owner probe reads the job's recent records, which every replica sees
+// alike, and a waiting run holds its claim (kept alive) meanwhile, so no
+// replica runs it elsewhere and later instants meet it live.
+
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// ReasonReplaced is the skip reason of a run revoked by a later instant of
+// its job under overlap: replace.
+const ReasonReplaced = "replaced"
+
+// admission says how an execution treats an earlier live run of its job.
+type admission int
+
+const (
+	// admitByPolicy: the job's overlap policy decides.
+	admitByPolicy admission = iota
+	// admitAlways: overlap allowed, a request with --overlap allow or a
+	// backfill's run.
+	admitAlways
+	// admitInTurn: wait for earlier runs to end, whatever the policy: a
+	// run caught up after an outage (misfire: run-all).
+	admitInTurn
+)
+
+// errReplaced is the cause a revoked run's handler is cancelled with. It
+// is a lease loss to the handler (errors.Is(cause, ErrLeaseLost)): the
+// run is no longer its to finish.
+type errReplaced struct{ by string }
+
+func (e errReplaced) Error() string {
+	return fmt.Sprintf("replaced by %s: %v", e.by, claim.ErrLeaseLost)
+}
+func (e errReplaced) Unwrap() error { return claim.ErrLeaseLost }
+
+// bufferFull reports whether an instant at of a buffer-one job finds the
+// buffer taken: more than one earlier run live, the running one and one
+// already waiting behind it. Every replica dispatches, and so watches,
+// every instant, so each reaches the same verdict on the same facts; the
+// replica that wins at applies its own.
+func (d *dispatcher) bufferFull(ctx, execCtx context.Context, j *jobState, at time.Time) bool {
+	return d.liveBefore(ctx, execCtx, j, at, 2) >= 2
+}
+
+// awaitTurn holds cl, kept alive, until no earlier live run of j owns the
+// job (see owner), revoking each owner it meets first when revoke is set
+// (overlap: replace). It returns nil when cl may start, the lease's cause
+// if the lease was lost or the run revoked while waiting, or errStopped
+// if the replica is shutting down (ctx, Run's, done): the run, not yet
+// started, is handed back. ectx is the execution's context.
+func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, revoke bool) error {
+	r := d.r
+	logged := false
+	revoked := map[string]bool{}
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		owner, err := d.owner(ectx, j, cl, grantedAt, backendNow)
+		if err != nil || owner == nil {
+			return err
+		}
+		// Only an earlier instant is replaced: a takeover of a revoked
+		// run that came to own the job by its late grant must not revoke
+		// the run that replaced it (it finds its own revocation instead).
+		if revoke && owner.At.Before(cl.Run.At) && !revoked[owner.RunID] {
+			revoked[owner.RunID] = true
+			d.revoke(ctx, j, cl, owner)
+		}
+		if !logged {
+			r.opts.Logger.InfoContext(ectx, "run waiting for the previous run",
+				append(runAttrs(r, cl.Run, cl), "previous_run_id", owner.RunID, "previous_holder", owner.Holder)...)
+			logged = true
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ectx.Done():
+			t.Stop()
+			return context.Cause(ectx)
+		case <-ctx.Done():
+			t.Stop()
+			return errStopped
+		case <-t.C:
+		}
+	}
+}
+
+// errStopped ends a wait for a run's turn at shutdown: the run had not
+// started, and is handed back.
+var errStopped = errors.New("runner: shutting down before the run's turn came")
+
+// revoke asks whichever replica holds owner to stop it, through the
+// controls register every replica reads each tick; a replica that takes
+// the revoked run over later finds the revocation and ends it instead of
+// running it. Without a register, revocation cannot reach the holder:
+// the run waits for it instead, as under buffer-one.
+func (d *dispatcher) revoke(ctx context.Context, j *jobState, cl *claim.Claim, owner *claim.Record) {
+	r := d.r
+	if r.opts.Controls == nil {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	defer cancel()
+	if err := r.opts.Controls.Revoke(wctx, owner.RunID, cl.ID(), r.opts.Instance, r.revokeTTL()); err != nil {
+		r.log.WarnContext(ctx, "cannot revoke the previous run; waiting for it", append(runAttrs(r, cl.Run, cl),
+			"previous_run_id", owner.RunID, "error", err.Error())...)
+		return
+	}
+	r.opts.Logger.Log(ctx, slog.LevelInfo, "replacing the previous run", append(runAttrs(r, cl.Run, cl),
+		"previous_run_id", owner.RunID, "previous_holder", owner.Holder)...)
+}
+
+// revokeTTL is how long a revocation is kept: past the lease of any
+// holder that was alive to hear it, and past a takeover of the run after
+// a holder that died.
+func (r *Runner) revokeTTL() time.Duration { return max(10*time.Minute, 4*r.opts.Lease) }
+
+// track registers the cancel of an execution in progress here, so that a
+// revocation read from the register reaches it; the returned func
+// unregisters it.
+func (r *Runner) track(id string, cancel context.CancelCauseFunc) func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running == nil {
+		r.running = map[string]context.CancelCauseFunc{}
+	}
+	r.running[id] = cancel
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.running, id)
+	}
+}
+
+// setRevoked installs the revocations last read (run id → the run that
+// replaced it) and cancels every execution here they name.
+func (r *Runner) setRevoked(revoked map[string]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.revoked = revoked
+	for id, by := range revoked {
+		if cancel := r.running[id]; cancel != nil {
+			cancel(errReplaced{by: by})
+		}
+	}
+}
+
+// replacedBy reports which run revoked run id, as last read.
+func (r *Runner) replacedBy(id string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	by, ok := r.revoked[id]
+	return by, ok
+}

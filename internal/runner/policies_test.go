@@ -1,0 +1,261 @@
+package runner_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// fleet is three replicas as goroutines, each on its own client of one
+// real backend, sharing a ledger.
+type fleet struct {
+	t      *testing.T
+	kind   string
+	open   func(string) *claimers.Backend
+	led    *ledger
+	jobs   []runner.Job
+	cancel []context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func newFleet(t *testing.T, kind string, jobs []runner.Job) *fleet {
+	return &fleet{t: t, kind: kind, led: newLedger(), jobs: jobs, open: backends.Open(t, kind)}
+}
+
+// start brings up replicas named names.
+func (f *fleet) start(names ...string) {
+	for _, name := range names {
+		b := f.open(name)
+		r, err := runner.New(runner.Options{
+			Claimer: f.led.claimer(name, b.Claimer), ClaimerName: f.kind, Instance: name,
+			Controls: control.New(b.Controls, nil), ControlEvery: 200 * time.Millisecond,
+			Lease: 2 * time.Second, MaxClockSkew: 500 * time.Millisecond, ShutdownGrace: 3 * time.Second,
+			Observe: f.led.observer(name),
+		}, f.jobs)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		f.cancel = append(f.cancel, cancel)
+		f.wg.Go(func() { _ = r.Run(ctx) })
+	}
+}
+
+// stop shuts every replica down and waits for them.
+func (f *fleet) stop() {
+	for _, c := range f.cancel {
+		c()
+	}
+	f.cancel = nil
+	f.wg.Wait()
+}
+
+// handled is one handler's run as the ledger saw it.
+type handled struct {
+	id          string
+	at          time.Time
+	replica     string
+	start, stop time.Time
+	status      claim.Status
+}
+
+// executions lists the handlers of job that ran, by start.
+func (f *fleet) executions(job string) []handled {
+	var out []handled
+	returns := f.led.events(history.Return)
+	for id, starts := range f.led.events(history.Start) {
+		for _, s := range starts {
+			if s.Run.Job != job {
+				continue
+			}
+			x := handled{id: id, at: s.Run.At, replica: s.Replica, start: s.At}
+			for _, r := range returns[id] {
+				if r.Token == s.Token {
+					x.stop, x.status = r.At, r.Status
+				}
+			}
+			out = append(out, x)
+		}
+	}
+	slices.SortFunc(out, func(a, b handled) int { return a.start.Compare(b.start) })
+	return out
+}
+
+// Under buffer-one, on every real backend: one instant waits for the
+// running one and starts as it ends; an instant that finds one waiting is
+// skipped; no two runs overlap. Under replace: each instant revokes the
+// run before it, whichever replica holds it, whose handler is cancelled
+// with ErrLeaseLost and whose run ends skipped (replaced); then it runs.
+func TestOverlapPoliciesAcrossReplicasOnRealBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: 14s")
+	}
+	testenv.WallClock(t)
+	var all sync.WaitGroup
+	defer all.Wait()
+	for _, kind := range backends.Kinds {
+		all.Go(func() {
+			t.Run(kind, func(t *testing.T) {
+				var mu sync.Mutex
+				cancelled := map[string]error{} // replace's handlers, by run id: the cause
+				jobs := []runner.Job{
+					{Name: "buffer", Schedule: mustSchedule(t, "@every 1s"), Overlap: runner.OverlapBufferOne,
+						Handler: func(ctx context.Context, run job.Run) error {
+							select {
+							case <-time.After(2500 * time.Millisecond):
+							case <-ctx.Done():
+							}
+							return nil
+						}},
+					{Name: "replace", Schedule: mustSchedule(t, "@every 3s"), Overlap: runner.OverlapReplace,
+						Handler: func(ctx context.Context, run job.Run) error {
+							<-ctx.Done() // runs until replaced, or shut down
+							mu.Lock()
+							cancelled[run.ID] = context.Cause(ctx)
+							mu.Unlock()
+							return context.Cause(ctx)
+						}},
+				}
+				f := newFleet(t, kind, jobs)
+				f.start("r0", "r1", "r2")
+				time.Sleep(14 * time.Second)
+				f.stop()
+
+				// buffer-one: back to back, never overlapping, some skipped.
+				xs := f.executions("buffer")
+				if len(xs) < 3 {
+					t.Fatalf("buffer ran %d times in 14s, want at least 3", len(xs))
+				}
+				for i := 1; i < len(xs); i++ {
+					gap := xs[i].start.Sub(xs[i-1].stop)
+					if gap < 0 {
+						t.Errorf("buffer: %s started %v before %s returned", xs[i].id, -gap, xs[i-1].id)
+					}
+					if !xs[i].stop.IsZero() && gap > 1500*time.Millisecond {
+						t.Errorf("buffer: %s started %v after %s returned, want it waiting and starting as it ended", xs[i].id, gap, xs[i-1].id)
+					}
+				}
+				skipped := 0
+				for id, reasons := range f.led.skipped() {
+					if slices.Contains(reasons, runner.ReasonOverlap) && len(id) > 6 && id[:6] == "buffer" {
+						skipped++
+					}
+				}
+				if skipped < 3 {
+					t.Errorf("buffer: %d instants skipped, want the ones that found a run waiting (about half)", skipped)
+				}
+
+				// replace: each run but the last was cancelled by the next.
+				rs := f.executions("replace")
+				if len(rs) < 3 {
+					t.Fatalf("replace ran %d times in 14s, want at least 3", len(rs))
+				}
+				holders := map[string]bool{}
+				for i, x := range rs[:len(rs)-1] {
+					mu.Lock()
+					cause := cancelled[x.id]
+					mu.Unlock()
+					if !errors.Is(cause, claim.ErrLeaseLost) {
+						t.Errorf("replace: %s's handler ended with cause %v, want ErrLeaseLost (replaced)", x.id, cause)
+					}
+					if next := rs[i+1]; next.start.Before(x.stop) {
+						t.Errorf("replace: %s started %v before %s stopped", next.id, x.stop.Sub(next.start), x.id)
+					} else if lag := next.start.Sub(next.at); lag > 2500*time.Millisecond {
+						t.Errorf("replace: %s started %v after its instant, want the run it replaces revoked within a control tick", next.id, lag)
+					}
+					reasons := f.led.skipped()[x.id]
+					if !slices.Contains(reasons, runner.ReasonReplaced) {
+						t.Errorf("replace: %s skipped for %v, want replaced", x.id, reasons)
+					}
+					holders[x.replica] = true
+				}
+				if len(holders) < 2 && len(rs) > 3 {
+					t.Logf("replace: every replaced run was held by one replica (%v)", holders)
+				}
+				f.led.check(t, history.Spec{Forbid: map[string]bool{"buffer": true, "replace": true}})
+			})
+		})
+	}
+}
+
+// Under misfire: run-all, on every real backend: after an outage of
+// every replica, three replicas starting together run the newest
+// max_catchup missed instants, oldest first, each once, one after the
+// other, and record the older ones missed.
+func TestCatchUpAcrossReplicasOnRealBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: 20s")
+	}
+	testenv.WallClock(t)
+	var all sync.WaitGroup
+	defer all.Wait()
+	for _, kind := range backends.Kinds {
+		all.Go(func() {
+			t.Run(kind, func(t *testing.T) {
+				sched := mustSchedule(t, "@every 2s")
+				jobs := []runner.Job{{Name: "catchup", Schedule: sched, Misfire: runner.MisfireRunAll, MaxCatchup: 3,
+					Handler: func(ctx context.Context, run job.Run) error {
+						time.Sleep(300 * time.Millisecond)
+						return nil
+					}}}
+				f := newFleet(t, kind, jobs)
+				f.start("r0")
+				time.Sleep(5 * time.Second)
+				f.stop()
+				down := time.Now()
+				time.Sleep(11 * time.Second)
+				up := time.Now()
+				f.start("r0", "r1", "r2")
+				time.Sleep(5 * time.Second)
+				f.stop()
+
+				var missedAt []time.Time // instants while every replica was down
+				for at := sched.Next(down); at.Before(up); at = sched.Next(at) {
+					missedAt = append(missedAt, at)
+				}
+				if len(missedAt) < 5 {
+					t.Fatalf("%d instants fell in the outage, want at least 5", len(missedAt))
+				}
+				caught := missedAt[len(missedAt)-3:]
+				var order []time.Time
+				for _, x := range f.executions("catchup") {
+					if !x.at.Before(up) {
+						continue
+					}
+					if x.start.Before(up) {
+						continue // ran before the outage
+					}
+					order = append(order, x.at)
+				}
+				want := fmt.Sprint(caught)
+				if got := fmt.Sprint(order); got != want {
+					t.Errorf("caught up %s, want the newest 3 missed, oldest first, each once: %s", got, want)
+				}
+				skips := f.led.skipped()
+				for _, at := range missedAt[:len(missedAt)-3] {
+					id := claim.Run{Job: "catchup", At: at}.ID()
+					if n := len(f.led.starts(id)); n != 0 {
+						t.Errorf("%s, older than the newest 3 missed, ran %d times", id, n)
+					}
+					if !slices.Contains(skips[id], runner.ReasonMissed) {
+						t.Errorf("%s: skipped %v, want recorded missed", id, skips[id])
+					}
+				}
+				f.led.check(t, history.Spec{Forbid: map[string]bool{"catchup": true}})
+			})
+		})
+	}
+}
