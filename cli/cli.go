@@ -16,7 +16,6 @@ import (
 	"time"
 	_ "time/tzdata" // time zones resolve on minimal images without /usr/share/zoneinfo
 
-	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
@@ -40,7 +39,7 @@ Usage:
   scheduler run      [--config FILE] [--check]  run the replica (no config: embedded sqlite ./scheduler.db)
   scheduler migrate  [--config FILE] up|down|status
   scheduler jobs     [--config FILE] [--json]   registered jobs, schedules, next instants
-  scheduler runs     [--config FILE] [--job J] [--limit N] [--json]
+  scheduler runs     [--config FILE] [--job J] [--limit N] [--attempts] [--json]
   scheduler pause    [--config FILE] [--note TEXT] JOB|--all   skip JOB's instants on every replica until resumed
   scheduler resume   [--config FILE] JOB|--all
   scheduler trigger  [--config FILE] [--note TEXT] [--request-id ID] [--wait] [--here] JOB   ask the fleet to run JOB now, once
@@ -364,54 +363,6 @@ func (e *env) readPauses(cfg *config.Config) control.Pauses {
 	}
 	fmt.Fprintf(e.stderr, "scheduler jobs: cannot read pause switches from claimer %s: %v\n", cfg.Claimer.Kind, err)
 	return nil
-}
-
-func (e *env) runs(args []string) int {
-	fs, path := e.flags("runs", "[--config FILE] [--job J] [--limit N] [--json]")
-	jobName := fs.String("job", "", "only runs of `JOB`")
-	limit := fs.Int("limit", 20, "at most `N` runs, newest first")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := e.parse(fs, args); !ok {
-		return code
-	}
-	if *limit < 1 {
-		fmt.Fprintf(e.stderr, "scheduler runs: --limit %d: must be at least 1\n", *limit)
-		return ExitUsage
-	}
-	cfg, ok := e.load(*path)
-	if !ok {
-		return ExitUsage
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := openBackend(ctx, cfg, true)
-	if err != nil {
-		return e.fail("%v", err)
-	}
-	defer b.Close()
-	recs, err := b.History(ctx, *jobName, *limit)
-	if err != nil {
-		return e.fail("runs: %v", err)
-	}
-	if *asJSON {
-		if recs == nil {
-			recs = []claim.Record{}
-		}
-		return e.printJSON(recs)
-	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tINSTANT\tSTATUS\tHOLDER\tATTEMPT\tFENCE\tSTARTED\tFINISHED\tDURATION")
-	for _, r := range recs {
-		fin, dur := "-", "-"
-		if !r.FinishedAt.IsZero() {
-			fin = r.FinishedAt.UTC().Format(time.RFC3339)
-			dur = r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.Job, r.At.UTC().Format(time.RFC3339), r.Status,
-			r.Holder, r.Attempt, r.Fence, r.StartedAt.UTC().Format(time.RFC3339), fin, dur)
-	}
-	_ = tw.Flush()
-	return ExitOK
 }
 
 func (e *env) printJSON(v any) int {

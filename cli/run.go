@@ -53,7 +53,7 @@ func (e *env) runnerJobs(cfg *config.Config, file string) ([]runner.Job, []web.J
 			rj := &out[len(out)-1]
 			rj.Backoff, rj.MaxBackoff = j.Retry.Backoff.Duration(), j.Retry.MaxBackoff.Duration()
 		}
-		info = append(info, web.JobInfo{Name: name, Schedule: j.Schedule, Timezone: s.Location().String(), Next: s.Next})
+		info = append(info, web.JobInfo{Name: name, Schedule: j.Schedule, Timezone: s.Location().String(), Next: s.Next, Parsed: s, Jitter: j.Jitter.Duration(), MaxAttempts: j.MaxAttempts})
 	}
 	return out, info, nil
 }

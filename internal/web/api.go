@@ -103,6 +103,7 @@ type jobJSON struct {
 	Schedule    string         `json:"schedule"`
 	Timezone    string         `json:"timezone"`
 	Next        *time.Time     `json:"next"`
+	NextStarts  *time.Time     `json:"next_starts_at"` // under the job's jitter; null without
 	Paused      *control.Pause `json:"paused"`
 	LastStatus  *claim.Status  `json:"last_status"`
 	LastSuccess *time.Time     `json:"last_success"`
@@ -126,7 +127,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 	out := make([]jobJSON, 0, len(snap.Jobs))
 	for _, j := range snap.Jobs {
 		jj := jobJSON{Name: j.Name, Schedule: j.Schedule, Timezone: j.Timezone, Next: timePtr(j.Next),
-			Paused: j.Pause, LastSuccess: timePtr(j.LastSuccess), Missed: j.Missed}
+			NextStarts: timePtr(j.Start), Paused: j.Pause, LastSuccess: timePtr(j.LastSuccess), Missed: j.Missed}
 		if j.LastStatus != "" {
 			st := j.LastStatus
 			jj.LastStatus = &st
@@ -164,10 +165,17 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e.code, "run history: "+e.msg)
 		return
 	}
-	if recs == nil {
-		recs = []claim.Record{}
+	prefix := ""
+	if job != "" {
+		prefix = job + "@"
 	}
-	writeJSON(w, http.StatusOK, recs)
+	atts, err := s.attempts(ctx, prefix)
+	if err != nil {
+		e := storeError(err)
+		writeError(w, e.code, "failed attempts: "+e.msg)
+		return
+	}
+	writeJSON(w, http.StatusOK, Runs(recs, atts, s.o.Jobs))
 }
 
 // call is one mutating call as its handler sees it.

@@ -26,6 +26,9 @@ import (
 
 const secretToken = "tok-S3cr3t-9f8e7d"
 
+// nightlyJitter is billing.nightly's jitter in newAPIEnv; minutely has none.
+const nightlyJitter = time.Hour
+
 // apiEnv is a web server over a memory store, with a runner for
 // backfills of the job "minutely".
 type apiEnv struct {
@@ -80,7 +83,8 @@ func newAPIEnv(t *testing.T, token string, wrap func(http.Handler) http.Handler)
 		Backfill: r.Backfill, Logger: slog.New(slog.NewJSONHandler(e.logs, nil)),
 		Jobs: []web.JobInfo{
 			{Name: "billing.nightly", Schedule: "@daily", Timezone: "UTC",
-				Next: func(t time.Time) time.Time { return t.Truncate(24 * time.Hour).Add(24 * time.Hour) }},
+				Next:   func(t time.Time) time.Time { return t.Truncate(24 * time.Hour).Add(24 * time.Hour) },
+				Parsed: mustSchedule(t, "@daily"), Jitter: nightlyJitter, MaxAttempts: 3},
 			{Name: "minutely", Schedule: "0 * * * * *", Timezone: "UTC", Next: minutely.Next},
 		},
 	})

@@ -18,6 +18,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
 )
 
 //go:embed status.html
@@ -30,12 +31,29 @@ var page = template.Must(template.New("status.html").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
+	// clock is t's time of day, with its date too when ref is on
+	// another day.
+	"clock": func(t, ref time.Time) string {
+		t, ref = t.UTC(), ref.UTC()
+		if t.YearDay() == ref.YearDay() && t.Year() == ref.Year() {
+			return t.Format("15:04:05Z")
+		}
+		return t.Format("2006-01-02 15:04:05Z")
+	},
 }).ParseFS(files, "status.html"))
 
 // JobInfo describes one scheduled job for the page.
 type JobInfo struct {
 	Name, Schedule, Timezone string
 	Next                     func(time.Time) time.Time
+	// Parsed is the parsed Schedule; with Jitter it gives each run's
+	// start (schedule.Jittered). Nil: starts are not shown.
+	Parsed *schedule.Schedule
+	// Jitter is the job's jitter; 0 for none.
+	Jitter time.Duration
+	// MaxAttempts is the job's max_attempts, shown beside a run's
+	// attempt; 0 if unknown.
+	MaxAttempts int
 }
 
 // Options configure the handler.
@@ -51,8 +69,9 @@ type Options struct {
 	Now      func() time.Time
 
 	// Controls is the operator's state in the backend: pauses and run
-	// requests. nil: the API's control calls answer 501 and the page
-	// shows no buttons.
+	// requests, and the failed attempts of runs that retry. nil: the
+	// API's control calls answer 501, and the page shows no buttons and
+	// runs without their failed attempts.
 	Controls *control.Store
 	// Token is the bearer token the API's mutating calls require. Empty
 	// turns them off (403). It is never logged nor rendered.
@@ -149,6 +168,7 @@ func (s *Server) Close() error {
 type jobState struct {
 	Name, Schedule, Timezone string
 	Next                     time.Time
+	Start                    time.Time // Next's start under the job's jitter; zero without
 	LastStatus               claim.Status
 	LastSuccess              time.Time
 	Missed                   int
@@ -210,6 +230,9 @@ func (s *Server) snapshot(ctx context.Context, now time.Time) snapshot {
 		if j.Next != nil {
 			st.Next = j.Next(now)
 		}
+		if !st.Next.IsZero() {
+			st.Start = j.start(st.Next)
+		}
 		if p, ok := pauses.Of(j.Name); ok {
 			st.Pause = &p
 		}
@@ -219,8 +242,17 @@ func (s *Server) snapshot(ctx context.Context, now time.Time) snapshot {
 }
 
 type claimRow struct {
-	claim.Record
-	Remaining string
+	Run
+	Remaining string // of the lease, or until the retry pending
+}
+
+// attempts reads the failed attempts of the runs whose id starts with
+// prefix; none without a control store.
+func (s *Server) attempts(ctx context.Context, prefix string) ([]control.Attempt, error) {
+	if s.o.Controls == nil {
+		return nil, nil
+	}
+	return s.o.Controls.Attempts(ctx, prefix)
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
@@ -231,15 +263,26 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 		Errors            []string
 		Now               time.Time
 		Jobs              []jobState
-		Runs              []claim.Record
+		Runs              []Run
 		Claims            []claimRow
 		Controls, APIOn   bool
 	}{Instance: s.o.Instance, Claimer: s.o.Claimer, Now: now, Errors: snap.Errors, Jobs: snap.Jobs,
 		Controls: s.o.Controls != nil, APIOn: s.o.Token != ""}
-	data.Runs = snap.Recent[:min(len(snap.Recent), pageRuns)]
-	for _, rec := range snap.Recent {
-		if rec.Status == claim.Running && rec.LeaseUntil.After(now) {
-			data.Claims = append(data.Claims, claimRow{Record: rec, Remaining: rec.LeaseUntil.Sub(now).Round(100 * time.Millisecond).String()})
+	actx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	atts, err := s.attempts(actx, "")
+	cancel()
+	if err != nil {
+		data.Errors = append(data.Errors, "failed attempts unavailable: "+err.Error())
+	}
+	runs := Runs(snap.Recent, atts, s.o.Jobs)
+	data.Runs = runs[:min(len(runs), pageRuns)]
+	for _, run := range runs {
+		if run.Status == claim.Running && run.LeaseUntil.After(now) {
+			until := run.LeaseUntil
+			if run.RetryPending != nil {
+				until = run.RetryPending.At
+			}
+			data.Claims = append(data.Claims, claimRow{Run: run, Remaining: until.Sub(now).Round(100 * time.Millisecond).String()})
 		}
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")

@@ -1,0 +1,138 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/cli"
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
+)
+
+// `scheduler runs` shows a run's failed attempts, its retry pending and
+// its start under jitter: in the JSON always, in the table as a note, and
+// one line per failed attempt with --attempts.
+func TestRunsShowAttemptsRetriesAndJitter(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+filepath.Join(dir, "claims.db")+"\n"+
+		"http:\n  addr: \"\"\nlog:\n  level: error\njobs:\n  example.sleep:\n    schedule: \"@daily\"\n    jitter: 1h\n"+
+		"    retry: {max_attempts: 3, backoff: 30s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	b, err := claimers.Open(ctx, cfg.Claimer, "replica-a", claimers.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := control.New(b.Controls, nil)
+	now := time.Now().UTC()
+	day := now.Truncate(24 * time.Hour)
+	// Yesterday's run failed for good; today's failed its first attempt,
+	// which left the record running, and retries later.
+	ended := claim.Run{Job: "example.sleep", At: day.Add(-24 * time.Hour)}
+	pending := claim.Run{Job: "example.sleep", At: day}
+	retryAt := now.Add(time.Hour).Truncate(time.Second) // past the lease
+	for _, x := range []struct {
+		run     claim.Run
+		err     string
+		retryAt time.Time
+	}{{ended, "disk full\ttoo", time.Time{}}, {pending, "boom", retryAt}} {
+		cl, err := claim.ClaimOne(ctx, b, x.run, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ctl.RecordAttempt(ctx, control.Attempt{RunID: cl.ID(), Attempt: cl.Attempt, Fence: cl.Fence, Holder: "replica-a",
+			Status: claim.Failed, Error: x.err, Started: now.Add(-2 * time.Second), Ended: now, RetryAt: x.retryAt}); err != nil {
+			t.Fatal(err)
+		}
+		if x.retryAt.IsZero() {
+			if err := claim.ReleaseOne(ctx, b, cl, claim.Failed); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := mainIn(t, dir, "runs", "--json", "--config", path)
+	if code != cli.ExitOK {
+		t.Fatalf("runs --json: exit %d: %s", code, errOut)
+	}
+	var runs []struct {
+		RunID        string            `json:"run_id"`
+		Status       claim.Status      `json:"status"`
+		Attempt      int               `json:"attempt"`
+		MaxAttempts  int               `json:"max_attempts"`
+		StartsAt     *time.Time        `json:"starts_at"`
+		Attempts     []control.Attempt `json:"attempts"`
+		RetryPending *struct {
+			Attempt int       `json:"attempt"`
+			At      time.Time `json:"at"`
+		} `json:"retry_pending"`
+	}
+	if err := json.Unmarshal([]byte(out), &runs); err != nil {
+		t.Fatalf("%v in\n%s", err, out)
+	}
+	s, err := schedule.Parse("@daily", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].RunID != pending.ID() || runs[1].RunID != ended.ID() {
+		t.Fatalf("runs --json:\n%s", out)
+	}
+	p, f := runs[0], runs[1]
+	if p.Status != claim.Running || p.Attempt != 1 || p.MaxAttempts != 3 || p.RetryPending == nil ||
+		p.RetryPending.Attempt != 2 || !p.RetryPending.At.Equal(retryAt) ||
+		len(p.Attempts) != 1 || p.Attempts[0].Error != "boom" || !p.Attempts[0].RetryAt.Equal(retryAt) ||
+		p.StartsAt == nil || !p.StartsAt.Equal(s.Jittered("example.sleep", day, time.Hour)) {
+		t.Fatalf("the run retrying:\n%s", out)
+	}
+	if f.Status != claim.Failed || f.RetryPending != nil || len(f.Attempts) != 1 || !f.Attempts[0].RetryAt.IsZero() {
+		t.Fatalf("the run that ended failed:\n%s", out)
+	}
+
+	code, out, errOut = mainIn(t, dir, "runs", "--config", path)
+	if code != cli.ExitOK {
+		t.Fatalf("runs: exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasSuffix(lines[0], "NOTE") ||
+		!strings.Contains(lines[1], " 1/3 ") ||
+		!strings.Contains(lines[1], "retry 2/3 at "+retryAt.Format(time.RFC3339)+"; starts +") ||
+		!strings.HasSuffix(lines[1], " (jitter); 1 failed attempt (--attempts)") ||
+		strings.Contains(lines[2], "retry 2/3") || !strings.HasSuffix(lines[2], "; 1 failed attempt (--attempts)") {
+		t.Fatalf("runs:\n%s", out)
+	}
+
+	code, out, errOut = mainIn(t, dir, "runs", "--attempts", "--config", path)
+	if code != cli.ExitOK {
+		t.Fatalf("runs --attempts: exit %d: %s", code, errOut)
+	}
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 5 || strings.Contains(out, "(--attempts)") ||
+		!strings.HasPrefix(lines[2], "  ↳ ") || !strings.Contains(lines[2], " failed ") ||
+		!strings.HasSuffix(lines[2], "retry due "+retryAt.Format(time.RFC3339)+"; error: boom") ||
+		!strings.HasPrefix(lines[4], "  ↳ ") || !strings.HasSuffix(lines[4], " error: disk full too") {
+		t.Fatalf("runs --attempts:\n%s", out)
+	}
+	// The columns line up: every line's STATUS starts where the header's does.
+	col := strings.Index(lines[0], "STATUS")
+	for _, l := range lines[1:] {
+		if r := []rune(l); len(r) <= col || r[col-1] != ' ' || r[col] == ' ' {
+			t.Fatalf("misaligned STATUS column at %d:\n%s", col, out)
+		}
+	}
+}
