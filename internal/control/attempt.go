@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -92,7 +91,3 @@ func AttemptsByRun(as []Attempt) map[string][]Attempt {
 	}
 	return m
 }
-
-// isAttempt reports whether a register key is an attempt's: the replicas'
-// tick skips them.
-func isAttempt(key string) bool { return strings.HasPrefix(key, attemptPrefix) }

@@ -123,3 +123,49 @@ func TestDriftEntriesComeWithTheSnapshot(t *testing.T) {
 		t.Fatalf("an entry without a job: %v, want ErrInvalid", err)
 	}
 }
+
+// listCounter counts the entries each List hands back.
+type listCounter struct {
+	claim.Controls
+	listed int
+}
+
+func (l *listCounter) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	cs, err := l.Controls.List(ctx, prefix)
+	l.listed += len(cs)
+	return cs, err
+}
+
+// A replica's tick reads what it honours, never the week of failed
+// attempts or reserved instants the register also keeps: a flapping job
+// must not make every tick of every replica heavier.
+func TestSnapshotReadsOnlyWhatATickHonours(t *testing.T) {
+	ctx := context.Background()
+	reg := &listCounter{Controls: memory.NewStore(nil).Controls()}
+	st := control.New(reg, nil)
+	if _, err := st.SetPause(ctx, control.Pause{Job: "a", Paused: true, By: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Request(ctx, control.Request{Job: "a", By: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Revoke(ctx, "a@2026-12-01T00:00:00Z", "a@2026-12-01T00:01:00Z", "r1", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if err := st.RecordAttempt(ctx, control.Attempt{RunID: "a@2026-12-01T00:00:00Z", Attempt: i + 1, Status: claim.Failed}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg.listed = 0
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !snap.Pauses.Paused("a") || len(snap.Requests) != 1 || len(snap.Revoked) != 1 {
+		t.Fatalf("snapshot = %+v, want the pause, the request and the revocation", snap)
+	}
+	if reg.listed != 3 {
+		t.Errorf("the tick read %d entries, want the 3 it honours (not the attempts, nor the reserved instant)", reg.listed)
+	}
+}
