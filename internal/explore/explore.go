@@ -14,6 +14,7 @@ package explore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
@@ -109,6 +110,12 @@ type jobDef struct {
 	// stubborn handlers ignore their context: they finish their work and
 	// return nil whatever happened (a handler that does not check ctx).
 	stubborn bool
+	// flaky handlers fail about half their attempts, drawn per attempt;
+	// backoff > 0 retries them inside the run.
+	flaky      bool
+	backoff    time.Duration
+	jitter     time.Duration
+	maxCatchup int
 }
 
 func (w *world) workload() []jobDef {
@@ -126,6 +133,17 @@ func (w *world) workload() []jobDef {
 		{name: "stubborn", spec: "@every 3s", overlap: runner.OverlapAllow, misfire: runner.MisfireRunOnce, grace: 20 * time.Second, work: span(100*time.Millisecond, 2*time.Second), stubborn: true},
 		// Rare runs: a replica that starts long after one must find it.
 		{name: "sparse", spec: "@every 13s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(l/2, 2*l)},
+		// Failing attempts retried inside the run after a backoff, by
+		// whichever replica claims the run next, starting jittered.
+		{name: "flaky", spec: "@every 3s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(20*time.Millisecond, 300*time.Millisecond),
+			flaky: true, backoff: 300 * time.Millisecond, jitter: 800 * time.Millisecond},
+		// Runs longer than their period: one instant waits for the running
+		// one, the others are skipped; after an outage the missed ones are
+		// caught up in turn.
+		{name: "queue", spec: "@every 2s", overlap: runner.OverlapBufferOne, misfire: runner.MisfireRunAll, grace: 20 * time.Second, maxCatchup: 3,
+			work: span(time.Second, 3*time.Second)},
+		// Each instant revokes the run before it, wherever it runs.
+		{name: "swap", spec: "@every 3s", overlap: runner.OverlapReplace, misfire: runner.MisfireSkip, work: span(2*time.Second, 5*time.Second)},
 	}
 }
 
@@ -232,7 +250,7 @@ func Run(cfg Config) (*Result, error) {
 	settled := w.t0.Add(w.plan.Heal() + cfg.Lease)
 	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled}
 	for _, j := range w.jobs {
-		if j.overlap == runner.OverlapForbid {
+		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
 			spec.Forbid[j.name] = true
 		}
 	}
@@ -411,7 +429,7 @@ func (w *world) runnerJobs(r *replica, gen int) []runner.Job {
 	var out []runner.Job
 	for i, j := range w.jobs {
 		out = append(out, runner.Job{Name: j.name, Schedule: w.scheduleOf(r, i), Overlap: j.overlap, Misfire: j.misfire,
-			Grace: j.grace, MaxAttempts: 5, Handler: r.handler(j, gen)})
+			Grace: j.grace, MaxAttempts: 5, Handler: r.handler(j, gen), Backoff: j.backoff, Jitter: j.jitter, MaxCatchup: j.maxCatchup})
 	}
 	return out
 }
@@ -429,6 +447,9 @@ func (r *replica) handler(j jobDef, gen int) job.Handler {
 			}
 			left := time.Until(end)
 			if left <= 0 {
+				if j.flaky && r.w.hash(fmt.Sprintf("%s#%d", run.ID, run.Attempt))%2 == 0 {
+					return errFlaky
+				}
 				return nil
 			}
 			t := time.NewTimer(min(left, 50*time.Millisecond))
@@ -445,5 +466,7 @@ func (r *replica) handler(j jobDef, gen int) job.Handler {
 		}
 	}
 }
+
+var errFlaky = errors.New("flaky handler failed (simulated)")
 
 var errCrashed = fmt.Errorf("%w: replica crashed (simulated)", claim.ErrUnavailable)

@@ -193,7 +193,7 @@ func (d *dispatcher) backfillOne(ctx context.Context, j *jobState, run claim.Run
 	case err != nil:
 		return "error", err
 	}
-	return string(d.execute(ctx, ctx, j, cl, admitAlways)), nil
+	return string(d.runToEnd(ctx, j, cl, admitAlways)), nil
 }
 
 // planBackfill decides each instant's action from the job's history.

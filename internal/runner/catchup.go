@@ -11,6 +11,7 @@ package runner
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -29,27 +30,49 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 		d.start(ctx, execCtx, j, prev, origin{late: MissedNoReplica}, 0)
 		return
 	}
-	var due []time.Time
-	if last.IsZero() {
-		if !prev.IsZero() {
-			due = append(due, prev)
+	// The newest MaxCatchup instants within the grace (and after last)
+	// run, found walking back from now, so an outage of any length costs
+	// as much; the ones before them, back to last, are missed.
+	window := max(j.Grace, r.lateTolerance())
+	oldest := now.Add(-window)
+	var catch []time.Time
+	for t := now; len(catch) < j.MaxCatchup; {
+		at := j.Schedule.Prev(t, t.Sub(oldest))
+		if at.IsZero() || !last.IsZero() && !at.After(last) {
+			break
 		}
-	} else {
-		for at := j.Schedule.Next(last); !at.IsZero() && at.Before(now) && len(due) < maxMissedAtStart+j.MaxCatchup; at = j.Schedule.Next(at) {
-			due = append(due, at)
+		catch = append([]time.Time{at}, catch...)
+		t = at.Add(-time.Nanosecond)
+		if last.IsZero() {
+			break // nothing says the earlier ones were missed
 		}
 	}
-	// The newest MaxCatchup within the grace run; the rest are missed.
-	keep := len(due)
-	for keep > 0 && len(due)-keep < j.MaxCatchup && now.Sub(due[keep-1]) <= max(j.Grace, r.lateTolerance()) {
-		keep--
+	if !last.IsZero() {
+		until := now
+		if len(catch) > 0 {
+			until = catch[0]
+		}
+		// The newest maxMissedAtStart before them are recorded, walking
+		// back; the older ones are counted, up to as many again.
+		var missed []claim.Run
+		for t := until.Add(-time.Nanosecond); len(missed) < maxMissedAtStart; {
+			at := j.Schedule.Prev(t, t.Sub(last))
+			if at.IsZero() || !at.After(last) {
+				break
+			}
+			missed = append(missed, claim.Run{Job: j.Name, At: at.UTC()})
+			t = at.Add(-time.Nanosecond)
+		}
+		slices.Reverse(missed)
+		beyond := 0
+		if len(missed) == maxMissedAtStart {
+			for at := j.Schedule.Next(last); !at.IsZero() && at.Before(missed[0].At) && beyond < maxMissedAtStart; at = j.Schedule.Next(at) {
+				beyond++
+			}
+		}
+		d.recordMissedRuns(ctx, execCtx, j, missed, beyond, last)
 	}
-	var missed []claim.Run
-	for _, at := range due[:keep] {
-		missed = append(missed, claim.Run{Job: j.Name, At: at.UTC()})
-	}
-	d.recordMissedRuns(ctx, j, missed, 0, last)
-	if catch := due[keep:]; len(catch) > 0 {
+	if len(catch) > 0 {
 		if len(catch) > 1 {
 			r.log.InfoContext(ctx, "catching up missed runs", "job", j.Name, "instance", r.opts.Instance,
 				"count", len(catch), "from", catch[0].UTC().Format(time.RFC3339Nano))

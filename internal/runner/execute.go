@@ -6,10 +6,12 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -101,22 +103,25 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	switch {
 	case mode == admitAlways || j.Overlap == OverlapAllow:
 	case mode == admitInTurn || j.Overlap == OverlapBufferOne || j.Overlap == OverlapReplace:
-		err := d.awaitTurn(ctx, ectx, j, cl, grantedAt, backendNow, mode == admitByPolicy && j.Overlap == OverlapReplace)
+		byPolicy := mode == admitByPolicy
+		err := d.awaitTurn(ctx, ectx, j, cl, grantedAt, backendNow, byPolicy && j.Overlap == OverlapReplace, byPolicy && j.Overlap == OverlapBufferOne)
 		var replaced errReplaced
 		switch {
 		case errors.As(err, &replaced):
 			return skip(ReasonReplaced)
+		case errors.Is(err, errBufferFull):
+			return skip(ReasonOverlap)
 		case errors.Is(err, errStopped):
 			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
 	default: // forbid
-		owner, err := d.owner(ectx, j, cl, grantedAt, backendNow)
+		owners, err := d.owners(ectx, j, cl, grantedAt, backendNow)
 		switch {
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
-		case owner != nil:
+		case len(owners) > 0:
 			return skip(ReasonOverlap)
 		}
 	}
@@ -217,16 +222,19 @@ func firstChance(at, granted time.Time) time.Time {
 }
 
 // ownerProbe is how many recent runs of a job the overlap probe reads
-// first. A live run older than that is behind the runs skipped for it
-// (overlap skips are recorded): a full page whose oldest run was skipped
-// is read again, eight times deeper, up to maxOwnerProbe.
+// first. A live run older than that is behind the runs skipped or missed
+// while it lived (both are recorded), or behind runs that wait or wait
+// for a retry (buffer-one, a catch-up after an outage): a full page whose
+// oldest run did not simply run and end (succeeded, failed) is read
+// again, eight times deeper, up to maxOwnerProbe.
 const (
 	ownerProbe    = 16
 	maxOwnerProbe = 16 * 8 * 8 * 8
 )
 
-// owner asks the backend whether another run of j owns the job while cl
-// is about to execute (overlap: forbid). Runs are ordered by when they
+// owners asks the backend which other runs of j own the job while cl is
+// about to execute (overlap: forbid, buffer-one, replace, or a catch-up
+// in turn), in the order they come. Runs are ordered by when they
 // could first execute: the later of their grant (StartedAt, backend time)
 // and their instant, ties broken by fence. cl yields to a live run (status
 // running, lease not expired) that comes first. Every replica reads the
@@ -238,7 +246,7 @@ const (
 // start before its instant (execute waits for it), or a run granted
 // meanwhile would come first by this order and not yield. grantedAt is
 // cl's grant on the backend's clock (keepAlive owns cl's lease fields).
-func (d *dispatcher) owner(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (*claim.Record, error) {
+func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) ([]claim.Record, error) {
 	backoff := 50 * time.Millisecond
 	for limit := ownerProbe; ; {
 		pctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
@@ -247,19 +255,25 @@ func (d *dispatcher) owner(ctx context.Context, j *jobState, cl *claim.Claim, gr
 		if err == nil {
 			now := backendNow()
 			mine := firstChance(j.fire(cl.Run.At), grantedAt)
+			var owners []claim.Record
 			for _, rec := range recs {
 				if rec.RunID == cl.ID() || rec.Status != claim.Running || !rec.LeaseUntil.After(now) {
 					continue
 				}
 				if theirs := firstChance(j.fire(rec.At), rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
-					return &rec, nil
+					owners = append(owners, rec)
 				}
 			}
-			if len(recs) == limit && recs[len(recs)-1].Status == claim.Skipped && limit < maxOwnerProbe {
-				limit *= 8
-				continue
+			if len(recs) == limit && limit < maxOwnerProbe {
+				if oldest := recs[len(recs)-1].Status; oldest != claim.Succeeded && oldest != claim.Failed {
+					limit *= 8
+					continue
+				}
 			}
-			return nil, nil
+			slices.SortFunc(owners, func(a, b claim.Record) int {
+				return cmp.Or(firstChance(j.fire(a.At), a.StartedAt).Compare(firstChance(j.fire(b.At), b.StartedAt)), cmp.Compare(a.Fence, b.Fence))
+			})
+			return owners, nil
 		}
 		t := time.NewTimer(backoff)
 		select {

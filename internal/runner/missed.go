@@ -91,13 +91,13 @@ walk:
 			}
 		}
 	}
-	d.recordMissedRuns(ctx, j, runs, beyond, last)
+	d.recordMissedRuns(ctx, execCtx, j, runs, beyond, last)
 }
 
 // recordMissedRuns records runs, j's instants since last that no replica
 // claimed, as missed (reason no_replica), and logs and counts them once;
 // beyond is how many more were not recorded.
-func (d *dispatcher) recordMissedRuns(ctx context.Context, j *jobState, runs []claim.Run, beyond int, last time.Time) {
+func (d *dispatcher) recordMissedRuns(ctx, execCtx context.Context, j *jobState, runs []claim.Run, beyond int, last time.Time) {
 	r := d.r
 	if len(runs) == 0 && beyond == 0 {
 		return
@@ -106,7 +106,7 @@ func (d *dispatcher) recordMissedRuns(ctx context.Context, j *jobState, runs []c
 	for len(runs) > 0 && ctx.Err() == nil {
 		chunk := runs[:min(len(runs), missedChunk)]
 		runs = runs[len(chunk):]
-		recorded += d.recordChunk(ctx, chunk)
+		recorded += d.recordChunk(ctx, execCtx, j, chunk)
 	}
 	if recorded == 0 && beyond == 0 {
 		return
@@ -121,9 +121,11 @@ func (d *dispatcher) recordMissedRuns(ctx context.Context, j *jobState, runs []c
 }
 
 // recordChunk claims runs and releases the ones it wins as missed,
+// but for a run granted as a takeover (attempt > 1): it had started, on a
+// replica that died since, and is run to its end, never missed;
 // retrying those the backend did not answer (a loaded backend times out
 // a batch) until ctx (Run's) ends. It returns how many it recorded.
-func (d *dispatcher) recordChunk(ctx context.Context, runs []claim.Run) int {
+func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs []claim.Run) int {
 	r := d.r
 	recorded := 0
 	for attempt := 0; len(runs) > 0; attempt++ {
@@ -134,6 +136,8 @@ func (d *dispatcher) recordChunk(ctx context.Context, runs []claim.Run) int {
 		var retry []claim.Run
 		for i, cl := range cls {
 			switch {
+			case errs[i] == nil && cl.Attempt > 1:
+				d.granted(ctx, execCtx, j, cl, origin{takeover: true})
 			case errs[i] == nil:
 				won = append(won, cl)
 			case errors.Is(errs[i], claim.ErrHeld), errors.Is(errs[i], claim.ErrDone), errors.Is(errs[i], claim.ErrInvalid):

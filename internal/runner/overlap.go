@@ -69,22 +69,31 @@ func (d *dispatcher) bufferFull(ctx, execCtx context.Context, j *jobState, at ti
 // if the lease was lost or the run revoked while waiting, or errStopped
 // if the replica is shutting down (ctx, Run's, done): the run, not yet
 // started, is handed back. ectx is the execution's context.
-func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, revoke bool) error {
+func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, revoke, bufferOne bool) error {
 	r := d.r
 	logged := false
 	revoked := map[string]bool{}
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		owner, err := d.owner(ectx, j, cl, grantedAt, backendNow)
-		if err != nil || owner == nil {
+		owners, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		if err != nil || len(owners) == 0 {
 			return err
+		}
+		if bufferOne && len(owners) > 1 {
+			// One run waits already, behind the live one: an outage can
+			// leave several instants granted at once, past the verdict
+			// dispatch made; the backend's records settle it here.
+			return errBufferFull
 		}
 		// Only an earlier instant is replaced: a takeover of a revoked
 		// run that came to own the job by its late grant must not revoke
 		// the run that replaced it (it finds its own revocation instead).
-		if revoke && owner.At.Before(cl.Run.At) && !revoked[owner.RunID] {
-			revoked[owner.RunID] = true
-			d.revoke(ctx, j, cl, owner)
+		for _, o := range owners {
+			if revoke && o.At.Before(cl.Run.At) && !revoked[o.RunID] {
+				revoked[o.RunID] = true
+				d.revoke(ctx, j, cl, &o)
+			}
 		}
+		owner := owners[0]
 		if !logged {
 			r.opts.Logger.InfoContext(ectx, "run waiting for the previous run",
 				append(runAttrs(r, cl.Run, cl), "previous_run_id", owner.RunID, "previous_holder", owner.Holder)...)
@@ -102,6 +111,10 @@ func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim
 		}
 	}
 }
+
+// errBufferFull ends the wait of a buffer-one run that found another
+// already waiting: it is skipped (overlap).
+var errBufferFull = errors.New("runner: a run already waits for the live one")
 
 // errStopped ends a wait for a run's turn at shutdown: the run had not
 // started, and is handed back.

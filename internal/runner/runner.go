@@ -371,28 +371,36 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	d := r.dispatcher(&wg, &wg)
 	// ctx is both the claim's and the execution's: Trigger has no
 	// shutdown grace of its own.
-	run := claim.Run{Job: name, At: at}
-	cl, err := d.claim(ctx, run)
+	cl, err := d.claim(ctx, claim.Run{Job: name, At: at})
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	status := d.execute(ctx, ctx, j, cl, admitByPolicy)
-	// A retry is this caller's to run too: it waits for the result.
+	return d.runToEnd(ctx, j, cl, admitByPolicy), ctx.Err()
+}
+
+// runToEnd executes cl here under ctx (as both Run's and the execution's
+// context: Trigger and Backfill have no shutdown grace of their own) and,
+// if the handler failed and the job retries, runs each retry here too once
+// its backoff has passed, so the caller learns how the run ended: nothing
+// else stands by for a run outside the schedule.
+func (d *dispatcher) runToEnd(ctx context.Context, j *jobState, cl *claim.Claim, mode admission) claim.Status {
+	status := d.execute(ctx, ctx, j, cl, mode)
 	for status == claim.Retrying {
 		if !sleep(ctx, j.backoff(cl.Attempt)) {
-			return status, ctx.Err()
+			return status
 		}
-		for cl, err = d.claim(ctx, run); errors.Is(err, claim.ErrHeld); cl, err = d.claim(ctx, run) {
+		var err error
+		for cl, err = d.claim(ctx, cl.Run); errors.Is(err, claim.ErrHeld); cl, err = d.claim(ctx, cl.Run) {
 			if !sleep(ctx, 20*time.Millisecond) {
-				return status, ctx.Err()
+				return status
 			}
 		}
-		if err != nil {
-			return status, fmt.Errorf("trigger %s: retry: %w", name, err)
+		if err != nil { // done elsewhere, or the backend is out of reach
+			return status
 		}
-		status = d.execute(ctx, ctx, j, cl, admitByPolicy)
+		status = d.execute(ctx, ctx, j, cl, mode)
 	}
-	return status, nil
+	return status
 }
 
 // errClosing stops work that would start after shutdown began.
