@@ -4,8 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"testing"
+	"time"
 	"testing/synctest"
 
+	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
@@ -69,4 +71,46 @@ func TestOperatorActionsAreExplored(t *testing.T) {
 		t.Fatalf("over %d seeds: %d requested runs started and %d instants skipped as paused; the operator is not exercised", seeds, manual, paused)
 	}
 	t.Logf("over %d seeds: %d requested runs started, %d instants skipped as paused", seeds, manual, paused)
+}
+
+// TestRunSemanticsAreExplored guards the workload's part of the sweep:
+// under the faults, failed attempts are retried inside their run, runs
+// wait for the live one (buffer-one) and replace it (replace), and
+// instants missed in an outage are caught up in turn (run-all), so each
+// is explored, not merely configured.
+func TestRunSemanticsAreExplored(t *testing.T) {
+	var retries, retried, waited, replaced, seeds int
+	for seed := uint64(1); seed <= 40; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			res, err := Run(Config{Seed: seed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Violations) > 0 {
+				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
+			}
+			seeds++
+			grants := map[string]history.Event{}
+			for _, e := range res.Events {
+				switch {
+				case e.Kind == history.Grant:
+					grants[e.Token] = e
+				case e.Kind == history.End && e.Status == claim.Retrying:
+					retries++
+				case e.Kind == history.Start && e.Run.Job == "flaky" && grants[e.Token].Attempt > 1:
+					retried++
+				case e.Kind == history.Start && e.Run.Job == "queue" && e.At.Sub(grants[e.Token].At) > 200*time.Millisecond:
+					waited++
+				case e.Kind == history.Skip && e.Reason == runner.ReasonReplaced:
+					replaced++
+				}
+			}
+		})
+	}
+	if retries < seeds || retried < seeds || waited < seeds || replaced < seeds {
+		t.Fatalf("over %d seeds: %d attempts failed and retried, %d retries started, %d buffer-one runs waited, %d runs replaced; the run semantics are not exercised",
+			seeds, retries, retried, waited, replaced)
+	}
+	t.Logf("over %d seeds: %d attempts failed and retried, %d retries started, %d buffer-one runs waited, %d runs replaced",
+		seeds, retries, retried, waited, replaced)
 }

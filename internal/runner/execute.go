@@ -179,6 +179,15 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			d.recordAttempt(ctx, j, cl, status, start, err, r.opts.Now().Add(j.backoff(cl.Attempt)))
 			stopKeep()
 			<-keepDone
+			if time.Now().After(cl.TrustedUntil(r.trustMargin())) {
+				// The handler outlived its lease (a paused process): the
+				// run may already be another replica's next attempt. Not
+				// this attempt's to hand on; the lease lapses by itself.
+				status = claim.LeaseLost
+				d.finished(ctx, cl, status, elapsed, errors.Join(err, claim.ErrLeaseLost))
+				endRun(span, status, err)
+				return status
+			}
 			status = d.retryLater(ctx, j, cl, status, elapsed, err)
 			endRun(span, status, err)
 			return status
