@@ -94,15 +94,23 @@ func (f *fleet) executions(job string) []handled {
 	return out
 }
 
-// Under buffer-one, on every real backend: one instant waits for the
-// running one and starts as it ends; an instant that finds one waiting is
-// skipped; no two runs overlap. Under replace: each instant revokes the
-// run before it, whichever replica holds it, whose handler is cancelled
-// with ErrLeaseLost and whose run ends skipped (replaced); then it runs.
-func TestOverlapPoliciesAcrossReplicasOnRealBackends(t *testing.T) {
+// On every real backend, with three replicas as goroutines on their own
+// clients, one fleet runs four jobs at once:
+//   - buffer-one: one instant waits for the running one and starts as it
+//     ends; an instant that finds one waiting is skipped; no two overlap;
+//   - replace: each instant revokes the run before it, whichever replica
+//     holds it, whose handler is cancelled with ErrLeaseLost and whose run
+//     ends skipped (replaced); then it runs;
+//   - retries: each instant of a job failing twice runs three attempts,
+//     each after its backoff, under growing fences, and succeeds once;
+//   - jitter: each run starts once, at its instant plus the offset every
+//     replica hashes alike, never before it, under the instant's run id.
+func TestRunSemanticsAcrossReplicasOnRealBackends(t *testing.T) {
 	if testing.Short() {
 		t.Skip("wall-clock test: 14s")
 	}
+	const backoff = 200 * time.Millisecond
+	const jitter = 1500 * time.Millisecond
 	testenv.WallClock(t)
 	var all sync.WaitGroup
 	defer all.Wait()
@@ -110,8 +118,17 @@ func TestOverlapPoliciesAcrossReplicasOnRealBackends(t *testing.T) {
 		all.Go(func() {
 			t.Run(kind, func(t *testing.T) {
 				var mu sync.Mutex
-				cancelled := map[string]error{} // replace's handlers, by run id: the cause
+				cancelled := map[string]error{}   // replace's handlers, by run id: the cause
+				started := map[string]time.Time{} // spread's, by run id: the wall clock
+				spread := mustSchedule(t, "@every 2s")
 				jobs := []runner.Job{
+					{Name: "flaky", Schedule: mustSchedule(t, "@every 3s"), Handler: failUntil(3), MaxAttempts: 3, Backoff: backoff},
+					{Name: "spread", Schedule: spread, Jitter: jitter, Handler: func(ctx context.Context, run job.Run) error {
+						mu.Lock()
+						defer mu.Unlock()
+						started[run.ID] = time.Now()
+						return nil
+					}},
 					{Name: "buffer", Schedule: mustSchedule(t, "@every 1s"), Overlap: runner.OverlapBufferOne,
 						Handler: func(ctx context.Context, run job.Run) error {
 							select {
@@ -130,9 +147,54 @@ func TestOverlapPoliciesAcrossReplicasOnRealBackends(t *testing.T) {
 						}},
 				}
 				f := newFleet(t, kind, jobs)
+				begin := time.Now()
 				f.start("r0", "r1", "r2")
 				time.Sleep(14 * time.Second)
+				end := time.Now()
 				f.stop()
+				var expected []claim.Run
+
+				// retries: three attempts, each after its backoff, one success.
+				flaky := mustSchedule(t, "@every 3s")
+				for at := flaky.Next(begin.Add(time.Second)); at.Before(end.Add(-2 * time.Second)); at = flaky.Next(at) {
+					run := claim.Run{Job: "flaky", At: at}
+					expected = append(expected, run)
+					checkAttempts(t, f.led, run.ID(), 3, backoff)
+					ok := 0
+					for _, x := range f.led.finishes(run.ID()) {
+						if x.Status == claim.Succeeded {
+							ok++
+						}
+					}
+					if ok != 1 {
+						t.Errorf("%s succeeded %d times, want once", run.ID(), ok)
+					}
+				}
+
+				// jitter: each start at its hashed offset, never before it.
+				var widest time.Duration
+				for at := spread.Next(begin.Add(time.Second)); at.Before(end.Add(-3 * time.Second)); at = spread.Next(at) {
+					run := claim.Run{Job: "spread", At: at}
+					expected = append(expected, run)
+					if n := len(f.led.starts(run.ID())); n != 1 {
+						t.Errorf("%s started %d times, want once", run.ID(), n)
+						continue
+					}
+					fire := spread.Jittered("spread", at, jitter)
+					widest = max(widest, fire.Sub(at))
+					mu.Lock()
+					s := started[run.ID()]
+					mu.Unlock()
+					// Claims hold back up to Lease/10 for fairness; a loaded
+					// machine adds more, never a start before the offset.
+					if lag := s.Sub(fire); lag < 0 || lag > time.Second {
+						t.Errorf("%s started %v after its jittered start %v (offset %v), want within [0, 1s)",
+							run.ID(), lag, fire.Format("15:04:05.000"), fire.Sub(at))
+					}
+				}
+				if widest < 300*time.Millisecond {
+					t.Errorf("spread: the widest offset was %v: the jitter was not applied", widest)
+				}
 
 				// buffer-one: back to back, never overlapping, some skipped.
 				xs := f.executions("buffer")
@@ -185,7 +247,7 @@ func TestOverlapPoliciesAcrossReplicasOnRealBackends(t *testing.T) {
 				if len(holders) < 2 && len(rs) > 3 {
 					t.Logf("replace: every replaced run was held by one replica (%v)", holders)
 				}
-				f.led.check(t, history.Spec{Forbid: map[string]bool{"buffer": true, "replace": true}})
+				f.led.check(t, history.Spec{Forbid: map[string]bool{"buffer": true, "replace": true, "flaky": true, "spread": true}, Expected: expected})
 			})
 		})
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -14,8 +13,6 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
-	"github.com/scheduler-dev/scheduler/internal/testenv"
-	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
@@ -170,68 +167,4 @@ func TestRetriesAndTakeoversShareMaxAttempts(t *testing.T) {
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"shared": true}})
 	})
-}
-
-// On every real backend, with replicas as goroutines on their own clients,
-// each instant of a job failing twice runs three attempts, each after its
-// backoff, under growing fences, and succeeds once.
-func TestRetriesAcrossReplicasOnRealBackends(t *testing.T) {
-	if testing.Short() {
-		t.Skip("wall-clock test: 12s")
-	}
-	testenv.WallClock(t)
-	const backoff = 200 * time.Millisecond
-	var all sync.WaitGroup
-	defer all.Wait()
-	for _, kind := range backends.Kinds {
-		all.Go(func() {
-			t.Run(kind, func(t *testing.T) {
-				open := backends.Open(t, kind)
-				led := newLedger()
-				jobs := []runner.Job{{Name: "flaky", Schedule: mustSchedule(t, "@every 3s"), Handler: failUntil(3),
-					MaxAttempts: 3, Backoff: backoff}}
-				ctx, cancel := context.WithCancel(context.Background())
-				var wg sync.WaitGroup
-				begin := time.Now()
-				for i := range 3 {
-					name := fmt.Sprintf("r%d", i)
-					b := open(name)
-					r, err := runner.New(runner.Options{
-						Claimer: led.claimer(name, b.Claimer), ClaimerName: kind, Instance: name,
-						Controls: control.New(b.Controls, nil), Lease: 2 * time.Second,
-						MaxClockSkew: 500 * time.Millisecond, Observe: led.observer(name),
-					}, jobs)
-					if err != nil {
-						t.Fatal(err)
-					}
-					wg.Go(func() { _ = r.Run(ctx) })
-				}
-				time.Sleep(12 * time.Second)
-				end := time.Now()
-				cancel()
-				wg.Wait()
-
-				sched := mustSchedule(t, "@every 3s")
-				var expected []claim.Run
-				for at := sched.Next(begin.Add(time.Second)); at.Before(end.Add(-2 * time.Second)); at = sched.Next(at) {
-					run := claim.Run{Job: "flaky", At: at}
-					expected = append(expected, run)
-					checkAttempts(t, led, run.ID(), 3, backoff)
-					var ok int
-					for _, f := range led.finishes(run.ID()) {
-						if f.Status == claim.Succeeded {
-							ok++
-						}
-					}
-					if ok != 1 {
-						t.Errorf("%s succeeded %d times, want once", run.ID(), ok)
-					}
-				}
-				if len(expected) < 2 {
-					t.Fatalf("checked %d instants, want at least 2", len(expected))
-				}
-				led.check(t, history.Spec{Forbid: map[string]bool{"flaky": true}, Expected: expected})
-			})
-		})
-	}
 }
