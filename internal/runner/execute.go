@@ -263,7 +263,15 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 		cancel()
 		if err == nil {
 			now := backendNow()
+			// Every replica must order two runs alike, so this run's own
+			// record, which they read too, places it where it is found;
+			// the grant's reply, only where it is not (not yet listed).
 			mine := firstChance(j.fire(cl.Run.At), grantedAt)
+			for _, rec := range recs {
+				if rec.RunID == cl.ID() && rec.Fence == cl.Fence {
+					mine = firstChance(j.fire(cl.Run.At), rec.StartedAt)
+				}
+			}
 			var owners []claim.Record
 			for _, rec := range recs {
 				if rec.RunID == cl.ID() || rec.Status != claim.Running || !rec.LeaseUntil.After(now) {
