@@ -299,6 +299,11 @@ type event struct {
 	Duration    *int64    `json:"duration_ms"`
 	Count       int       `json:"count"`
 	RequestID   string    `json:"request_id"`
+	// PreviousRunID and PreviousHolder name the run a later instant waits
+	// for or replaces (overlap buffer-one and replace).
+	PreviousRunID  string `json:"previous_run_id"`
+	PreviousHolder string `json:"previous_holder"`
+	From           string `json:"from"` // the first instant a catch-up runs
 }
 
 func readEvents(t *testing.T, dir string, names ...string) []event {
