@@ -3,6 +3,7 @@ package control_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,15 +125,16 @@ func TestDriftEntriesComeWithTheSnapshot(t *testing.T) {
 	}
 }
 
-// listCounter counts the entries each List hands back.
+// listCounter counts the entries each List hands back (Snapshot lists
+// concurrently).
 type listCounter struct {
 	claim.Controls
-	listed int
+	listed atomic.Int64
 }
 
 func (l *listCounter) List(ctx context.Context, prefix string) ([]claim.Control, error) {
 	cs, err := l.Controls.List(ctx, prefix)
-	l.listed += len(cs)
+	l.listed.Add(int64(len(cs)))
 	return cs, err
 }
 
@@ -157,7 +159,7 @@ func TestSnapshotReadsOnlyWhatATickHonours(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	reg.listed = 0
+	reg.listed.Store(0)
 	snap, err := st.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +167,7 @@ func TestSnapshotReadsOnlyWhatATickHonours(t *testing.T) {
 	if !snap.Pauses.Paused("a") || len(snap.Requests) != 1 || len(snap.Revoked) != 1 {
 		t.Fatalf("snapshot = %+v, want the pause, the request and the revocation", snap)
 	}
-	if reg.listed != 3 {
-		t.Errorf("the tick read %d entries, want the 3 it honours (not the attempts, nor the reserved instant)", reg.listed)
+	if n := reg.listed.Load(); n != 3 {
+		t.Errorf("the tick read %d entries, want the 3 it honours (not the attempts, nor the reserved instant)", n)
 	}
 }
