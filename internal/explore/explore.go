@@ -140,10 +140,12 @@ func (w *world) workload() []jobDef {
 		// Runs longer than their period: one instant waits for the running
 		// one, the others are skipped; after an outage the missed ones are
 		// caught up in turn.
+		// (Work scales with the lease, as the time a run may wait for the
+		// one before it must fit the quiet end of the history.)
 		{name: "queue", spec: "@every 2s", overlap: runner.OverlapBufferOne, misfire: runner.MisfireRunAll, grace: 20 * time.Second, maxCatchup: 3,
-			work: span(time.Second, 3*time.Second)},
+			work: span(l/3, l)},
 		// Each instant revokes the run before it, wherever it runs.
-		{name: "swap", spec: "@every 3s", overlap: runner.OverlapReplace, misfire: runner.MisfireSkip, work: span(2*time.Second, 5*time.Second)},
+		{name: "swap", spec: "@every 3s", overlap: runner.OverlapReplace, misfire: runner.MisfireSkip, work: span(2*l/3, 5*l/3)},
 	}
 }
 
