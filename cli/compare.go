@@ -49,6 +49,7 @@ func (e *env) compare(args []string) int {
 	pgBin := fs.String("postgres-bin", "", "`DIR` of initdb and postgres for the private cluster a postgres-restart cell crashes (none: initdb on PATH, else pg_config --bindir)")
 	redisAddr := fs.String("redis-addr", "", "Redis `ADDR` for redis cells (none: a private redis-server per cell)")
 	redlockAddrs := fs.String("redlock-addrs", "", "Redis node `ADDRS` for redlock, comma-separated (none: 3 private nodes per cell)")
+	etcdEndpoints := fs.String("etcd-endpoints", "", "etcd member `ADDRS` for etcd cells, comma-separated (none: a private 3-member cluster per cell)")
 	tempDir := fs.String("temp-dir", "", "`DIR` for the cells' SQLite files and private PostgreSQL cluster (none: the system's temp dir); SQLite syncs every commit, so put it on the disk you would deploy on")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
@@ -66,7 +67,7 @@ func (e *env) compare(args []string) int {
 		Claimers: splitList(*claimers), Faults: scenarios, Replicas: *replicas, Jobs: *jobs,
 		Duration: *duration, Lease: *lease, MaxClockSkew: *skew, Seed: *seed, Parallel: *parallel,
 		PostgresDSN: *dsn, PostgresBin: *pgBin, RedisAddr: *redisAddr, RedlockAddrs: splitList(*redlockAddrs),
-		TempDir: *tempDir, Progress: e.stderr, TTY: isTerminal(e.stderr),
+		EtcdEndpoints: splitList(*etcdEndpoints), TempDir: *tempDir, Progress: e.stderr, TTY: isTerminal(e.stderr),
 	}
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64N(1<<31) + 1

@@ -372,8 +372,8 @@ func parseInstant(s string) (time.Time, error) {
 
 // checkBackfillRetention refuses a range that reaches past what the
 // backend remembers of finished runs: a run forgotten there would look
-// never run and run again. Redis and Redlock forget a run done_ttl after
-// it ended; the SQL backends keep runs until `scheduler prune`, whose
+// never run and run again. Redis, Redlock and etcd forget a run done_ttl
+// after it ended; the SQL backends keep runs until `scheduler prune`, whose
 // shortest age is pruneFloor.
 func checkBackfillRetention(cfg *config.Config, from, now time.Time) error {
 	var ttl time.Duration
@@ -383,6 +383,8 @@ func checkBackfillRetention(cfg *config.Config, from, now time.Time) error {
 		ttl, key = cfg.Claimer.Redis.DoneTTL.Duration(), "claimer.redis.done_ttl"
 	case config.ClaimerRedlock:
 		ttl, key = cfg.Claimer.Redlock.DoneTTL.Duration(), "claimer.redlock.done_ttl"
+	case config.ClaimerEtcd:
+		ttl, key = cfg.Claimer.Etcd.DoneTTL.Duration(), "claimer.etcd.done_ttl"
 	default:
 		return nil
 	}

@@ -21,13 +21,14 @@ const (
 	KindPostgres = config.ClaimerPostgres
 	KindRedis    = config.ClaimerRedis
 	KindRedlock  = config.ClaimerRedlock
+	KindEtcd     = config.ClaimerEtcd
 	KindSQLite   = config.ClaimerSQLite
 	KindMemory   = config.ClaimerMemory
 	KindBroken   = "broken"
 )
 
 // Kinds are the claimer kinds a user picks from (KindBroken aside).
-var Kinds = []string{KindPostgres, KindRedis, KindRedlock, KindSQLite, KindMemory}
+var Kinds = []string{KindPostgres, KindRedis, KindRedlock, KindEtcd, KindSQLite, KindMemory}
 
 // redlockNodes is how many redis-server nodes compare starts for redlock
 // when --redlock-addrs is not given.
@@ -124,6 +125,28 @@ var services = map[string]service{
 			var err error
 			c.Redlock.Addrs, err = ns.redisServers(ctx, o, redlockNodes)
 			return err
+		}},
+	KindEtcd: {network: true,
+		// locate uses --etcd-endpoints or a private 3-member cluster
+		// (internal/procs) in a fresh directory under --temp-dir.
+		locate: func(ctx context.Context, o *Options, ns *namespace, c *config.Claimer, _ bool) error {
+			c.Etcd.Prefix = "" // the namespace's name is the prefix
+			if len(o.EtcdEndpoints) > 0 {
+				c.Etcd.Endpoints = o.EtcdEndpoints
+				return nil
+			}
+			dir, err := os.MkdirTemp(o.TempDir, "scheduler-compare-etcd-*")
+			if err != nil {
+				return err
+			}
+			ns.closers = append(ns.closers, func() { _ = os.RemoveAll(dir) })
+			e, err := procs.StartEtcd(ctx, procs.EtcdOptions{Dir: dir})
+			if err != nil {
+				return privateErr("private etcd cluster", " (give --etcd-endpoints)", err)
+			}
+			ns.closers = append(ns.closers, e.Close)
+			c.Etcd.Endpoints = e.Endpoints()
+			return nil
 		}},
 }
 

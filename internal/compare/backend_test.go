@@ -30,6 +30,12 @@ func TestReplicasOpenThroughTheOpener(t *testing.T) {
 			return &Options{}
 		},
 		KindPostgres: func(t *testing.T) *Options { return &Options{PostgresDSN: testenv.PostgresDSN(t)} },
+		KindEtcd: func(t *testing.T) *Options {
+			if _, err := exec.LookPath("etcd"); err != nil {
+				testenv.Missing(t, "etcd", "not on PATH: etcd cells start a private cluster")
+			}
+			return &Options{TempDir: testenv.FastDir(t)}
+		},
 	}
 	for _, kind := range Kinds {
 		for _, scenario := range []faultSet{{FaultNone}, {FaultPartition}} {

@@ -60,6 +60,9 @@ type Options struct {
 	RedisAddr    string   // "": compare starts its own redis-server per cell
 	RedlockAddrs []string // empty: compare starts 3 redis-server nodes per cell
 	RedisServer  string   // redis-server binary; "": looked up on PATH
+	// EtcdEndpoints are a cluster's members; empty: compare starts a
+	// private 3-member cluster per cell.
+	EtcdEndpoints []string
 	// PostgresBin is the directory of initdb and postgres, for the private
 	// cluster a postgres-restart cell crashes; "": initdb on PATH, else
 	// pg_config --bindir.

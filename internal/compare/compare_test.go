@@ -283,7 +283,7 @@ func TestBadUsageExits2NamingTheFlag(t *testing.T) {
 	}{
 		{[]string{"--faults", "pause,meteor"}, `unknown fault "meteor"`},
 		{[]string{"--faults", "skew+skew-beyond"}, "contradict"},
-		{[]string{"--claimers", "memory,etcd"}, `unknown claimer "etcd"`},
+		{[]string{"--claimers", "memory,zookeeper"}, `unknown claimer "zookeeper"`},
 		{[]string{"--claimers", "memory", "--replicas", "1"}, "--replicas 1"},
 		{[]string{"--claimers", "memory", "--jobs", "2"}, "--jobs 2"},
 		{[]string{"--claimers", "memory", "--duration", "5s"}, "--duration 5s"},

@@ -25,6 +25,7 @@ const (
 	ClaimerPostgres = "postgres"
 	ClaimerRedis    = "redis"
 	ClaimerRedlock  = "redlock"
+	ClaimerEtcd     = "etcd"
 	ClaimerSQLite   = "sqlite"
 	ClaimerMemory   = "memory"
 )
@@ -101,6 +102,7 @@ type Claimer struct {
 	Postgres Postgres `yaml:"postgres"` // used when Kind is postgres
 	Redis    Redis    `yaml:"redis"`    // used when Kind is redis
 	Redlock  Redlock  `yaml:"redlock"`  // used when Kind is redlock
+	Etcd     Etcd     `yaml:"etcd"`     // used when Kind is etcd
 	SQLite   SQLite   `yaml:"sqlite"`   // used when Kind is sqlite
 }
 
@@ -163,6 +165,24 @@ type Redlock struct {
 	AllowUnsafeNodeCount bool `yaml:"allow_unsafe_node_count"`
 }
 
+// Etcd configures the etcd claimer: one etcd cluster (v3 API).
+type Etcd struct {
+	// Endpoints are the members' client host:port. Required.
+	Endpoints []string `yaml:"endpoints"`
+	// Username and Password (or PasswordFile) authenticate to the cluster.
+	Username     string `yaml:"username"`
+	Password     Secret `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+	// Prefix starts every key. Default "scheduler/".
+	Prefix string `yaml:"prefix"`
+	// DoneTTL is how long a finished run's record stops late replicas
+	// from running it again. Default 48h.
+	DoneTTL Duration `yaml:"done_ttl"`
+	// DialTimeout bounds the authentication at start-up. Default 5s.
+	DialTimeout Duration `yaml:"dial_timeout"`
+	TLS         TLS      `yaml:"tls"`
+}
+
 // SQLite configures the sqlite claimer.
 type SQLite struct {
 	// Path of the database file, shared by every process on the host.
@@ -182,7 +202,7 @@ const (
 	SyncNormal = "normal"
 )
 
-// TLS configures a client connection to Redis.
+// TLS configures a client connection to Redis or etcd.
 type TLS struct {
 	Enabled bool `yaml:"enabled"`
 	// CAFile is a PEM bundle to verify the server with; empty uses the

@@ -72,7 +72,7 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 		{"CronGarbage", "claimer:\n" + rd + job("    schedule: every tuesday\n"), "jobs.billing.nightly.schedule", "every tuesday", ""},
 		{"UnknownTimeZone", "claimer:\n" + rd + job("    schedule: '@daily'\n    timezone: Mars/Olympus\n"), "jobs.billing.nightly.timezone", "Mars/Olympus", "unknown time zone"},
 		{"LocalTimeZone", "claimer:\n" + rd + job("    schedule: '@daily'\n    timezone: Local\n"), "jobs.billing.nightly.timezone", "Local", "differs between replicas"},
-		{"UnknownClaimerKind", "claimer:\n  kind: etcd\n" + pg, "claimer.kind", "etcd", "want postgres, redis"},
+		{"UnknownClaimerKind", "claimer:\n  kind: zookeeper\n" + pg, "claimer.kind", "zookeeper", "want postgres, redis"},
 		{"PostgresWithoutDSN", "claimer:\n  kind: postgres\n" + rd, "claimer.postgres.dsn", "", "missing"},
 		{"InvalidURLDSN", "claimer:\n  kind: postgres\n  postgres:\n    dsn: postgres://app:" + secret + "@db:port/app\n", "claimer.postgres.dsn", "postgres://app:xxxxx@db:port/app", "invalid DSN"},
 		{"InvalidKeyValueDSN", "claimer:\n  kind: postgres\n  postgres:\n    dsn: host=db password=" + secret + " port=abc\n", "claimer.postgres.dsn", "host=db password=xxxxx port=abc", "invalid DSN"},
@@ -186,7 +186,7 @@ jobs:
 func TestLoadReportsEveryProblemAtOnce(t *testing.T) {
 	_, _, err := load(t, `
 claimer:
-  kind: etcd
+  kind: zookeeper
 log:
   level: loud
 jobs:

@@ -28,6 +28,7 @@ var (
 				// sane lease.
 				NodeTimeout: Duration(50 * time.Millisecond),
 			},
+			Etcd:   Etcd{Prefix: "scheduler/", DoneTTL: Duration(48 * time.Hour), DialTimeout: Duration(5 * time.Second)},
 			SQLite: SQLite{Path: "./scheduler.db", Synchronous: SyncFull},
 		},
 		HTTP:          HTTP{Addr: ":8080"},

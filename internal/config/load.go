@@ -148,5 +148,6 @@ func (c *Config) readSecrets(p *problems) {
 	read("claimer.postgres", cl.Postgres.PasswordFile, &cl.Postgres.Password, hasPassword(cl.Postgres.DSN), cl.Kind == ClaimerPostgres)
 	read("claimer.redis", cl.Redis.PasswordFile, &cl.Redis.Password, cl.Redis.Password != "", cl.Kind == ClaimerRedis)
 	read("claimer.redlock", cl.Redlock.PasswordFile, &cl.Redlock.Password, cl.Redlock.Password != "", cl.Kind == ClaimerRedlock)
+	read("claimer.etcd", cl.Etcd.PasswordFile, &cl.Etcd.Password, cl.Etcd.Password != "", cl.Kind == ClaimerEtcd)
 	read("http.token_file", c.HTTP.TokenFile, &c.HTTP.Token, c.HTTP.Token != "", true)
 }

@@ -97,8 +97,8 @@ func (c *Config) Validate(registered func(job string) bool) error {
 func (c *Config) validateClaimer(p *problems) {
 	cl := &c.Claimer
 	kind := cl.Kind
-	if !oneOf(kind, ClaimerPostgres, ClaimerRedis, ClaimerRedlock, ClaimerSQLite, ClaimerMemory) {
-		p.add("claimer.kind", kind, "unknown kind; want postgres, redis, redlock, sqlite or memory")
+	if !oneOf(kind, ClaimerPostgres, ClaimerRedis, ClaimerRedlock, ClaimerEtcd, ClaimerSQLite, ClaimerMemory) {
+		p.add("claimer.kind", kind, "unknown kind; want postgres, redis, redlock, etcd, sqlite or memory")
 	}
 	leaseOK := positive(p, "claimer.lease", cl.Lease)
 	if positive(p, "claimer.renew_every", cl.RenewEvery) && leaseOK && cl.RenewEvery >= cl.Lease {
@@ -179,12 +179,47 @@ func (c *Config) validateClaimer(p *problems) {
 		checkTLS(p, "claimer.redlock.tls", rl.TLS)
 	}
 
+	c.validateEtcd(p)
+
 	if kind == ClaimerSQLite && cl.SQLite.Path == "" {
 		p.add("claimer.sqlite.path", "", "missing (required when claimer.kind is sqlite)")
 	}
 	if !oneOf(cl.SQLite.Synchronous, SyncFull, SyncNormal) {
 		p.add("claimer.sqlite.synchronous", cl.SQLite.Synchronous, "want full or normal")
 	}
+}
+
+func (c *Config) validateEtcd(p *problems) {
+	e, kind := c.Claimer.Etcd, c.Claimer.Kind
+	if len(e.Endpoints) == 0 && kind == ClaimerEtcd {
+		p.add("claimer.etcd.endpoints", "", "missing (required when claimer.kind is etcd)")
+	}
+	seen := map[string]int{}
+	for i, a := range e.Endpoints {
+		key := fmt.Sprintf("claimer.etcd.endpoints[%d]", i)
+		if err := checkAddr(a, false); err != nil {
+			p.add(key, a, "%v (TLS is claimer.etcd.tls)", err)
+		}
+		norm := strings.ToLower(strings.TrimSpace(a))
+		if j, dup := seen[norm]; dup {
+			p.add(key, a, "duplicate of endpoints[%d]", j)
+		}
+		seen[norm] = i
+	}
+	if kind != ClaimerEtcd {
+		return
+	}
+	if e.Username == "" && (e.Password != "" || e.PasswordFile != "") {
+		p.add("claimer.etcd.username", "", "missing: a password needs a user name")
+	}
+	if positive(p, "claimer.etcd.done_ttl", e.DoneTTL) {
+		c.checkDoneTTL(p, "claimer.etcd.done_ttl", e.DoneTTL)
+	}
+	positive(p, "claimer.etcd.dial_timeout", e.DialTimeout)
+	if e.Prefix == "" {
+		p.add("claimer.etcd.prefix", "", "must not be empty: the claimer would share the cluster's whole key space")
+	}
+	checkTLS(p, "claimer.etcd.tls", e.TLS)
 }
 
 // checkDoneTTL: a done marker must outlive every window in which a replica

@@ -62,6 +62,8 @@ func hintFor(service string) string {
 		env = EnvRedisAddr
 	case "redis-server":
 		return fmt.Sprintf("install it (.ci/run does), or set %s to running nodes", EnvRedlockAddrs)
+	case "etcd":
+		return fmt.Sprintf("install etcd-server (.ci/run does), or set %s to running members", EnvEtcdEndpoints)
 	default:
 		return "install it (.ci/run installs what the tests need)"
 	}

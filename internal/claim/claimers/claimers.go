@@ -95,6 +95,7 @@ var drivers = map[string]driver{
 	config.ClaimerPostgres: postgresDriver,
 	config.ClaimerRedis:    redisDriver,
 	config.ClaimerRedlock:  redlockDriver,
+	config.ClaimerEtcd:     etcdDriver,
 }
 
 // Kinds lists the claimer kinds, sorted.

@@ -1,0 +1,246 @@
+// Package etcd is a claim.Claimer on an etcd cluster (v3 API,
+// go.etcd.io/etcd/client/v3). A replica wins a run by creating the run's
+// live key under an etcd lease, in a transaction that also writes the
+// run's record; etcd deletes the key when the lease expires, and the run
+// can then be taken over. Leases are measured by the cluster's leader,
+// never by a replica, in whole seconds and at least 1.5 election timeouts
+// (2s at etcd's defaults): a shorter lease, such as a retry's backoff, is
+// held that long. Fences are etcd revisions, which grow with every write
+// and survive restarts and leader changes. See keys.go for the key space.
+//
+// A claim costs two round trips (a lease grant, then the transaction), a
+// takeover three, a renewal two, a release one; a batch of runs shares
+// them. Times in records are the writing replica's clock: etcd offers
+// none.
+//
+// Operating the cluster: every claim, renewal and release is a write, and
+// etcd keeps old revisions until it compacts them, so run it with
+// auto-compaction (--auto-compaction-retention); nothing here reads an
+// old revision. A cluster restored from a snapshot goes back to the
+// snapshot's revision, and fences with it: restore with a revision bump
+// (etcdutl snapshot restore --bump-revision) above every fence handed out.
+package etcd
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Options configure a Claimer.
+type Options struct {
+	// Instance is the holder id written into claims.
+	Instance string
+	// Prefix starts every key (default "scheduler/").
+	Prefix string
+	// DoneTTL is how long a finished run's record is kept, so that a
+	// late replica finds it done (default 48h).
+	DoneTTL time.Duration
+}
+
+// Claimer grants claims through keys of an etcd cluster. It is safe for
+// concurrent use.
+type Claimer struct {
+	cli      *clientv3.Client
+	instance string
+	keys     keyspace
+	done     *doneLease
+}
+
+var _ claim.Claimer = (*Claimer)(nil)
+
+// New returns a Claimer on cli, which it owns: Close closes it.
+func New(cli *clientv3.Client, o Options) *Claimer {
+	if cli == nil {
+		panic("etcd: nil client")
+	}
+	return &Claimer{cli: cli, instance: o.Instance, keys: keyspace(cmp.Or(o.Prefix, "scheduler/")),
+		done: newDoneLease(cmp.Or(o.DoneTTL, 48*time.Hour))}
+}
+
+// maxRounds bounds how often one Claim call bids again for a run that
+// changed under it (a takeover read, then lost to another replica's).
+const maxRounds = 4
+
+// bid is one run's next try in a Claim call: to create its record
+// (modRev 0), or to take over the record read at modRev.
+type bid struct {
+	i       int // index in the call's runs
+	run     claim.Run
+	modRev  int64
+	attempt int
+}
+
+// Claim implements claim.Claimer. It grants one lease for the batch, then
+// sends each chunk of runs as one transaction of nested ones, one per
+// run: if the live key is absent and the record is as last read (absent
+// on the first round), create the live key under the lease and write the
+// record; else read both. A run whose record shows it was handed back or
+// its lease ran out is bid for again, with attempt+1, in a second round.
+func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	claims := make([]*claim.Claim, len(runs))
+	errs, valid := claim.CheckClaimBatch(ctx, runs, lease)
+	if len(valid) == 0 {
+		return claims, errs
+	}
+	fail := func(bids []bid, err error) {
+		for _, b := range bids {
+			errs[b.i] = fmt.Errorf("claim %s: %w", b.run.ID(), err)
+		}
+	}
+	bids := make([]bid, len(valid))
+	for k, i := range valid {
+		bids[k] = bid{i: i, run: claim.Run{Job: runs[i].Job, At: runs[i].At.UTC()}, attempt: 1}
+	}
+	// The lease starts when the leader applies the grant, after this;
+	// the holder's trust window counts from here.
+	requested := time.Now()
+	g, err := c.cli.Grant(ctx, leaseSeconds(lease))
+	if err != nil {
+		fail(bids, c.translate(ctx, err))
+		return claims, errs
+	}
+	for round := 0; len(bids) > 0; round++ {
+		if round == maxRounds {
+			fail(bids, fmt.Errorf("%w: it changed hands while this replica bid", claim.ErrHeld))
+			break
+		}
+		var next []bid
+		for start := 0; start < len(bids); start += maxOps {
+			chunk := bids[start:min(start+maxOps, len(bids))]
+			ops := make([]clientv3.Op, len(chunk))
+			tokens := make([]string, len(chunk))
+			for k, b := range chunk {
+				tokens[k] = newToken(requested)
+				ops[k] = c.bidOp(b, tokens[k], int64(k), requested, lease, g.ID)
+			}
+			resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+			if err != nil {
+				// Grants of earlier chunks stand; nothing of this one
+				// or later ones is known to.
+				fail(append(next, bids[start:]...), c.translate(ctx, err))
+				return claims, errs
+			}
+			for k, b := range chunk {
+				tr := resp.Responses[k].GetResponseTxn()
+				switch {
+				case tr == nil:
+					errs[b.i] = fmt.Errorf("claim %s: etcd: malformed transaction response", b.run.ID())
+				case tr.Succeeded:
+					claims[b.i] = &claim.Claim{Run: b.run, Token: tokens[k], Holder: c.instance,
+						Fence: fenceOf(resp.Header.Revision, int64(k)), Attempt: b.attempt,
+						Deadline: requested.Add(lease).UTC(), Requested: requested, Lease: lease}
+				default:
+					if again, err := c.judge(b, tr.Responses); err != nil {
+						errs[b.i] = fmt.Errorf("claim %s: %w", b.run.ID(), err)
+					} else {
+						next = append(next, again)
+					}
+				}
+			}
+		}
+		bids = next
+	}
+	return claims, errs
+}
+
+// bidOp is b's nested transaction.
+func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease time.Duration, id clientv3.LeaseID) clientv3.Op {
+	live, rec := c.keys.live(b.run), c.keys.record(b.run)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(live), "=", 0)}
+	if b.modRev == 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(rec), "=", 0))
+	} else {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(rec), "=", b.modRev))
+	}
+	r := record{Job: b.run.Job, At: b.run.At, Status: claim.Running, Token: token, Holder: c.instance,
+		Slot: slot, Attempt: b.attempt, StartedAt: start.UTC(), LeaseUntil: start.Add(lease).UTC()}
+	return clientv3.OpTxn(cmps,
+		[]clientv3.Op{clientv3.OpPut(live, token, clientv3.WithLease(id)), clientv3.OpPut(rec, r.encode())},
+		[]clientv3.Op{clientv3.OpGet(live), clientv3.OpGet(rec)})
+}
+
+// judge reads a lost bid's live key and record: held, done, or worth
+// another bid.
+func (c *Claimer) judge(b bid, got []*pb.ResponseOp) (bid, error) {
+	if len(got) != 2 {
+		return bid{}, fmt.Errorf("etcd: malformed transaction response")
+	}
+	live, recs := got[0].GetResponseRange().GetKvs(), got[1].GetResponseRange().GetKvs()
+	switch {
+	case len(live) > 0:
+		return bid{}, claim.ErrHeld
+	case len(recs) == 0:
+		// Its finished record expired (done_ttl) since: a fresh run.
+		return bid{i: b.i, run: b.run, attempt: 1}, nil
+	}
+	r, err := decodeRecord(string(recs[0].Key), recs[0].Value)
+	switch {
+	case err != nil:
+		return bid{}, err
+	case !r.Status.Live():
+		return bid{}, claim.ErrDone
+	}
+	// Handed back, or its lease ran out and etcd deleted the live key.
+	return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, attempt: r.Attempt + 1}, nil
+}
+
+// Renew implements claim.Claimer. An etcd lease can be neither shortened
+// nor given another TTL, so a renewal grants a new lease and moves the
+// live key onto it, in a transaction that compares the key's token. The
+// old lease expires on its own, holding nothing.
+//
+// A renewal after the claim's lease ran out on this replica's monotonic
+// clock (Requested+Lease) is refused without asking: etcd deletes an
+// expired key only when the leader revokes its lease, a moment later,
+// and a renewal in between would revive a claim its holder has stopped
+// trusting.
+func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	if err := claim.CheckRenew(cl, lease); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	requested := time.Now()
+	if !requested.Before(cl.Requested.Add(cl.Lease)) {
+		return fmt.Errorf("renew %s: %w: its %v lease ran out", cl.ID(), claim.ErrLeaseLost, cl.Lease)
+	}
+	g, err := c.cli.Grant(ctx, leaseSeconds(lease))
+	if err != nil {
+		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
+	}
+	r := recordOf(cl, claim.Running)
+	r.LeaseUntil = requested.Add(lease).UTC()
+	live := c.keys.live(cl.Run)
+	resp, err := c.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(live), "=", cl.Token)).
+		Then(clientv3.OpPut(live, cl.Token, clientv3.WithLease(g.ID)), clientv3.OpPut(c.keys.record(cl.Run), r.encode())).
+		Commit()
+	switch {
+	case err != nil:
+		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
+	case !resp.Succeeded:
+		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
+	}
+	cl.Requested, cl.Lease, cl.Deadline = requested, lease, r.LeaseUntil
+	return nil
+}
+
+// Ping implements claim.Claimer with a linearizable read, which only a
+// member in touch with a quorum answers.
+func (c *Claimer) Ping(ctx context.Context) error {
+	if _, err := c.cli.Get(ctx, c.keys.ping(), clientv3.WithCountOnly()); err != nil {
+		return fmt.Errorf("ping: %w", c.translate(ctx, err))
+	}
+	return nil
+}
+
+// Close implements claim.Claimer: it closes the client.
+func (c *Claimer) Close() error { return c.cli.Close() }
