@@ -4,8 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"testing"
-	"time"
 	"testing/synctest"
+	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
