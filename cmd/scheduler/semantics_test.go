@@ -220,7 +220,9 @@ func checkRetries(t *testing.T, dir, block string) {
 				moved++
 			}
 		}
-		if got := attemptsOf(retried[id]); !slices.Equal(got, []int{1, 2}) {
+		// Sorted: a replica logs its retry once its lease is cut, and the
+		// next attempt may fail on another one before that line is out.
+		if got := attemptsOf(retried[id]); !slices.Equal(slices.Sorted(slices.Values(got)), []int{1, 2}) {
 			t.Errorf("%s: retries scheduled after attempts %v, want [1 2]", id, got)
 		}
 		if f := finished[id]; len(f) != 1 || f[0].Status != string(claim.Succeeded) || f[0].Attempt != 3 {
