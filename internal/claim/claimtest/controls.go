@@ -152,8 +152,10 @@ func controlCases(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		open := newClaimers(t)
 		a, b := open("a"), open("b")
+		// Two seconds at least: two puts and a list must land before it
+		// expires on a loaded machine (300ms did not, once in CI).
 		short := claim.Control{Key: "request/short", Value: []byte("old"), Version: 1, First: true,
-			Expires: time.Now().Add(opts.Lease)}
+			Expires: time.Now().Add(max(opts.Lease, 2*time.Second))}
 		keep := claim.Control{Key: "request/keep", Value: []byte("keep"), Version: 1, First: true,
 			Expires: time.Now().Add(longLease)}
 		put(t, a, short)
