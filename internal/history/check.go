@@ -154,6 +154,14 @@ func (c *checker) index(events []Event) {
 			if h := c.holds[e.Token]; h != nil && h.released.IsZero() {
 				h.released, h.outcome = e.Sent, e.Status
 			}
+		case End:
+			// An attempt that ended retrying has returned and let its
+			// lease go (cut to the backoff, or left to lapse when the cut
+			// got no answer): its holder trusts it no further, whatever
+			// the backend still holds.
+			if h := c.holds[e.Token]; h != nil && e.Status == claim.Retrying && e.At.Before(h.until) {
+				h.until = e.At
+			}
 		}
 	}
 	slices.SortStableFunc(c.order, func(a, b *holding) int { return a.grant.At.Compare(b.grant.At) })

@@ -46,3 +46,25 @@ func has(vs []Violation, inv string) bool {
 	}
 	return false
 }
+
+// A retry whose lease cut got no answer (no renewal logged) may still have
+// cut the lease on the backend: the next attempt granted before the old
+// lease's end is no overlap, as the attempt had ended retrying first.
+func TestRetryAfterAnUnansweredCutIsNoGrantOverlap(t *testing.T) {
+	b := newBuilder().grant("a", "t1", runA, 1, 1)
+	b.event(Start, "a", "t1", runA, nil)
+	b.at(100*time.Millisecond).event(Return, "a", "t1", runA, func(e *Event) { e.Status = claim.Failed })
+	b.event(End, "a", "t1", runA, func(e *Event) { e.Status = claim.Retrying })
+	b.at(400*time.Millisecond).grant("b", "t2", runA, 2, 2) // within the grant's 1s lease
+	b.finish("b", "t2", runA, claim.Succeeded)
+	if vs := Check(b.evs, Spec{}); len(vs) != 0 {
+		t.Errorf("a retry after the attempt ended retrying was judged: %v", vs)
+	}
+	// Without the retrying end, the same grant is an overlap.
+	b = newBuilder().grant("a", "t1", runA, 1, 1)
+	b.event(Start, "a", "t1", runA, nil)
+	b.at(400*time.Millisecond).grant("b", "t2", runA, 2, 2)
+	if !has(Check(b.evs, Spec{}), GrantOverlap) {
+		t.Error("a grant within a live holder's lease was not judged grant-overlap")
+	}
+}
