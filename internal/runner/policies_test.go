@@ -302,18 +302,23 @@ func TestCatchUpAcrossReplicasOnRealBackends(t *testing.T) {
 					}
 					order = append(order, x.at)
 				}
-				want := fmt.Sprint(caught)
-				if got := fmt.Sprint(order); got != want {
-					t.Errorf("caught up %s, want the newest 3 missed, oldest first, each once: %s", got, want)
+				// Each replica counts the newest three from its own start: one
+				// that starts a second later may already see the first of them
+				// as older, and record it missed before the others run it. So
+				// the run ones are a tail of the newest three, at least two,
+				// oldest first, each once; every other outage instant is
+				// recorded missed, once, and never runs.
+				if len(order) < 2 || len(order) > 3 || fmt.Sprint(order) != fmt.Sprint(caught[3-len(order):]) {
+					t.Errorf("caught up %v, want the newest 3 missed (or the newest 2 of them), oldest first, each once: %v", order, caught)
 				}
 				skips := f.led.skipped()
-				for _, at := range missedAt[:len(missedAt)-3] {
+				for _, at := range missedAt[:len(missedAt)-len(order)] {
 					id := claim.Run{Job: "catchup", At: at}.ID()
 					if n := len(f.led.starts(id)); n != 0 {
-						t.Errorf("%s, older than the newest 3 missed, ran %d times", id, n)
+						t.Errorf("%s, older than the ones caught up, ran %d times", id, n)
 					}
-					if !slices.Contains(skips[id], runner.ReasonMissed) {
-						t.Errorf("%s: skipped %v, want recorded missed", id, skips[id])
+					if n := slices.Index(skips[id], runner.ReasonMissed); n < 0 || slices.Contains(skips[id][n+1:], runner.ReasonMissed) {
+						t.Errorf("%s: skipped %v, want recorded missed once", id, skips[id])
 					}
 				}
 				f.led.check(t, history.Spec{Forbid: map[string]bool{"catchup": true}})
