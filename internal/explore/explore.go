@@ -66,6 +66,8 @@ type Config struct {
 	// and requests runs now, some under a request id sent twice. Nil with
 	// Open nil: the memory store's; nil with Open set: no operator.
 	Controls claim.Controls
+	// Without leaves the named jobs out of the workload.
+	Without []string
 	// Mixed, when set, replaces the mixed config the seed would draw (see
 	// mixed.go); &Mixed{} runs one version of every job everywhere. With
 	// Plan set and Mixed nil, none is drawn: a pinned plan replays the
@@ -203,7 +205,7 @@ func Run(cfg Config) (*Result, error) {
 	}
 	w.cfg = cfg
 	w.log = history.NewLog(nil)
-	w.jobs = w.workload()
+	w.jobs = slices.DeleteFunc(w.workload(), func(j jobDef) bool { return slices.Contains(cfg.Without, j.name) })
 	for _, j := range w.jobs {
 		s, err := schedule.Parse(j.spec, "UTC")
 		if err != nil {
