@@ -128,6 +128,23 @@ func trace(evs []Event) []Event {
 	return evs
 }
 
+// traceFrom keeps a run's events from the first at or after from.
+func traceFrom(evs []Event, from time.Time) []Event {
+	const max = 24
+	i := slices.IndexFunc(evs, func(e Event) bool { return !e.At.Before(from) })
+	if i < 0 {
+		return nil
+	}
+	return evs[i:min(len(evs), i+max)]
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 func (c *checker) index(events []Event) {
 	for _, e := range events {
 		if e.Run.Job != "" {
@@ -198,16 +215,30 @@ func (c *checker) successes() {
 // grants: a run is granted anew only once its previous holder can no
 // longer trust its lease (the backend cannot have ended that lease before
 // Sent+lease of the holder's last confirmed request) or handed it back.
+//
+// Which of two grants came first is known from time when one's request
+// left after the other's reply came back. When the two were in flight
+// together it is the backend's order, which the fences give (fences checks
+// them), not the order the replies arrived in: a reply can come back long
+// after its grant (a loaded replica, a batch whose other runs were still
+// contended), after the reply of a takeover that the grant's expiry
+// allowed.
 func (c *checker) grants() {
 	byRun := map[string][]*holding{}
 	for _, h := range c.order {
 		id := h.grant.Run.ID()
-		for _, prev := range byRun[id] {
-			handedBack := !prev.released.IsZero() && !prev.released.After(h.grant.At)
-			if !handedBack && h.grant.At.Before(prev.until) {
+		for _, other := range byRun[id] {
+			prev, next := other, h
+			if !h.grant.Sent.After(other.grant.At) && (other.grant.Sent.After(h.grant.At) || h.grant.Fence < other.grant.Fence) {
+				prev, next = h, other
+			}
+			handedBack := !prev.released.IsZero() && !prev.released.After(next.grant.At)
+			if !handedBack && next.grant.At.Before(prev.until) {
 				c.add(GrantOverlap, id, fmt.Sprintf("granted to %s (fence %d, attempt %d) %v before %s's lease (fence %d) could end",
-					h.grant.Replica, h.grant.Fence, h.grant.Attempt, prev.until.Sub(h.grant.At).Round(time.Millisecond),
+					next.grant.Replica, next.grant.Fence, next.grant.Attempt, prev.until.Sub(next.grant.At).Round(time.Millisecond),
 					prev.grant.Replica, prev.grant.Fence))
+				// The story is the two grants and what came between.
+				c.out[len(c.out)-1].Trace = traceFrom(c.byRun[id], minTime(prev.grant.At, next.grant.At))
 			}
 		}
 		byRun[id] = append(byRun[id], h)
@@ -366,17 +397,21 @@ func (c *checker) policy(events []Event) {
 }
 
 // ended reports whether a run reached a terminal state: a terminal release
-// was accepted, or a handler finished it and the backend then told a
-// replica the run was done (a release that landed but whose reply was
+// was accepted, or its holder decided its end (the handler finished it, or
+// the holder skipped it or failed it for good) and the backend then told a
+// replica the run was done: a release that landed but whose reply was
 // lost, or that landed on a quorum across several tries, none of which
-// alone was confirmed).
+// alone was confirmed (redlock; a crash can cut the tries short).
 func (c *checker) ended(id string) bool {
 	evs := c.byRun[id]
 	if slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Release && e.Status.Terminal() }) {
 		return true
 	}
-	finished := slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Return && e.Status == claim.Succeeded })
-	return finished && slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Skip && e.Reason == "done" })
+	decided := slices.ContainsFunc(evs, func(e Event) bool {
+		return (e.Kind == Return && e.Status == claim.Succeeded) || (e.Kind == Skip && e.Token != "") ||
+			(e.Kind == End && e.Status.Terminal())
+	})
+	return decided && slices.ContainsFunc(evs, func(e Event) bool { return e.Kind == Skip && e.Reason == "done" })
 }
 
 // retries: an attempt that failed and handed its run on to a retry
