@@ -81,10 +81,9 @@ type execution struct {
 
 // holding is one grant and what its holder did with it.
 type holding struct {
-	grant    Event
-	until    time.Time // latest confirmed Sent+lease
-	released time.Time // Sent of the first accepted release
-	outcome  claim.Status
+	grant Event
+	until time.Time // latest confirmed Sent+lease
+	letGo time.Time // Sent of the first release, accepted or not
 }
 
 // Check judges events against spec and returns every violation found,
@@ -167,9 +166,9 @@ func (c *checker) index(events []Event) {
 			if h := c.holds[e.Token]; h != nil {
 				h.until = e.Until
 			}
-		case Release:
-			if h := c.holds[e.Token]; h != nil && h.released.IsZero() {
-				h.released, h.outcome = e.Sent, e.Status
+		case Release, LetGo:
+			if h := c.holds[e.Token]; h != nil && (h.letGo.IsZero() || e.Sent.Before(h.letGo)) {
+				h.letGo = e.Sent
 			}
 		case End:
 			// An attempt that ended retrying has returned and let its
@@ -232,7 +231,10 @@ func (c *checker) grants() {
 			if !h.grant.Sent.After(other.grant.At) && (other.grant.Sent.After(h.grant.At) || h.grant.Fence < other.grant.Fence) {
 				prev, next = h, other
 			}
-			handedBack := !prev.released.IsZero() && !prev.released.After(next.grant.At)
+			// A holder that sent a release had let the claim go, even if
+			// the release was not confirmed: on redlock it can land on
+			// some nodes, which then grant a takeover at once.
+			handedBack := !prev.letGo.IsZero() && !prev.letGo.After(next.grant.At)
 			if !handedBack && next.grant.At.Before(prev.until) {
 				c.add(GrantOverlap, id, fmt.Sprintf("granted to %s (fence %d, attempt %d) %v before %s's lease (fence %d) could end",
 					next.grant.Replica, next.grant.Fence, next.grant.Attempt, prev.until.Sub(next.grant.At).Round(time.Millisecond),
@@ -390,7 +392,7 @@ func (c *checker) policy(events []Event) {
 			c.add(TakeoverMisfire, e.Run.ID(), fmt.Sprintf("%s skipped attempt %d as a misfire", e.Replica, e.Attempt))
 		case e.Kind == Return && e.Status == claim.Succeeded:
 			completed[e.Token] = true
-		case e.Kind == Release && e.Status == claim.Interrupted && completed[e.Token]:
+		case (e.Kind == Release || e.Kind == LetGo) && e.Status == claim.Interrupted && completed[e.Token]:
 			c.add(HandedBackDone, e.Run.ID(), fmt.Sprintf("%s's handler returned nil, then the run was released as interrupted", e.Replica))
 		}
 	}

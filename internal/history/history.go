@@ -12,6 +12,7 @@
 package history
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -41,6 +42,10 @@ const (
 	// Release: the backend accepted a release as Status. Sent is when the
 	// accepted request left.
 	Release Kind = "release"
+	// LetGo: a release was sent and not confirmed (refused, a lost reply,
+	// no majority): the backend may or may not have ended the claim, but
+	// its holder, whose handler had returned, let it go when it was sent.
+	LetGo Kind = "let-go"
 	// Skip: a replica decided not to execute a run (Reason); Token is set
 	// when it held a claim, i.e. the skip was recorded in the backend.
 	Skip Kind = "skip"
@@ -143,13 +148,18 @@ func (l *Log) Renewed(replica string, c *claim.Claim) {
 		Sent: c.Requested, Until: c.Requested.Add(c.Lease)})
 }
 
-// Released logs the accepted releases among cls (errs[i] == nil).
+// Released logs the accepted releases among cls (errs[i] == nil), and
+// the others as let go.
 func (l *Log) Released(replica string, sent time.Time, cls []*claim.Claim, outs []claim.Status, errs []error) {
 	for i, c := range cls {
-		if c == nil || i >= len(errs) || errs[i] != nil {
+		if c == nil || i >= len(errs) || errors.Is(errs[i], claim.ErrInvalid) {
 			continue
 		}
-		l.Add(Event{Kind: Release, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence,
+		kind := Release
+		if errs[i] != nil {
+			kind = LetGo
+		}
+		l.Add(Event{Kind: kind, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence,
 			Attempt: c.Attempt, Sent: sent, Status: outs[i]})
 	}
 }
