@@ -149,12 +149,7 @@ func realConfig(t *testing.T, kind string, seed uint64) Config {
 		scale = testenv.EtcdLease / time.Second
 	}
 	cfg := Config{Seed: seed, Lease: scale * time.Second, MaxSkew: scale * 250 * time.Millisecond,
-		Faults: scale * 5 * time.Second, Quiet: scale * 8 * time.Second, Extra: 2,
-		// Replace is left to the in-process sweep here: on redlock with a
-		// node restarting, pinned seeds 103 and 104 once showed a
-		// grant-overlap and an abandoned run of it, not yet explained
-		// (see the closing note of stop 23).
-		Without: []string{"swap"}}
+		Faults: scale * 5 * time.Second, Quiet: scale * 8 * time.Second, Extra: 2}
 	var opts backends.Options
 	var nodes []server
 	if start := privateServers[kind]; start != nil {
