@@ -96,6 +96,19 @@ func Up(ctx context.Context, db *sql.DB, d Dialect) error {
 	return nil
 }
 
+// UpTo applies the pending migrations up to and including version: a
+// database as an older release left it, for upgrade tests and benchmarks.
+func UpTo(ctx context.Context, db *sql.DB, d Dialect, version int64) error {
+	p, err := provider(ctx, db, d)
+	if err != nil {
+		return err
+	}
+	if _, err := p.UpTo(ctx, version); err != nil {
+		return fmt.Errorf("migrations: up to %d (%s): %w", version, d, err)
+	}
+	return nil
+}
+
 // Down rolls back the most recently applied migration.
 func Down(ctx context.Context, db *sql.DB, d Dialect) error {
 	p, err := provider(ctx, db, d)

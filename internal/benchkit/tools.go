@@ -93,7 +93,7 @@ func pgbench(ctx context.Context, n *namespace, b *claimers.Backend, conc int, d
 	body := fmt.Sprintf(`\set id random(1, 9000000000000000000)
 INSERT INTO %s (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
 VALUES ('%d:' || :id::text, 'job.bench', now(), 'running', md5(:id::text), 'bench', 1, 1, now(), now() + interval '1 minute')
-ON CONFLICT (run_id) DO NOTHING RETURNING fence;
+ON CONFLICT (run_id, scheduled_at) DO NOTHING RETURNING fence;
 `, table, conc)
 	if err := os.WriteFile(script, []byte(body), 0o600); err != nil {
 		return fail(err)

@@ -1,7 +1,10 @@
 // Package postgres is a claim.Claimer on PostgreSQL (pgx/v5). A replica wins
 // a run by inserting the run's row; leases are measured on the database's
 // clock, never a replica's; fences come from a global sequence. The schema is
-// created by the migrations package.
+// created by the migrations package: scheduler_runs is partitioned by month
+// of scheduled_at (see partitions.go), so every statement that names a run
+// also names its instant, which takes it to the one partition that can hold
+// the run.
 package postgres
 
 import (
@@ -21,20 +24,24 @@ import (
 
 const (
 	// insertRun grants a run nobody has claimed yet. nextval is evaluated
-	// even when the row exists: fences may skip values, never repeat.
+	// even when the row exists: fences may skip values, never repeat. The
+	// conflict target is the primary key, (run_id, scheduled_at): the run
+	// id is the job and the instant, so the pair is unique exactly when the
+	// id is, and the partitioned table's key must contain scheduled_at.
 	insertRun = `
 INSERT INTO scheduler_runs
        (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
 VALUES ($1, $2, $3, 'running', $4, $5, nextval('scheduler_fence_seq'), 1,
         now(), now() + $6 * interval '1 microsecond')
-ON CONFLICT (run_id) DO NOTHING
+ON CONFLICT (run_id, scheduled_at) DO NOTHING
 RETURNING fence, attempt, lease_until`
 
 	// takeOverRun grants an interrupted or expired run to a new holder. When
 	// it cannot, the second branch returns the run's status, so held and done
 	// are told apart without another round trip. That branch reads the
 	// statement's snapshot, which may predate a concurrent change; any
-	// non-terminal status then reads as held, which is what it is.
+	// non-terminal status then reads as held, which is what it is. $5 is
+	// the run's instant, as in every statement below that names a run.
 	takeOverRun = `
 WITH taken AS (
     UPDATE scheduler_runs
@@ -42,14 +49,14 @@ WITH taken AS (
            fence = nextval('scheduler_fence_seq'), attempt = attempt + 1,
            started_at = now(), lease_until = now() + $4 * interval '1 microsecond',
            finished_at = NULL
-     WHERE run_id = $1
+     WHERE run_id = $1 AND scheduled_at = $5
        AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now()))
     RETURNING fence, attempt, lease_until
 )
 SELECT true, fence, attempt, lease_until, '' FROM taken
 UNION ALL
 SELECT false, 0, 0, lease_until, status FROM scheduler_runs
- WHERE run_id = $1 AND NOT EXISTS (SELECT FROM taken)`
+ WHERE run_id = $1 AND scheduled_at = $5 AND NOT EXISTS (SELECT FROM taken)`
 
 	// insertRuns is insertRun for many runs at once, in run id order: every
 	// batch takes the rows' locks in the same order, so two batches that
@@ -61,13 +68,13 @@ SELECT r.run_id, r.job, r.scheduled_at, 'running', r.token, $5, nextval('schedul
        now(), now() + $6 * interval '1 microsecond'
   FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(run_id, job, scheduled_at, token)
  ORDER BY r.run_id
-ON CONFLICT (run_id) DO NOTHING
+ON CONFLICT (run_id, scheduled_at) DO NOTHING
 RETURNING run_id, fence, attempt, lease_until`
 
 	renewRun = `
 UPDATE scheduler_runs
    SET lease_until = now() + $3 * interval '1 microsecond'
- WHERE run_id = $1 AND token = $2 AND status = 'running' AND lease_until > now()
+ WHERE run_id = $1 AND scheduled_at = $4 AND token = $2 AND status = 'running' AND lease_until > now()
 RETURNING lease_until`
 
 	// releaseRun is allowed after the lease expired as long as nobody took
@@ -78,7 +85,7 @@ RETURNING lease_until`
 UPDATE scheduler_runs
    SET status = $3,
        finished_at = CASE WHEN status <> 'running' THEN finished_at WHEN $4::boolean THEN now() END
- WHERE run_id = $1 AND token = $2 AND (status = 'running' OR status = $3)`
+ WHERE run_id = $1 AND scheduled_at = $5 AND token = $2 AND (status = 'running' OR status = $3)`
 
 	historyColumns = `
 SELECT run_id, job, scheduled_at, status, holder, fence, attempt, started_at, lease_until, finished_at
@@ -89,14 +96,21 @@ SELECT run_id, job, scheduled_at, status, holder, fence, attempt, started_at, le
 	historyJob = historyColumns + `
  WHERE job = $1 ORDER BY scheduled_at DESC LIMIT $2`
 
-	// pruneRuns also deletes expired controls (see Controls), in a
-	// data-modifying CTE: one statement, whose count is the runs'.
+	// pruneCutoff is the instant before which finished runs are
+	// forgotten, on the database clock, fixed once for the partitions
+	// dropped whole and the rows deleted.
+	pruneCutoff = `SELECT now() - $1 * interval '1 microsecond'`
+
+	// pruneRuns deletes the rows that dropPartitions left: those of the
+	// partitions that also hold runs to keep (the month the cutoff falls
+	// in, a month with an interrupted run) and of the DEFAULT partition.
+	// It also deletes expired controls (see Controls), in a data-modifying
+	// CTE: one statement, whose count is the runs'.
 	pruneRuns = `
 WITH expired_controls AS (
     DELETE FROM scheduler_controls WHERE expires_at <= now()
 )
-DELETE FROM scheduler_runs
- WHERE finished_at < now() - $1 * interval '1 microsecond'`
+DELETE FROM scheduler_runs WHERE finished_at < $1`
 )
 
 // Options configure a Claimer.
@@ -111,6 +125,7 @@ type Claimer struct {
 	pool     *pgxpool.Pool
 	instance string
 	owned    bool // Close closes pool
+	parts    *partitions
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -121,7 +136,7 @@ func New(pool *pgxpool.Pool, opts Options) *Claimer {
 	if pool == nil {
 		panic("postgres: nil pool")
 	}
-	return &Claimer{pool: pool, instance: opts.Instance}
+	return &Claimer{pool: pool, instance: opts.Instance, parts: &partitions{pool: pool}}
 }
 
 // Open builds a pool for dsn and returns a Claimer that closes it on Close.
@@ -162,7 +177,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	}
 
 	cl.Requested = time.Now()
-	return takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds()))
+	return takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At))
 }
 
 // takenOver reads takeOverRun's answer for cl.
@@ -176,7 +191,9 @@ func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// The row existed a moment ago and only Prune deletes rows, and
-		// only finished ones.
+		// only finished ones. (Creating a month's partition moves rows out
+		// of the DEFAULT partition, under an exclusive lock on the table
+		// that this statement waits for before it takes its snapshot.)
 		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
 	case err != nil:
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
@@ -195,6 +212,7 @@ func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
 // already had a row. The second round runs in one implicit transaction
 // whose row locks are taken in run id order, like the first's.
 func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	c.parts.look()
 	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
 	if len(runs) == 1 {
 		if errs[0] = claim.CheckClaim(runs[0], lease); errs[0] == nil {
@@ -270,7 +288,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	}
 	b := &pgx.Batch{}
 	for _, i := range rest {
-		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds())
+		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At)
 	}
 	requested = time.Now()
 	res := c.pool.SendBatch(ctx, b)
@@ -304,7 +322,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	}
 	requested := time.Now()
 	var deadline time.Time
-	err := c.pool.QueryRow(ctx, renewRun, cl.ID(), cl.Token, lease.Microseconds()).Scan(&deadline)
+	err := c.pool.QueryRow(ctx, renewRun, cl.ID(), cl.Token, lease.Microseconds(), cl.Run.At).Scan(&deadline)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
@@ -317,7 +335,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 
 // releaseOne is Release for a single claim, in one plain statement.
 func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
-	tag, err := c.pool.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal())
+	tag, err := c.pool.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal(), cl.Run.At)
 	switch {
 	case err != nil:
 		return fmt.Errorf("release %s: %w", cl.ID(), translate(err))
@@ -344,7 +362,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	b := &pgx.Batch{}
 	for _, i := range pending {
 		o := outcomes[i]
-		b.Queue(releaseRun, cls[i].ID(), cls[i].Token, string(o), o.Terminal())
+		b.Queue(releaseRun, cls[i].ID(), cls[i].Token, string(o), o.Terminal(), cls[i].Run.At)
 	}
 	res := c.pool.SendBatch(ctx, b)
 	for _, i := range pending {
@@ -379,8 +397,10 @@ func (c *Claimer) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close implements claim.Claimer. It closes the pool only if Open built it.
+// Close implements claim.Claimer. It waits for a partition look in flight
+// (cancelled), then closes the pool only if Open built it.
 func (c *Claimer) Close() error {
+	c.parts.close()
 	if c.owned {
 		c.pool.Close()
 	}
@@ -440,15 +460,27 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 // Interrupted runs and expired leases are kept: they are not finished, and
 // deleting them would lose the attempt count and let a stale run restart.
 //
-// In the same statement it deletes expired controls (see Controls), which
-// are already invisible; they do not count in the number returned.
+// A month's partition whose runs are all to be forgotten is dropped whole
+// (see dropPartitions); the rest are deleted row by row. Either way the
+// runs forgotten are exactly those the rule above names.
+//
+// It also deletes expired controls (see Controls), which are already
+// invisible; they do not count in the number returned.
 func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, fmt.Errorf("%w: prune older than %v", claim.ErrInvalid, olderThan)
 	}
-	tag, err := c.pool.Exec(ctx, pruneRuns, olderThan.Microseconds())
+	var cutoff time.Time
+	if err := c.pool.QueryRow(ctx, pruneCutoff, olderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("prune: %w", translate(err))
+	}
+	dropped, err := dropPartitions(ctx, c.pool, cutoff)
 	if err != nil {
 		return 0, fmt.Errorf("prune: %w", translate(err))
 	}
-	return tag.RowsAffected(), nil
+	tag, err := c.pool.Exec(ctx, pruneRuns, cutoff)
+	if err != nil {
+		return dropped, fmt.Errorf("prune: %w", translate(err))
+	}
+	return dropped + tag.RowsAffected(), nil
 }
