@@ -13,11 +13,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/benchkit"
+	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/procs"
 )
 
 func main() {
@@ -29,7 +33,7 @@ func run() int {
 		o         benchkit.Options
 		s         benchkit.Services
 		conc      = flag.String("c", "1,16", "concurrencies")
-		kinds     = flag.String("claimers", "memory,sqlite,postgres,redis,redlock", "claimers to measure")
+		kinds     = flag.String("claimers", "memory,sqlite,postgres,redis,redlock,etcd", "claimers to measure")
 		scale     = flag.String("scale", "postgres,redis,redlock,sqlite", "claimers for the scale scenario (\"\" for none)")
 		scaleOpts benchkit.ScaleOptions
 		redlock   = flag.String("redlock", "", "comma-separated Redlock nodes (default: start 5 private redis-server)")
@@ -103,6 +107,13 @@ func run() int {
 		s.RedlockAddrs = nodes.Addrs
 	}
 
+	if etcd, err := startEtcd(ctx, dir, *kinds); err != nil {
+		o.Log.Warn("no etcd cluster", "error", err.Error())
+	} else if etcd != nil {
+		defer etcd.Close()
+		s.EtcdEndpoints = etcd.Endpoints()
+	}
+
 	host, _ := os.Hostname()
 	rep := benchkit.Report{When: time.Now().UTC(), Host: host}
 	if *peers != "" {
@@ -158,4 +169,13 @@ func env(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// startEtcd starts a private 3-member etcd cluster when etcd is among the
+// claimers measured (nil otherwise), its data in dir.
+func startEtcd(ctx context.Context, dir, kinds string) (*procs.Etcd, error) {
+	if !slices.Contains(strings.Split(kinds, ","), config.ClaimerEtcd) {
+		return nil, nil
+	}
+	return procs.StartEtcd(ctx, procs.EtcdOptions{Dir: filepath.Join(dir, "etcd"), Members: 3})
 }

@@ -20,6 +20,8 @@ type Services struct {
 	PostgresDSN  string
 	RedisAddr    string
 	RedlockAddrs []string
+	// EtcdEndpoints are the members of one etcd cluster.
+	EtcdEndpoints []string
 	// Dir holds scratch files (SQLite databases, pgbench logs).
 	Dir string
 }
@@ -41,16 +43,18 @@ type namespace struct {
 // defaults to 50ms).
 func (s Services) isolate(ctx context.Context, kind string) (*namespace, error) {
 	unset := map[string]bool{config.ClaimerPostgres: s.PostgresDSN == "", config.ClaimerRedis: s.RedisAddr == "",
-		config.ClaimerRedlock: len(s.RedlockAddrs) == 0}
+		config.ClaimerRedlock: len(s.RedlockAddrs) == 0, config.ClaimerEtcd: len(s.EtcdEndpoints) == 0}
 	if unset[kind] {
 		return nil, fmt.Errorf("no %s server", kind)
 	}
 	c := config.Default().Claimer
 	c.Kind = kind
 	c.Postgres.DSN, c.Redis.Addr, c.Redlock.Addrs = s.PostgresDSN, s.RedisAddr, s.RedlockAddrs
+	c.Etcd.Endpoints = s.EtcdEndpoints
 	c.SQLite.Path = filepath.Join(cmp.Or(s.Dir, os.TempDir()), "claims.db") // the namespace's file goes beside it
 	c.Redis.Prefix, c.Redlock.Prefix = "", ""                               // the namespace's name is the prefix
 	c.Redis.DoneTTL, c.Redlock.DoneTTL = config.Duration(10*time.Minute), config.Duration(10*time.Minute)
+	c.Etcd.DoneTTL = config.Duration(10 * time.Minute)
 	// A node timeout above scheduler run's default (50ms): the rows and
 	// the scale scenario load two cores to the full, and a vote lost to a
 	// stalled process is not what they measure.

@@ -43,6 +43,9 @@ type Row struct {
 	// (a node timeout under load): reported, not fatal, not in the rates.
 	Unavailable int64  `json:"unavailable,omitempty"`
 	Note        string `json:"note,omitempty"`
+	// PerOp is how many runs one operation claims and releases, on a
+	// batch row; Ops and OpsPerSec then count runs, p50/p99 batches.
+	PerOp int `json:"per_op,omitempty"`
 }
 
 // Op is one operation under measurement; i numbers operations from 0, so

@@ -2,6 +2,7 @@ package benchkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -186,13 +187,54 @@ func (o Options) kindRows(ctx context.Context, s Services, kind string) ([]Row, 
 		for _, r := range ref.claimer {
 			r.Group = "claimer"
 			rows, ops = append(rows, r), append(ops, cycle(b, conc, r.Op == opCycle))
+			if r.Op == opCycle {
+				// The runner claims and releases in batches: what one
+				// backend can take at scale (docs/scale.md).
+				rows = append(rows, Row{Name: r.Name + batchSuffix, Group: "claimer", Op: fmt.Sprintf("%s ×%d", opCycle, batchRuns),
+					RoundTrips: r.RoundTrips, PerOp: batchRuns, Note: "ops/s are runs"})
+				ops = append(ops, batchCycle(b, conc))
+			}
 		}
 		for _, r := range rows {
 			o.Log.Info("measuring", "row", r.Name, "concurrency", conc)
 		}
-		out = append(out, Interleave(ctx, conc, o.Duration, Rounds, rows, ops)...)
+		for _, r := range Interleave(ctx, conc, o.Duration, Rounds, rows, ops) {
+			if r.PerOp > 1 {
+				r.Ops *= int64(r.PerOp)
+				r.OpsPerSec *= float64(r.PerOp)
+			}
+			out = append(out, r)
+		}
 	}
 	return out, nil
+}
+
+// A batch row claims batchRuns fresh runs in one call and releases them
+// in one call; its name is the claimer row's plus batchSuffix.
+const (
+	batchRuns   = 100
+	batchSuffix = " (batches of 100)"
+)
+
+// batchCycle claims batchRuns fresh runs in one call, then releases them
+// as succeeded in one call.
+func batchCycle(c claim.Claimer, conc int) Op {
+	job := fmt.Sprintf("bench.batch.c%d", conc)
+	return func(ctx context.Context, i int64) error {
+		runs := make([]claim.Run, batchRuns)
+		for k := range runs {
+			runs[k] = claim.Run{Job: job, At: base.Add(time.Duration(i*batchRuns+int64(k)) * time.Second)}
+		}
+		cls, errs := c.Claim(ctx, runs, time.Minute)
+		outs := make([]claim.Status, len(cls))
+		for k, err := range errs {
+			if err != nil {
+				return err
+			}
+			outs[k] = claim.Succeeded
+		}
+		return errors.Join(c.Release(ctx, cls, outs)...)
+	}
 }
 
 // cycle claims a fresh run and, if release, releases it as succeeded.
@@ -258,11 +300,13 @@ ON CONFLICT (run_id) DO NOTHING RETURNING fence`)
 const pgxInsertSQL = `
 INSERT INTO bench_raw (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
 VALUES ($1, 'job.bench', $2, 'running', $3, 'bench', 1, 1, now(), now() + interval '1 minute')
-ON CONFLICT (run_id) DO NOTHING RETURNING fence`
+ON CONFLICT (run_id, scheduled_at) DO NOTHING RETURNING fence`
 
 // pgxInsert inserts one row per operation into a table shaped like
-// scheduler_runs (same columns, same indexes) with a bare pool of its own
-// on the claimer's schema.
+// scheduler_runs (same columns, same indexes and key) with a bare pool of
+// its own on the claimer's schema. LIKE makes it one plain table, not
+// partitioned by month as scheduler_runs is: the floor, without the
+// routing of a row to its partition.
 func pgxInsert(ctx context.Context, n *namespace, _ *claimers.Backend) (Row, Op, func(), error) {
 	row := Row{Name: RefPgxInsert, Op: "INSERT", RoundTrips: 1, Ref: RefPgbench}
 	pool, err := pgxpool.New(ctx, n.Config.Postgres.DSN)

@@ -22,7 +22,8 @@ import (
 // hold etcd to what its leases cannot give: they are whole seconds, at
 // least 1.5 election timeouts (2s on a test cluster), so a retry backoff
 // of 200ms lapses to the next attempt only after that. Its own tests
-// (internal/claim/etcd) cover it.
+// (internal/claim/etcd) and the real-backend nemesis (internal/explore,
+// at twice the time scale) cover it.
 var Kinds = slices.DeleteFunc(claimers.Kinds(), func(k string) bool { return k == config.ClaimerEtcd })
 
 // services says where each kind's test service is: servers, when set, are
