@@ -216,8 +216,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	if err != nil {
 		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
 	}
-	r := recordOf(cl, claim.Running)
-	r.LeaseUntil = requested.Add(lease).UTC()
+	r := recordOf(cl, claim.Running, requested.Add(lease))
 	live := c.keys.live(cl.Run)
 	resp, err := c.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(live), "=", cl.Token)).

@@ -122,10 +122,13 @@ func startOf(token string) time.Time {
 	return time.Unix(0, ns).UTC()
 }
 
-// recordOf is the record of c as its holder rewrites it.
-func recordOf(c *claim.Claim, s claim.Status) record {
+// recordOf is the record of c as its holder rewrites it, its lease ending
+// at until. It reads only what a claim never changes after its grant: a
+// release may run while the holder's keep-alive renews the same claim,
+// and a renewal rewrites c's lease fields.
+func recordOf(c *claim.Claim, s claim.Status, until time.Time) record {
 	return record{Job: c.Run.Job, At: c.Run.At.UTC(), Status: s, Token: c.Token, Holder: c.Holder,
-		Fence: c.Fence, Attempt: c.Attempt, StartedAt: startOf(c.Token), LeaseUntil: c.Deadline.UTC()}
+		Fence: c.Fence, Attempt: c.Attempt, StartedAt: startOf(c.Token), LeaseUntil: until.UTC()}
 }
 
 // leaseSeconds is lease as an etcd lease TTL: whole seconds, rounded up,

@@ -39,7 +39,8 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	finished := time.Now().UTC()
 	put := func(i int, done clientv3.LeaseID) clientv3.Op {
 		o := outcomes[i]
-		r := recordOf(cls[i], o)
+		// A released claim's lease ended when it was released.
+		r := recordOf(cls[i], o, finished)
 		if !o.Terminal() {
 			return clientv3.OpPut(c.keys.record(cls[i].Run), r.encode())
 		}
