@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,9 +130,12 @@ func (d *doneLog) every() time.Duration {
 
 // watch reads the marker every lease/4, or at once when a claim saw the
 // server change, and writes the remembered done markers back when it
-// changes. The first reading is the baseline. Reading the marker starts
-// the restart guard if nothing has yet, so the write-back has most of a
-// lease; it is bounded by one.
+// changes. The first reading is the baseline, unless it already names
+// another server than the one this Claimer's own scripts last saw (the
+// one its releases went to): then the server changed between the first
+// release and the first reading, which a loaded machine can delay past a
+// restart. Reading the marker starts the restart guard if nothing has
+// yet, so the write-back has most of a lease; it is bounded by one.
 func (d *doneLog) watch(ctx context.Context) {
 	var epoch string
 	t := time.NewTimer(0)
@@ -144,10 +148,13 @@ func (d *doneLog) watch(ctx context.Context) {
 		case <-d.check:
 		}
 		every, lease := d.every(), time.Duration(d.lease.Load())
+		seen := d.node.Seen() // before Epoch records what it reads
 		cctx, cancel := context.WithTimeout(ctx, every)
 		now, err := d.node.Epoch(cctx, lease)
 		cancel()
-		if err == nil && epoch != "" && now != epoch {
+		server, _, _ := strings.Cut(now, " ")
+		changed := epoch != "" && now != epoch || epoch == "" && seen != "" && seen != server
+		if err == nil && changed {
 			// Each script call extends the guard by a lease (Node.Restore):
 			// the bound is for a server that stopped answering.
 			rctx, cancel := context.WithTimeout(ctx, max(4*lease, 10*time.Second))

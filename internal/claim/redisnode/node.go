@@ -144,6 +144,10 @@ func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duratio
 			n.historyLimit, n.slot, n.slots, n.seenID()}
 }
 
+// Seen is the run_id this node's scripts last reported ("" if none ran
+// yet): the server incarnation its latest claims and releases went to.
+func (n *Node) Seen() string { return n.seenID() }
+
 func (n *Node) seenID() string {
 	if p := n.seen.Load(); p != nil {
 		return *p
