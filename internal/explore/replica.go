@@ -284,10 +284,12 @@ func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context)
 
 func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
 	base := *c // the caller's claim changes only if the reply arrives
+	sent := time.Now()
 	renewed, err := call(f, ctx, func(ctx context.Context) (claim.Claim, error) {
 		r := base
 		err := f.inner.Renew(ctx, &r, lease)
 		if err == nil {
+			r.Requested = sent // see Claim
 			f.r.w.log.Renewed(f.r.id, &r)
 		}
 		return r, err
@@ -312,9 +314,20 @@ type batchReply struct {
 
 // Claim is one call, faulted as a whole, whatever the batch holds.
 func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	// A real client stamps Requested when the request leaves, before the
+	// network (a slow link, a stalled server) delays it: the claims carry
+	// the caller's send time, not the store's arrival time, so the runner
+	// meets the clock estimates it meets in production (the backend's
+	// clock as of a grant, read through Requested, runs ahead by the
+	// request's trip).
+	sent := time.Now()
 	rep, err := call(f, ctx, func(ctx context.Context) (batchReply, error) {
-		sent := time.Now()
 		cls, errs := f.inner.Claim(ctx, runs, lease)
+		for _, cl := range cls {
+			if cl != nil {
+				cl.Requested = sent
+			}
+		}
 		f.r.w.log.Claimed(f.r.id, sent, cls, errs)
 		return batchReply{cls, errs}, nil
 	})

@@ -35,10 +35,17 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	// run is settled.
 	ctx, execCtx, span := r.startRun(ctx, execCtx, cl)
 	// The backend's clock as of the grant, read before keepAlive owns
-	// cl's lease fields: Deadline is backend time, Requested local.
+	// cl's lease fields (Deadline is backend time). backendNow is a lower
+	// bound of that clock: the grant happened at grantedAt on it, and
+	// before now here. Read through Requested instead (when the request
+	// left), it would run ahead by the request's trip, seconds on a slow
+	// link or a restarting server: a run granted ahead of its instant
+	// would then probe for earlier runs before its instant came on the
+	// backend, and miss a takeover granted in between that comes first
+	// (see owners).
 	grantedAt := cl.Deadline.Add(-cl.Lease)
-	offset := grantedAt.Sub(cl.Requested)
-	backendNow := func() time.Time { return time.Now().Add(offset) }
+	replied := time.Now()
+	backendNow := func() time.Time { return grantedAt.Add(time.Since(replied)) }
 
 	// ectx is this execution's context: cancelled when the lease is lost,
 	// at the end of ShutdownGrace (through execCtx), and once the handler
@@ -117,7 +124,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
 	default: // forbid
-		owners, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		owners, _, err := d.owners(ectx, j, cl, grantedAt, backendNow)
 		switch {
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
@@ -254,8 +261,13 @@ const (
 // the earlier instant, or lost its lease on it while paused. cl must not
 // start before its instant (execute waits for it), or a run granted
 // meanwhile would come first by this order and not yield. grantedAt is
-// cl's grant on the backend's clock (keepAlive owns cl's lease fields).
-func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) ([]claim.Record, error) {
+// cl's grant on the backend's clock (keepAlive owns cl's lease fields);
+// backendNow must not run ahead of the backend's clock, or a live run
+// would look expired, and cl could probe before its instant.
+//
+// newer is the latest live run of a later instant than cl's, whichever
+// comes first: under overlap: replace it has superseded cl.
+func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (owners []claim.Record, newer *claim.Record, err error) {
 	backoff := 50 * time.Millisecond
 	for limit := ownerProbe; ; {
 		pctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
@@ -272,10 +284,13 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 					mine = firstChance(j.fire(cl.Run.At), rec.StartedAt)
 				}
 			}
-			var owners []claim.Record
+			owners, newer = nil, nil
 			for _, rec := range recs {
 				if rec.RunID == cl.ID() || rec.Status != claim.Running || !rec.LeaseUntil.After(now) {
 					continue
+				}
+				if rec.At.After(cl.Run.At) && (newer == nil || rec.At.After(newer.At)) {
+					newer = &rec
 				}
 				if theirs := firstChance(j.fire(rec.At), rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
 					owners = append(owners, rec)
@@ -290,13 +305,13 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 			slices.SortFunc(owners, func(a, b claim.Record) int {
 				return cmp.Or(firstChance(j.fire(a.At), a.StartedAt).Compare(firstChance(j.fire(b.At), b.StartedAt)), cmp.Compare(a.Fence, b.Fence))
 			})
-			return owners, nil
+			return owners, newer, nil
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done(): // the lease could not be kept meanwhile
 			t.Stop()
-			return nil, fmt.Errorf("overlap probe: %w (%w)", context.Cause(ctx), err)
+			return nil, nil, fmt.Errorf("overlap probe: %w (%w)", context.Cause(ctx), err)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)

@@ -74,7 +74,15 @@ func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim
 	logged := false
 	revoked := map[string]bool{}
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		owners, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		owners, newer, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		if err == nil && revoke && newer != nil {
+			// A later instant is live: it replaces this one, which must
+			// not start, wherever it stands in the order (a takeover of
+			// an older instant granted after the newer run, its holder
+			// not yet told of its revocation). The newer run waits for
+			// this one if this one comes first, so it ends here.
+			return errReplaced{by: newer.RunID}
+		}
 		if err != nil || len(owners) == 0 {
 			return err
 		}
