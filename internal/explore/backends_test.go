@@ -149,15 +149,7 @@ func realConfig(t *testing.T, kind string, seed uint64) Config {
 		scale = testenv.EtcdLease / time.Second
 	}
 	cfg := Config{Seed: seed, Lease: scale * time.Second, MaxSkew: scale * 250 * time.Millisecond,
-		Faults: scale * 5 * time.Second, Quiet: scale * 8 * time.Second, Extra: 2,
-		// Replace is left to the in-process sweep here, again: with it
-		// back, redis seed 102 (the server restarting, a replica
-		// crashing) showed a job-overlap — a late takeover of an older
-		// instant, granted after a newer instant's run and not yet told
-		// of its revocation, executing beside that newer run on one
-		// replica. Not yet explained in full (closing note of stop 24).
-		// The redlock findings of stop 23 were the checker's.
-		Without: []string{"swap"}}
+		Faults: scale * 5 * time.Second, Quiet: scale * 8 * time.Second, Extra: 2}
 	var opts backends.Options
 	var nodes []server
 	if start := privateServers[kind]; start != nil {
