@@ -2,9 +2,9 @@
 // the order DESIGN.md fixes: SCHEDULER_TEST_* variables, then local defaults
 // when reachable. When neither is there the test skips with one clear line,
 // unless SCHEDULER_TEST_REQUIRE_SERVICES=1 (set by .ci/run), which makes a
-// missing service a failure. It also starts private redis-server processes,
-// alone or as a Redis Cluster, and etcd clusters,
-// for tests that must restart or kill a node.
+// missing service a failure. It also starts private redis-server processes
+// (alone or as a Redis Cluster) and etcd clusters for tests that must
+// restart or kill a node.
 package testenv
 
 import (
