@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"errors"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -153,8 +152,7 @@ func (d *doneLog) watch(ctx context.Context) {
 		case <-d.check:
 		}
 		every, lease := d.every(), time.Duration(d.lease.Load())
-		recent := d.recent()
-		buckets := d.buckets(recent)
+		buckets := d.buckets()
 		seen := make([]string, len(buckets))
 		for i, b := range buckets {
 			seen[i] = d.node.Seen(b) // before Epochs records what it reads
@@ -196,14 +194,22 @@ func (d *doneLog) watch(ctx context.Context) {
 
 // buckets are the buckets whose markers the watch reads: the one bucket of
 // a single server, and on a cluster those of the runs it remembers.
-func (d *doneLog) buckets(recent []redisnode.Finished) []int {
+func (d *doneLog) buckets() []int {
 	if d.node.Buckets() == 1 {
 		return []int{0}
 	}
-	var out []int
-	for _, f := range recent {
-		out = append(out, d.node.Bucket(f.Run.Job))
+	in := make([]bool, d.node.Buckets())
+	d.mu.Lock()
+	d.prune(time.Now())
+	for _, f := range d.runs[d.head:] {
+		in[d.node.Bucket(f.Run.Job)] = true
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	d.mu.Unlock()
+	var out []int
+	for b, ok := range in {
+		if ok {
+			out = append(out, b)
+		}
+	}
+	return out
 }
