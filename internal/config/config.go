@@ -122,11 +122,19 @@ type Postgres struct {
 	MaxConns int `yaml:"max_conns"`
 }
 
-// Redis configures the redis claimer (one node).
+// Redis configures the redis claimer: one server, or one Redis Cluster.
 type Redis struct {
-	// Addr is host:port. Required.
-	Addr     string `yaml:"addr"`
-	Username string `yaml:"username"`
+	// Addr is host:port. Required, unless Cluster lists Addrs.
+	Addr string `yaml:"addr"`
+	// Cluster connects to a Redis Cluster: Addr and Addrs are seed nodes
+	// (any of its nodes; the client learns the rest), every key carries a
+	// hash tag of its job's bucket, and DB must be 0. A single server
+	// keeps its key layout.
+	Cluster bool `yaml:"cluster"`
+	// Addrs are seed nodes of a cluster (host:port), with or beside Addr.
+	// Only with Cluster.
+	Addrs    []string `yaml:"addrs"`
+	Username string   `yaml:"username"`
 	// Password for AUTH; or use PasswordFile, not both.
 	Password     Secret `yaml:"password"`
 	PasswordFile string `yaml:"password_file"`
@@ -141,6 +149,18 @@ type Redis struct {
 	// keys (which would allow a second execution).
 	AllowEviction bool `yaml:"allow_eviction"`
 	TLS           TLS  `yaml:"tls"`
+}
+
+// Seeds are the addresses the redis claimer dials first: Addr, then
+// Addrs (for a cluster), without repeats.
+func (r Redis) Seeds() []string {
+	var out []string
+	for _, a := range append([]string{r.Addr}, r.Addrs...) {
+		if a != "" && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Redlock configures the redlock claimer: a quorum over independent Redis nodes.

@@ -125,15 +125,40 @@ func (c *Config) validateClaimer(p *problems) {
 
 	r := cl.Redis
 	switch {
-	case r.Addr == "" && kind == ClaimerRedis:
+	case r.Addr == "" && len(r.Addrs) == 0 && kind == ClaimerRedis && r.Cluster:
+		p.add("claimer.redis.addrs", "", "missing (required when claimer.redis.cluster is true: seed nodes of the cluster; addr counts as one)")
+	case r.Addr == "" && kind == ClaimerRedis && !r.Cluster:
 		p.add("claimer.redis.addr", "", "missing (required when claimer.kind is redis)")
 	case r.Addr != "":
 		if err := checkAddr(r.Addr, false); err != nil {
 			p.add("claimer.redis.addr", r.Addr, "%v", err)
 		}
 	}
+	if len(r.Addrs) > 0 && !r.Cluster {
+		p.add("claimer.redis.addrs", strings.Join(r.Addrs, ","),
+			"lists the seed nodes of a Redis Cluster: set claimer.redis.cluster: true (one server is claimer.redis.addr; independent servers are claimer.redlock.addrs)")
+	}
+	seeds := map[string]int{}
+	for i, a := range r.Addrs {
+		key := fmt.Sprintf("claimer.redis.addrs[%d]", i)
+		if err := checkAddr(a, false); err != nil {
+			p.add(key, a, "%v", err)
+		}
+		norm := strings.ToLower(strings.TrimSpace(a))
+		if j, dup := seeds[norm]; dup {
+			p.add(key, a, "duplicate of addrs[%d]", j)
+		}
+		seeds[norm] = i
+	}
 	if r.DB < 0 {
 		p.add("claimer.redis.db", strconv.Itoa(r.DB), "must not be negative")
+	}
+	if r.Cluster && r.DB != 0 {
+		p.add("claimer.redis.db", strconv.Itoa(r.DB), "must be 0 with claimer.redis.cluster: a Redis Cluster has database 0 only")
+	}
+	if r.Cluster && strings.ContainsAny(r.Prefix, "{}") {
+		p.add("claimer.redis.prefix", r.Prefix,
+			"must not hold a brace with claimer.redis.cluster: the claimer tags every key with its bucket ({n}), and a brace in the prefix would take the hash tag's place")
 	}
 	if positive(p, "claimer.redis.done_ttl", r.DoneTTL) && kind == ClaimerRedis {
 		c.checkDoneTTL(p, "claimer.redis.done_ttl", r.DoneTTL)

@@ -2,6 +2,15 @@
 
 package procs
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+)
 
 func childAttr() *syscall.SysProcAttr { return &syscall.SysProcAttr{} }
+
+// Pause is not supported off Linux.
+func (r *Redis) Pause() error { return errors.New("pausing a process is supported on Linux only") }
+
+// Resume is not supported off Linux.
+func (r *Redis) Resume() error { return errors.New("pausing a process is supported on Linux only") }

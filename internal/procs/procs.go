@@ -1,5 +1,6 @@
 // Package procs starts the backend servers compare, the tests and the
-// benchmarks run privately: redis-server and PostgreSQL (initdb, then
+// benchmarks run privately: redis-server (alone, or several made a
+// Redis Cluster by redis-cli), etcd members and PostgreSQL (initdb, then
 // postgres), each on a free loopback port, each a child process that can
 // be crashed and started again on the same port and data, and that dies
 // with the process that started it (Pdeathsig, on Linux). It is not test

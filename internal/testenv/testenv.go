@@ -3,7 +3,8 @@
 // when reachable. When neither is there the test skips with one clear line,
 // unless SCHEDULER_TEST_REQUIRE_SERVICES=1 (set by .ci/run), which makes a
 // missing service a failure. It also starts private redis-server processes
-// for tests that must restart or kill a node.
+// (alone or as a Redis Cluster) and etcd clusters for tests that must
+// restart or kill a node.
 package testenv
 
 import (
@@ -62,6 +63,8 @@ func hintFor(service string) string {
 		env = EnvRedisAddr
 	case "redis-server":
 		return fmt.Sprintf("install it (.ci/run does), or set %s to running nodes", EnvRedlockAddrs)
+	case "redis cluster":
+		return fmt.Sprintf("install redis-server and redis-tools (.ci/run does), or set %s to a running cluster", EnvRedisClusterAddrs)
 	case "etcd":
 		return fmt.Sprintf("install etcd-server (.ci/run does), or set %s to running members", EnvEtcdEndpoints)
 	default:

@@ -3,6 +3,8 @@ package claimers
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -12,16 +14,11 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
-// redisDriver: one Redis server.
+// redisDriver: one Redis server, or one Redis Cluster.
 var redisDriver = driver{
 	open: func(ctx context.Context, c config.Claimer, instance string, _ Options) (*Backend, error) {
 		r := c.Redis
-		// ContextTimeoutEnabled: claim calls carry deadlines shorter than
-		// the lease, and a hung server must not outlive them.
-		// DisableIdentity: a new connection costs no CLIENT SETINFO round
-		// trip, which on a slow link could outlast a renewal's trust window.
-		client, err := redisClient(&goredis.Options{Addr: r.Addr, ContextTimeoutEnabled: true, DisableIdentity: true},
-			r.Username, string(r.Password), r.DB, r.TLS)
+		client, err := redisUniversal(r)
 		if err != nil {
 			return nil, err
 		}
@@ -29,25 +26,80 @@ var redisDriver = driver{
 			DoneTTL: r.DoneTTL.Duration(), AllowEviction: r.AllowEviction})
 		if err != nil {
 			_ = client.Close()
-			return nil, fmt.Errorf("redis %s: %w", r.Addr, err)
+			return nil, fmt.Errorf("%s: %w", redisName(r), err)
 		}
 		return &Backend{Claimer: cl, Controls: cl.Controls()}, nil
 	},
-	servers: func(c config.Claimer) []string { return []string{c.Redis.Addr} },
+	servers: func(c config.Claimer) []string { return c.Redis.Seeds() },
 	dial: func(c config.Claimer, addrs []string) (config.Claimer, error) {
-		if len(addrs) != 1 {
-			return c, fmt.Errorf("redis dials one server, not %d", len(addrs))
+		seeds := c.Redis.Seeds()
+		if len(addrs) != len(seeds) {
+			return c, fmt.Errorf("redis dials %d server(s), not %d", len(seeds), len(addrs))
 		}
-		c.Redis.Addr = addrs[0]
+		c.Redis.Addr, c.Redis.Addrs = addrs[0], slices.Clone(addrs[1:])
 		return c, nil
 	},
 	isolate: func(ctx context.Context, c *config.Claimer, name string) (func(), error) {
 		r := &c.Redis
 		r.Prefix += name + ":"
+		if r.Cluster {
+			return isolateCluster(ctx, *r)
+		}
 		return isolatePrefix(ctx, []string{r.Addr}, r.Prefix, func(addr string) (*goredis.Client, error) {
 			return redisClient(&goredis.Options{Addr: addr}, r.Username, string(r.Password), r.DB, r.TLS)
 		})
 	},
+}
+
+// redisName names the server or cluster in errors (no password).
+func redisName(r config.Redis) string {
+	if r.Cluster {
+		return "redis cluster " + strings.Join(r.Seeds(), ",")
+	}
+	return "redis " + r.Addr
+}
+
+// redisUniversal opens the claimer's client: a pool to one server, or a
+// cluster client that finds every node from the seeds.
+func redisUniversal(r config.Redis) (goredis.UniversalClient, error) {
+	if !r.Cluster {
+		// ContextTimeoutEnabled: claim calls carry deadlines shorter than
+		// the lease, and a hung server must not outlive them.
+		// DisableIdentity: a new connection costs no CLIENT SETINFO round
+		// trip, which on a slow link could outlast a renewal's trust window.
+		return redisClient(&goredis.Options{Addr: r.Addr, ContextTimeoutEnabled: true, DisableIdentity: true},
+			r.Username, string(r.Password), r.DB, r.TLS)
+	}
+	tc, err := r.TLS.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("%s: tls: %w", redisName(r), err)
+	}
+	// The same settings, for every node the cluster client opens.
+	return goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: r.Seeds(), Username: r.Username,
+		Password: string(r.Password), TLSConfig: tc, ContextTimeoutEnabled: true, DisableIdentity: true}), nil
+}
+
+// isolateCluster is isolatePrefix on a cluster, through one cluster
+// client: every bucket of the namespace is declared new on its master.
+func isolateCluster(ctx context.Context, r config.Redis) (func(), error) {
+	client, err := redisUniversal(r)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+	// A cluster that is down is not an error: the first claims once up
+	// wait out the guard.
+	_ = redisnode.MarkNew(ctx, client, r.Prefix)
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		client, err := redisUniversal(r)
+		if err != nil {
+			return
+		}
+		_ = redisnode.DropPrefix(ctx, client, r.Prefix)
+		_ = client.Close()
+	}, nil
 }
 
 // redisClient opens one Redis connection pool; base carries the claimer's

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -26,27 +27,42 @@ type Options struct {
 	// AllowEviction lets Check accept a server whose maxmemory-policy may
 	// evict claims.
 	AllowEviction bool
+	// HashTags lays the keys out for Redis Cluster on a client that routes
+	// to one but is not a *goredis.ClusterClient (which always gets that
+	// layout). A single server keeps the layout it always had.
+	HashTags bool
 }
 
-// Claimer is a claim.Claimer over one Redis server.
+// Claimer is a claim.Claimer over one Redis server, or one Redis Cluster.
 type Claimer struct {
 	node     *redisnode.Node
 	client   goredis.UniversalClient
 	instance string
 	server   string   // "the Redis server at <addr>", for errors
 	done     *doneLog // this Claimer's recent terminal releases (restore.go)
+
+	// loss is the data loss a cluster's buckets report, one per failover
+	// (see lossUntil).
+	lossMu sync.Mutex
+	loss   struct{ start, until time.Time }
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
 
 // New returns a Claimer over client, which it owns from now on: Close
-// closes it. It panics on a nil client. Call Check before use, or use Open.
+// closes it. A *goredis.ClusterClient (or Options.HashTags) gets the
+// cluster's key layout (see package redisnode). It panics on a nil client.
+// Call Check before use, or use Open.
 func New(client goredis.UniversalClient, opts Options) *Claimer {
-	c := &Claimer{client: client, instance: opts.Instance, server: "the Redis server"}
+	c := &Claimer{client: client, instance: opts.Instance}
 	c.node = redisnode.New(client, redisnode.Options{Prefix: opts.Prefix, DoneTTL: opts.DoneTTL,
-		HistoryLimit: opts.HistoryLimit, AllowEviction: opts.AllowEviction,
+		HistoryLimit: opts.HistoryLimit, AllowEviction: opts.AllowEviction, HashTags: opts.HashTags,
 		Restarted: func() { c.done.poke() }, // a claim saw the server restart: write back now
 	}, 0, 1)
+	c.server = "the Redis server"
+	if c.node.Cluster() {
+		c.server = "the Redis Cluster"
+	}
 	if addr := c.node.Addr(); addr != "" {
 		c.server += " at " + addr
 	}
@@ -63,8 +79,9 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts Options) (*C
 	return c, nil
 }
 
-// Check refuses a server that may evict claims (see redisnode.Node.Check)
-// or that cannot be reached (claim.ErrUnavailable).
+// Check refuses a server that may evict claims, a cluster node behind a
+// plain client (see redisnode.Node.Check), or a server that cannot be
+// reached (claim.ErrUnavailable); on a cluster, every master is checked.
 func (c *Claimer) Check(ctx context.Context) error { return c.node.Check(ctx) }
 
 // granted turns a node's reply to a claim into the contract's answer.
@@ -75,7 +92,7 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 			c.done.poke() // write back this replica's done markers now
 			// Until stays the same for one loss, so that it is reported
 			// once; a write-back may hold runs a little longer.
-			loss := &claim.DataLossError{Backend: c.server, Until: r.LostAt.Add(lease)}
+			loss := &claim.DataLossError{Backend: c.server, Until: c.lossUntil(r.LostAt, lease)}
 			if r.LeaseUntil.After(loss.Until) {
 				return nil, fmt.Errorf("claim %s: %w (and while done markers are written back, until %s): %w",
 					run.ID(), loss, r.LeaseUntil.Format(time.RFC3339Nano), claim.ErrHeld)
@@ -91,6 +108,30 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 		Run: run, Token: token, Holder: c.instance, Fence: r.Fence, Attempt: r.Attempt,
 		Deadline: r.LeaseUntil, Requested: requested, Lease: lease,
 	}, nil
+}
+
+// lossUntil is the end of the restart guard that began at lostAt, as the
+// error reports it. On a single server that is lostAt + lease. On a
+// cluster each bucket's guard begins at its own first script after the
+// failover, so one failover would read as many losses, each a little
+// later; guards that began within a lease of the first are reported as
+// that one loss, held until its start plus two leases (when the last of
+// them has ended, at the latest).
+func (c *Claimer) lossUntil(lostAt time.Time, lease time.Duration) time.Time {
+	if !c.node.Cluster() {
+		return lostAt.Add(lease)
+	}
+	c.lossMu.Lock()
+	defer c.lossMu.Unlock()
+	l := &c.loss
+	switch {
+	case !l.start.IsZero() && lostAt.Sub(l.start).Abs() < lease:
+	case l.start.IsZero() || lostAt.After(l.start):
+		l.start, l.until = lostAt, lostAt.Add(2*lease)
+	default: // an older loss, reported late
+		return lostAt.Add(lease)
+	}
+	return l.until
 }
 
 // Claim implements claim.Claimer: the claim script of every run,

@@ -130,14 +130,18 @@ func (d *doneLog) every() time.Duration {
 
 // watch reads the marker every lease/4, or at once when a claim saw the
 // server change, and writes the remembered done markers back when it
-// changes. The first reading is the baseline, unless it already names
-// another server than the one this Claimer's own scripts last saw (the
-// one its releases went to): then the server changed between the first
-// release and the first reading, which a loaded machine can delay past a
-// restart. Reading the marker starts the restart guard if nothing has
-// yet, so the write-back has most of a lease; it is bounded by one.
+// changes. On a cluster each bucket has its own marker, on the master
+// that holds its slot: the watch reads those of the buckets it remembers
+// releases in, and writes back a bucket's when its marker changes (its
+// master failed over or restarted). The first reading of a marker is the
+// baseline, unless it already names another server than the one this
+// Claimer's own scripts last saw for the bucket (the one its releases
+// went to): then the server changed between the first release and the
+// first reading, which a loaded machine can delay past a restart. Reading
+// the marker starts the restart guard if nothing has yet, so the
+// write-back has most of a lease; it is bounded by one.
 func (d *doneLog) watch(ctx context.Context) {
-	var epoch string
+	epochs := map[int]string{} // by bucket
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -148,25 +152,64 @@ func (d *doneLog) watch(ctx context.Context) {
 		case <-d.check:
 		}
 		every, lease := d.every(), time.Duration(d.lease.Load())
-		seen := d.node.Seen() // before Epoch records what it reads
+		buckets := d.buckets()
+		seen := make([]string, len(buckets))
+		for i, b := range buckets {
+			seen[i] = d.node.Seen(b) // before Epochs records what it reads
+		}
 		cctx, cancel := context.WithTimeout(ctx, every)
-		now, err := d.node.Epoch(cctx, lease)
+		nows, errs := d.node.Epochs(cctx, buckets, lease)
 		cancel()
-		server, _, _ := strings.Cut(now, " ")
-		changed := epoch != "" && now != epoch || epoch == "" && seen != "" && seen != server
-		if err == nil && changed {
+		changed := map[int]bool{}
+		for i, b := range buckets {
+			if errors.Is(errs[i], goredis.ErrClosed) {
+				return // the client was closed without Close: nothing left to watch
+			}
+			if errs[i] != nil {
+				continue
+			}
+			server, _, _ := strings.Cut(nows[i], " ")
+			epoch, known := epochs[b]
+			if known && nows[i] != epoch || !known && seen[i] != "" && seen[i] != server {
+				changed[b] = true
+			}
+			epochs[b] = nows[i]
+		}
+		if len(changed) > 0 {
+			var back []redisnode.Finished
+			for _, f := range d.recent() { // with releases acknowledged meanwhile
+				if changed[d.node.Bucket(f.Run.Job)] {
+					back = append(back, f)
+				}
+			}
 			// Each script call extends the guard by a lease (Node.Restore):
 			// the bound is for a server that stopped answering.
 			rctx, cancel := context.WithTimeout(ctx, max(4*lease, 10*time.Second))
-			d.node.Restore(rctx, d.recent(), d.ttl, lease)
+			d.node.Restore(rctx, back, d.ttl, lease)
 			cancel()
-		}
-		if errors.Is(err, goredis.ErrClosed) {
-			return // the client was closed without Close: nothing left to watch
-		}
-		if err == nil {
-			epoch = now
 		}
 		t.Reset(every)
 	}
+}
+
+// buckets are the buckets whose markers the watch reads: the one bucket of
+// a single server, and on a cluster those of the runs it remembers.
+func (d *doneLog) buckets() []int {
+	if d.node.Buckets() == 1 {
+		return []int{0}
+	}
+	in := make([]bool, d.node.Buckets())
+	d.mu.Lock()
+	d.prune(time.Now())
+	for _, f := range d.runs[d.head:] {
+		in[d.node.Bucket(f.Run.Job)] = true
+	}
+	d.mu.Unlock()
+	var out []int
+	for b, ok := range in {
+		if ok {
+			out = append(out, b)
+		}
+	}
+	return out
 }

@@ -103,8 +103,6 @@ end
 return out
 `)
 
-func (k keys) controls() string { return k.prefix + "controls" }
-
 // PutControl runs the put script on the node: c is stored unless the key
 // holds an unexpired entry (on the server's clock) that wins over it, and
 // the entry the key holds afterwards is returned. c must have passed
@@ -112,7 +110,7 @@ func (k keys) controls() string { return k.prefix + "controls" }
 func (n *Node) PutControl(ctx context.Context, c claim.Control) (claim.Control, error) {
 	v, err := putControlScript.Run(ctx, n.client, []string{n.keys.controls()}, c.Key, encodeControl(c)).Text()
 	if err != nil {
-		return claim.Control{}, translate(ctx, err)
+		return claim.Control{}, n.translate(ctx, err)
 	}
 	return decodeControl(c.Key, v)
 }
@@ -122,7 +120,7 @@ func (n *Node) PutControl(ctx context.Context, c claim.Control) (claim.Control, 
 func (n *Node) ListControls(ctx context.Context, prefix string) ([]claim.Control, error) {
 	vals, err := listControlsScript.Run(ctx, n.client, []string{n.keys.controls()}, prefix).StringSlice()
 	if err != nil {
-		return nil, translate(ctx, err)
+		return nil, n.translate(ctx, err)
 	}
 	if len(vals)%2 != 0 {
 		return nil, fmt.Errorf("redis: list controls script replied %d elements", len(vals))

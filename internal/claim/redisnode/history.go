@@ -18,8 +18,8 @@ func (n *Node) History(ctx context.Context, job string, limit int) ([]claim.Reco
 	jobs := []string{job}
 	if job == "" {
 		var err error
-		if jobs, err = n.client.SMembers(ctx, n.keys.jobs()).Result(); err != nil {
-			return nil, translate(ctx, err)
+		if jobs, err = n.jobs(ctx); err != nil {
+			return nil, err
 		}
 	}
 	var out []claim.Record
@@ -37,6 +37,30 @@ func (n *Node) History(ctx context.Context, job string, limit int) ([]claim.Reco
 	return out, nil
 }
 
+// jobs lists the job names of every bucket's jobs set (one pipeline on
+// a cluster), sorted.
+func (n *Node) jobs(ctx context.Context) ([]string, error) {
+	if n.keys.count() == 1 {
+		jobs, err := n.client.SMembers(ctx, n.keys.jobs(0)).Result()
+		return jobs, n.translate(ctx, err)
+	}
+	cmds := make([]*goredis.StringSliceCmd, n.keys.count())
+	if _, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		for b := range cmds {
+			cmds[b] = p.SMembers(ctx, n.keys.jobs(b))
+		}
+		return nil
+	}); err != nil {
+		return nil, n.translate(ctx, err)
+	}
+	var jobs []string
+	for _, c := range cmds {
+		jobs = append(jobs, c.Val()...)
+	}
+	slices.Sort(jobs)
+	return slices.Compact(jobs), nil
+}
+
 // jobHistory pages through one job's index, newest first, until it has
 // limit live records or the index ends.
 func (n *Node) jobHistory(ctx context.Context, job string, limit int) ([]claim.Record, error) {
@@ -48,7 +72,7 @@ func (n *Node) jobHistory(ctx context.Context, job string, limit int) ([]claim.R
 	for start := int64(0); ; start += page {
 		ids, err := n.client.ZRevRange(ctx, n.keys.runs(job), start, start+page-1).Result()
 		if err != nil {
-			return nil, translate(ctx, err)
+			return nil, n.translate(ctx, err)
 		}
 		if len(ids) == 0 {
 			return out, nil
@@ -60,7 +84,7 @@ func (n *Node) jobHistory(ctx context.Context, job string, limit int) ([]claim.R
 			}
 			return nil
 		}); err != nil {
-			return nil, translate(ctx, err)
+			return nil, n.translate(ctx, err)
 		}
 		var gone []any
 		for i, id := range ids {
@@ -77,7 +101,7 @@ func (n *Node) jobHistory(ctx context.Context, job string, limit int) ([]claim.R
 		if len(gone) > 0 {
 			// Expired runs; the next read need not page past them again.
 			if err := n.client.ZRem(ctx, n.keys.runs(job), gone...).Err(); err != nil {
-				return nil, translate(ctx, err)
+				return nil, n.translate(ctx, err)
 			}
 			start -= int64(len(gone))
 		}

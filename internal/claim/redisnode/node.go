@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,8 +30,13 @@ type Options struct {
 	DoneTTL       time.Duration
 	HistoryLimit  int
 	AllowEviction bool
+	// HashTags lays the keys out for Redis Cluster (see keys) on a client
+	// that is not a *goredis.ClusterClient but routes to one; a
+	// *goredis.ClusterClient always gets that layout.
+	HashTags bool
 	// Restarted, if set, is called when a script reports another run_id
-	// than the last one: the server restarted (redis.Claimer's write-back).
+	// than the last one for a bucket: the server (or the bucket's master)
+	// restarted or changed (redis.Claimer's write-back).
 	Restarted func()
 }
 
@@ -54,11 +57,15 @@ type Node struct {
 	historyLimit  int
 	allowEviction bool
 	slot, slots   int64
-	addr          string // the server's address, where the client tells it
-	// seen is the run_id of the server incarnation a claim script last ran
-	// on: the script tells a marker that vanished under it (keys deleted)
-	// from a new namespace by it.
-	seen atomic.Pointer[string]
+	addr          string // the server's address, or a cluster's seeds, where the client tells
+	// cluster is client when it is a *goredis.ClusterClient: its slot map
+	// is reloaded when a node stops answering, and Check and Ping visit
+	// every master.
+	cluster *goredis.ClusterClient
+	// seen holds, per bucket, the run_id of the server incarnation a claim
+	// script last ran on: the script tells a marker that vanished under it
+	// (keys deleted) from a new namespace by it.
+	seen []atomic.Pointer[string]
 	// restarted is Options.Restarted.
 	restarted func()
 }
@@ -76,32 +83,38 @@ func New(client goredis.UniversalClient, opts Options, slot, slots int) *Node {
 	}
 	opts = opts.withDefaults()
 	n := &Node{
-		client: client, keys: keys{opts.Prefix}, doneTTL: opts.DoneTTL,
+		client: client, keys: keys{opts.Prefix, tagged(client, opts.HashTags)}, doneTTL: opts.DoneTTL,
 		historyLimit: opts.HistoryLimit, allowEviction: opts.AllowEviction,
 		slot: int64(slot), slots: int64(slots), restarted: opts.Restarted,
 	}
-	if cl, ok := client.(*goredis.Client); ok {
+	n.seen = make([]atomic.Pointer[string], n.keys.count())
+	switch cl := client.(type) {
+	case *goredis.Client:
 		n.addr = cl.Options().Addr
+	case *goredis.ClusterClient:
+		n.cluster, n.addr = cl, strings.Join(cl.Options().Addrs, ",")
 	}
 	return n
 }
 
+// Cluster reports whether the node lays its keys out for Redis Cluster
+// (hash-tagged buckets, see keys).
+func (n *Node) Cluster() bool { return n.keys.tagged }
+
+// Buckets is how many buckets the key layout has: 1 on a single server,
+// Buckets on a cluster.
+func (n *Node) Buckets() int { return n.keys.count() }
+
+// Bucket is job's bucket: the marker, and the seen run_id, that its runs
+// answer to.
+func (n *Node) Bucket(job string) int { return n.keys.bucket(job) }
+
 // DoneTTL is how long a run's hash outlives its lease or release.
 func (n *Node) DoneTTL() time.Duration { return n.doneTTL }
 
-// Addr is the server's address, or "" if the client does not tell.
+// Addr is the server's address (a cluster's seed addresses, joined by
+// commas), or "" if the client does not tell.
 func (n *Node) Addr() string { return n.addr }
-
-// keys builds the key layout. Run ids are injective (claim.Run.ID), and the
-// four namespaces differ before the variable part ("run:" vs "runs:"), so
-// distinct runs and jobs never share a key.
-type keys struct{ prefix string }
-
-func (k keys) run(id string) string    { return k.prefix + "run:" + id }
-func (k keys) fence(job string) string { return k.prefix + "fence:" + job }
-func (k keys) runs(job string) string  { return k.prefix + "runs:" + job }
-func (k keys) jobs() string            { return k.prefix + "jobs" }
-func (k keys) marker() string          { return k.prefix + "server" }
 
 // Vote is a node's answer to a claim.
 type Vote int
@@ -138,36 +151,35 @@ func TokenKey(token string) string {
 }
 
 func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duration) ([]string, []any) {
-	id := run.ID()
-	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs(), n.keys.marker()},
+	id, b := run.ID(), n.keys.bucket(run.Job)
+	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs(b), n.keys.marker(b)},
 		[]any{token, holder, lease.Milliseconds(), n.doneTTL.Milliseconds(), run.At.UnixMilli(), id, run.Job,
-			n.historyLimit, n.slot, n.slots, n.seenID()}
+			n.historyLimit, n.slot, n.slots, n.Seen(b)}
 }
 
-// Seen is the run_id this node's scripts last reported ("" if none ran
-// yet): the server incarnation its latest claims and releases went to.
-func (n *Node) Seen() string { return n.seenID() }
-
-func (n *Node) seenID() string {
-	if p := n.seen.Load(); p != nil {
+// Seen is the run_id this node's scripts last reported for bucket b (""
+// if none ran yet): the server incarnation its latest claims and releases
+// of the bucket's jobs went to.
+func (n *Node) Seen(b int) string {
+	if p := n.seen[b].Load(); p != nil {
 		return *p
 	}
 	return ""
 }
 
-// ran records the run_id a script reported: the namespace's marker now
-// names it, unless the server loses its data.
-func (n *Node) ran(id string) {
-	if old := n.seen.Swap(&id); old != nil && *old != id && n.restarted != nil {
+// ran records the run_id a script reported for bucket b: the bucket's
+// marker now names it, unless the server loses its data.
+func (n *Node) ran(b int, id string) {
+	if old := n.seen[b].Swap(&id); old != nil && *old != id && n.restarted != nil {
 		n.restarted()
 	}
 }
 
-func (n *Node) claimReply(vals []any) (Reply, error) {
+func (n *Node) claimReply(b int, vals []any) (Reply, error) {
 	r := reply(vals)
 	if len(vals) > 0 {
 		if id := r.str(len(vals) - 1); r.err == nil {
-			n.ran(id)
+			n.ran(b, id)
 		}
 	}
 	var out Reply
@@ -199,9 +211,9 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 	}, func(i int, cmd *goredis.Cmd) error {
 		vals, err := cmd.Slice()
 		if err != nil {
-			return translate(ctx, err)
+			return n.translate(ctx, err)
 		}
-		replies[i], err = n.claimReply(vals)
+		replies[i], err = n.claimReply(n.keys.bucket(runs[i].Job), vals)
 		return err
 	})
 	return replies, errs
@@ -210,7 +222,9 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 // pipeline runs script count times in one pipeline, with the keys and
 // arguments args gives for each, and hands each reply to read; it returns
 // each run's error (a second pipeline loads the script if the server lost
-// it). A single run is sent without a pipeline, as a bare script call.
+// it). A single run is sent without a pipeline, as a bare script call. On
+// a cluster every script's keys share one bucket's hash tag, so each
+// touches one slot; the cluster client splits the pipeline by node.
 func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
 	args func(i int) ([]string, []any), read func(i int, cmd *goredis.Cmd) error) []error {
 	errs := make([]error, count)
@@ -218,7 +232,7 @@ func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
 		keys, argv := args(0)
 		cmd := script.Run(ctx, n.client, keys, argv...) // EVALSHA, then EVAL if the server lost the script
 		if err := cmd.Err(); err != nil {
-			errs[0] = translate(ctx, err)
+			errs[0] = n.translate(ctx, err)
 		} else {
 			errs[0] = read(0, cmd)
 		}
@@ -243,7 +257,7 @@ func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
 			case err != nil && try == 0 && goredis.HasErrorPrefix(err, "NOSCRIPT"):
 				again = append(again, i)
 			case err != nil:
-				errs[i] = translate(ctx, err)
+				errs[i] = n.translate(ctx, err)
 			default:
 				errs[i] = read(i, cmds[k])
 			}
@@ -251,7 +265,7 @@ func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
 		if len(again) > 0 {
 			if err := script.Load(ctx, n.client).Err(); err != nil {
 				for _, i := range again {
-					errs[i] = translate(ctx, err)
+					errs[i] = n.translate(ctx, err)
 				}
 				again = nil
 			}
@@ -290,11 +304,11 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 		fix = "1"
 	}
 	vals, err := renewScript.Run(ctx, n.client,
-		[]string{n.keys.run(id), n.keys.fence(job), n.keys.runs(job), n.keys.jobs()},
+		[]string{n.keys.run(id), n.keys.fence(job), n.keys.runs(job), n.keys.jobs(n.keys.bucket(job))},
 		cl.Token, lease.Milliseconds(), n.doneTTL.Milliseconds(), fix, cl.Holder, cl.Fence, cl.Attempt,
 		cl.Run.At.UTC().UnixMilli(), id, job).Slice()
 	if err != nil {
-		return time.Time{}, translate(ctx, err)
+		return time.Time{}, n.translate(ctx, err)
 	}
 	r := reply(vals)
 	switch r.str(0) {
@@ -318,7 +332,7 @@ func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcom
 	}, func(_ int, cmd *goredis.Cmd) error {
 		vals, err := cmd.Slice()
 		if err != nil {
-			return translate(ctx, err)
+			return n.translate(ctx, err)
 		}
 		return releaseReply(vals)
 	})
@@ -344,7 +358,7 @@ func releaseReply(vals []any) error {
 // if token no longer holds the run.
 func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
 	id := run.ID()
-	return translate(ctx, abortScript.Run(ctx, n.client,
+	return n.translate(ctx, abortScript.Run(ctx, n.client,
 		[]string{n.keys.run(id), n.keys.runs(run.Job)}, token, id).Err())
 }
 
@@ -359,82 +373,13 @@ func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []strin
 	}, func(i int, cmd *goredis.Cmd) error {
 		v, err := cmd.Int()
 		updated[i] = v == 1
-		return translate(ctx, err)
+		return n.translate(ctx, err)
 	})
 	return updated, errs
 }
 
 func (n *Node) commitArgs(run claim.Run, token string, fence int64, attempt int) ([]string, []any) {
 	return []string{n.keys.run(run.ID()), n.keys.fence(run.Job)}, []any{token, fence, attempt}
-}
-
-// Ping reports whether the server answers.
-func (n *Node) Ping(ctx context.Context) error {
-	return translate(ctx, n.client.Ping(ctx).Err())
-}
-
-// Check refuses a server that may evict keys: with maxmemory set and any
-// maxmemory-policy but noeviction, Redis may drop a claim under memory
-// pressure and the run would execute twice. It reads INFO, which managed
-// services that disable CONFIG still serve.
-func (n *Node) Check(ctx context.Context) error {
-	if _, ok := n.client.(*goredis.ClusterClient); ok {
-		return errors.New("redis: Redis Cluster is not supported: a claim updates keys in several hash slots atomically")
-	}
-	info, err := n.client.Info(ctx, "memory").Result()
-	if err != nil {
-		return translate(ctx, err)
-	}
-	var maxmemory int64
-	policy := ""
-	for line := range strings.Lines(info) {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		switch k {
-		case "maxmemory":
-			maxmemory, _ = strconv.ParseInt(v, 10, 64)
-		case "maxmemory_policy":
-			policy = v
-		}
-	}
-	if maxmemory > 0 && policy != "noeviction" && !n.allowEviction {
-		return fmt.Errorf("redis: maxmemory is %d bytes with maxmemory-policy %q: the server may evict a claim "+
-			"and let a run execute twice; set maxmemory-policy noeviction (or maxmemory 0), or allow eviction "+
-			"explicitly to accept that risk", maxmemory, policy)
-	}
-	return nil
-}
-
-// translate maps a go-redis error onto the claim contract, in one place.
-// The caller's cancellation comes back unchanged, never as a sentinel;
-// anything that says the server cannot serve us now (no connection, a
-// timeout, LOADING, READONLY, OOM, auth) is claim.ErrUnavailable; other
-// server replies are bugs and are returned as they are. go-redis errors
-// carry addresses, never passwords.
-func translate(ctx context.Context, err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil:
-		// Whatever the client saw (a deadline on the socket, a dropped
-		// connection) followed from the caller giving up.
-		return ctx.Err()
-	case errors.Is(err, goredis.Nil):
-		// No script replies nil and no command used here returns it.
-		return fmt.Errorf("redis: unexpected nil reply")
-	}
-	var rerr goredis.Error
-	if errors.As(err, &rerr) && !serverUnavailable(err) {
-		return err
-	}
-	// %v, not %w: a timeout inside the client is not the caller's deadline.
-	return fmt.Errorf("%w: %v", claim.ErrUnavailable, err)
-}
-
-func serverUnavailable(err error) bool {
-	return goredis.IsLoadingError(err) || goredis.IsReadOnlyError(err) || goredis.IsMasterDownError(err) ||
-		goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err) || goredis.IsMaxClientsError(err) ||
-		goredis.IsOOMError(err) || goredis.IsAuthError(err) || goredis.IsPermissionError(err) ||
-		goredis.HasErrorPrefix(err, "BUSY")
 }
 
 // reply reads a script's array reply; the first malformed element sets err.

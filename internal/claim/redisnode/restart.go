@@ -91,77 +91,127 @@ return 1
 `)
 
 // MarkNew declares that the namespace under prefix ("" for DefaultPrefix)
-// is new on the server behind client: nothing was ever claimed in it, so
-// its first claims need not wait out the restart guard that a missing
-// marker otherwise starts on a server up for less than a lease (see
-// package redis). It does nothing to a namespace that has a marker.
-// Call it only where a namespace is created, as tests do: on a namespace
-// whose server restarted empty it would let a run still held by a replica
-// be granted again.
+// is new on the server behind client (every bucket of it, on a cluster):
+// nothing was ever claimed in it, so its first claims need not wait out
+// the restart guard that a missing marker otherwise starts on a server up
+// for less than a lease, or once a replica (see package redis). It does
+// nothing to a bucket that has a marker. Call it only where a namespace is
+// created, as tests do: on a namespace whose server restarted empty it
+// would let a run still held by a replica be granted again.
 func MarkNew(ctx context.Context, client goredis.UniversalClient, prefix string) error {
-	k := keys{Options{Prefix: prefix}.withDefaults().Prefix}
-	return translate(ctx, markNewScript.Run(ctx, client, []string{k.marker()}).Err())
+	n := New(client, Options{Prefix: prefix}, 0, 1)
+	return errors.Join(n.pipeline(ctx, markNewScript, n.keys.count(), func(b int) ([]string, []any) {
+		return []string{n.keys.marker(b)}, nil
+	}, func(int, *goredis.Cmd) error { return nil })...)
 }
 
-// Epoch reads the marker, checked against the server as a claim under
-// lease would check it: "<run_id> <guard start ms>". A client closed
-// under it returns goredis.ErrClosed as it is.
-func (n *Node) Epoch(ctx context.Context, lease time.Duration) (string, error) {
-	v, err := epochScript.Run(ctx, n.client, []string{n.keys.marker()}, n.seenID(), lease.Milliseconds()).Text()
-	if errors.Is(err, goredis.ErrClosed) {
-		return "", err
-	}
-	if err == nil {
+// Epochs reads the markers of buckets, checked against the server as a
+// claim under lease would check them, in one pipeline (a single bucket
+// goes without one): "<run_id> <guard start ms>" each. A client closed
+// under it returns errors wrapping goredis.ErrClosed.
+func (n *Node) Epochs(ctx context.Context, buckets []int, lease time.Duration) ([]string, []error) {
+	out := make([]string, len(buckets))
+	errs := n.pipeline(ctx, epochScript, len(buckets), func(i int) ([]string, []any) {
+		b := buckets[i]
+		return []string{n.keys.marker(b)}, []any{n.Seen(b), lease.Milliseconds()}
+	}, func(i int, cmd *goredis.Cmd) error {
+		v, err := cmd.Text()
+		if err != nil {
+			return n.translate(ctx, err)
+		}
 		id, _, _ := strings.Cut(v, " ")
-		n.ran(id)
-	}
-	return v, translate(ctx, err)
+		n.ran(buckets[i], id)
+		out[i] = v
+		return nil
+	})
+	return out, errs
 }
 
 // Restore writes back the done markers of runs, best effort, restoreChunk
-// to a script call, one call after another so that each extends the guard
-// as it lands; each marker lives what is left of ttl since its release.
+// to a script call (each within one bucket), one call after another so
+// that each extends its bucket's guard as it lands; each marker lives what
+// is left of ttl since its release.
 func (n *Node) Restore(ctx context.Context, runs []Finished, ttl, lease time.Duration) {
 	now := time.Now()
-	for len(runs) > 0 && ctx.Err() == nil {
-		chunk := runs[:min(restoreChunk, len(runs))]
-		runs = runs[len(chunk):]
-		keys := []string{n.keys.jobs(), n.keys.marker()}
-		args := []any{lease.Milliseconds()}
-		for _, f := range chunk {
-			left := ttl - now.Sub(f.At)
-			if left <= 0 {
-				continue
-			}
-			id := f.Run.ID()
-			keys = append(keys, n.keys.run(id), n.keys.runs(f.Run.Job))
-			args = append(args, f.Token, f.Holder, f.Fence, f.Attempt, string(f.Status), f.At.UnixMilli(),
-				left.Milliseconds()+1, f.Run.At.UnixMilli(), id, f.Run.Job)
+	byBucket := map[int][]Finished{}
+	var order []int
+	for _, f := range runs {
+		b := n.keys.bucket(f.Run.Job)
+		if _, ok := byBucket[b]; !ok {
+			order = append(order, b)
 		}
-		if len(args) > 1 {
-			_ = restoreScript.Run(ctx, n.client, keys, args...).Err() // what did not land is exposed as if unremembered
+		byBucket[b] = append(byBucket[b], f)
+	}
+	for _, b := range order {
+		runs := byBucket[b]
+		for len(runs) > 0 && ctx.Err() == nil {
+			chunk := runs[:min(restoreChunk, len(runs))]
+			runs = runs[len(chunk):]
+			keys := []string{n.keys.jobs(b), n.keys.marker(b)}
+			args := []any{lease.Milliseconds()}
+			for _, f := range chunk {
+				left := ttl - now.Sub(f.At)
+				if left <= 0 {
+					continue
+				}
+				id := f.Run.ID()
+				keys = append(keys, n.keys.run(id), n.keys.runs(f.Run.Job))
+				args = append(args, f.Token, f.Holder, f.Fence, f.Attempt, string(f.Status), f.At.UnixMilli(),
+					left.Milliseconds()+1, f.Run.At.UnixMilli(), id, f.Run.Job)
+			}
+			if len(args) > 1 {
+				_ = restoreScript.Run(ctx, n.client, keys, args...).Err() // what did not land is exposed as if unremembered
+			}
 		}
 	}
 }
 
 // DropPrefix deletes every key under prefix (a namespace a harness made),
-// in batches; glob characters in prefix are matched literally.
+// in batches, on every master of a cluster; glob characters in prefix are
+// matched literally.
 func DropPrefix(ctx context.Context, client goredis.UniversalClient, prefix string) error {
+	if cc, ok := client.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			return dropPrefix(ctx, c, prefix, true)
+		})
+	}
+	return dropPrefix(ctx, client, prefix, false)
+}
+
+// dropPrefix is DropPrefix on one server; on a cluster node, keys of
+// different slots go in separate commands (a multi-key command must stay
+// in one slot), pipelined.
+func dropPrefix(ctx context.Context, client goredis.UniversalClient, prefix string, cluster bool) error {
 	match := strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(prefix) + "*"
 	iter := client.Scan(ctx, 0, match, 1000).Iterator()
 	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		var err error
+		if cluster {
+			_, err = client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+				for _, k := range batch {
+					p.Unlink(ctx, k)
+				}
+				return nil
+			})
+		} else {
+			err = client.Unlink(ctx, batch...).Err()
+		}
+		batch = batch[:0]
+		return err
+	}
 	for iter.Next(ctx) {
 		if batch = append(batch, iter.Val()); len(batch) == 500 {
-			if err := client.Unlink(ctx, batch...).Err(); err != nil {
+			if err := flush(); err != nil {
 				return err
 			}
-			batch = batch[:0]
 		}
 	}
-	if len(batch) > 0 {
-		if err := client.Unlink(ctx, batch...).Err(); err != nil {
-			return err
-		}
+	if err := flush(); err != nil {
+		return err
 	}
 	return iter.Err()
 }

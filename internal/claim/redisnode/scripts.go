@@ -18,11 +18,16 @@ import goredis "github.com/redis/go-redis/v9"
 // extends it (Restore). A marker naming another run_id means
 // the data came back from disk or a replica, and may lack the latest
 // writes; a missing marker means an emptied server or a new namespace,
-// which nothing tells apart: either starts the guard now. Two missing
-// markers need no guard: on a server up for longer than a lease (every
-// claim of an earlier incarnation has expired for its holder by then)
+// which nothing tells apart: either starts the guard now. A missing
+// marker needs no guard on a server up for longer than a lease (every
+// claim of an earlier incarnation has expired for its holder by then),
 // unless the caller saw the marker on this very incarnation (then the keys
-// were deleted under it).
+// were deleted under it) or the server was a replica once (promoted()):
+// its uptime does not say since when it is a master, and replication is
+// asynchronous, so a marker written just before the failover, and the
+// claims after it, may never have reached it. On a cluster, where a marker
+// is one per bucket, that is a bucket whose first claims were the last
+// ones the old master made.
 const incarnationLua = `
 local function s(x) return string.format('%.0f', x) end
 local function clock()
@@ -33,12 +38,16 @@ local function server()
   local info = redis.call('INFO', 'server')
   return string.match(info, 'run_id:(%x+)'), tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) * 1000
 end
+local function promoted()
+  local off = string.match(redis.call('INFO', 'replication'), 'second_repl_offset:(%-?%d+)')
+  return off ~= nil and off ~= '-1'
+end
 local function incarnation(marker, seen, lease, now)
   local id, up = server()
   local m = redis.call('HMGET', marker, 'run_id', 'since', 'hold')
   if m[1] == id then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
   local since = now
-  if not m[1] and seen ~= id and up >= lease then since = 0 end
+  if not m[1] and seen ~= id and up >= lease and not promoted() then since = 0 end
   redis.call('DEL', marker)
   redis.call('HSET', marker, 'run_id', id, 'since', s(since))
   return id, since, 0

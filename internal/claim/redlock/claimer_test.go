@@ -48,6 +48,13 @@ func TestNewRejectsNoNodesBadClientsAndNoNodeTimeout(t *testing.T) {
 	if _, err := redlock.New([]goredis.UniversalClient{plain}, opts); err == nil || !strings.Contains(err.Error(), "ContextTimeoutEnabled") {
 		t.Fatalf("New with a client that ignores context deadlines: %v", err)
 	}
+	// A cluster client is not a node: Redlock's votes need independent
+	// servers.
+	cluster := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer cluster.Close()
+	if _, err := redlock.New([]goredis.UniversalClient{cluster}, opts); err == nil || !strings.Contains(err.Error(), "independent") {
+		t.Fatalf("New with a cluster client: %v", err)
+	}
 	// The default lives in the config's table alone; New does not guess one.
 	good := goredis.NewClient(redlock.ClientOptions("127.0.0.1:1"))
 	defer good.Close()

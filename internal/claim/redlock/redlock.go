@@ -70,6 +70,9 @@ func New(clients []goredis.UniversalClient, opts Options) (*Claimer, error) {
 		if cl == nil {
 			return nil, fmt.Errorf("redlock: node %d: nil client", i)
 		}
+		if _, ok := cl.(*goredis.ClusterClient); ok {
+			return nil, fmt.Errorf("redlock: node %d: a Redis Cluster client; Redlock counts votes of independent servers, one plain client each", i)
+		}
 		if rc, ok := cl.(*goredis.Client); ok && !rc.Options().ContextTimeoutEnabled {
 			return nil, fmt.Errorf("redlock: node %d (%s): client must set ContextTimeoutEnabled so that the node timeout bounds each call",
 				i, rc.Options().Addr)

@@ -1,0 +1,154 @@
+package redisnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// Ping reports whether the server answers; on a cluster, whether every
+// master does.
+func (n *Node) Ping(ctx context.Context) error {
+	if n.cluster != nil {
+		return n.translate(ctx, n.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			return c.Ping(ctx).Err()
+		}))
+	}
+	return n.translate(ctx, n.client.Ping(ctx).Err())
+}
+
+// Check refuses what cannot keep a claim:
+//   - a server that may evict keys: with maxmemory set and any
+//     maxmemory-policy but noeviction, Redis may drop a claim under memory
+//     pressure and the run would execute twice;
+//   - a Redis Cluster node behind a plain client, which would answer most
+//     claims with a redirection (MOVED) instead of running them;
+//   - on a cluster, a prefix holding a brace, which would move the hash
+//     tag of every key off its bucket.
+//
+// On a cluster it checks every master. It reads INFO, which managed
+// services that disable CONFIG still serve.
+func (n *Node) Check(ctx context.Context) error {
+	if n.keys.tagged && strings.ContainsAny(n.keys.prefix, "{}") {
+		return fmt.Errorf("redis: key prefix %q holds a brace: on a Redis Cluster the claimer tags every key "+
+			"with its bucket ({n}), and a brace in the prefix would become the hash tag instead", n.keys.prefix)
+	}
+	if n.cluster == nil {
+		return n.checkServer(ctx, n.client, n.addr)
+	}
+	var (
+		mu    sync.Mutex
+		found []error
+	)
+	err := n.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+		err := n.checkServer(ctx, c, c.Options().Addr)
+		if err != nil {
+			mu.Lock()
+			found = append(found, err)
+			mu.Unlock()
+		}
+		return err
+	})
+	if len(found) > 0 {
+		return errors.Join(found...)
+	}
+	if err != nil {
+		// The slot map could not be read: no seed answers, or a seed is
+		// a server with cluster support disabled.
+		return fmt.Errorf("redis cluster at %s: %w", n.addr, n.translate(ctx, err))
+	}
+	return nil
+}
+
+// checkServer runs Check's test on one server (a master of a cluster).
+func (n *Node) checkServer(ctx context.Context, c goredis.UniversalClient, addr string) error {
+	info, err := c.Info(ctx).Result() // the default sections hold memory and cluster
+	if err != nil {
+		return n.translate(ctx, err)
+	}
+	var maxmemory int64
+	policy, cluster := "", false
+	for line := range strings.Lines(info) {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "maxmemory":
+			maxmemory, _ = strconv.ParseInt(v, 10, 64)
+		case "maxmemory_policy":
+			policy = v
+		case "cluster_enabled":
+			cluster = v == "1"
+		}
+	}
+	at := ""
+	if addr != "" {
+		at = " at " + addr
+	}
+	if cluster && !n.keys.tagged {
+		return fmt.Errorf("redis: the server%s is a Redis Cluster node (cluster_enabled:1), and this client "+
+			"talks to it as a single server: it would be redirected (MOVED) on most claims; connect as a "+
+			"cluster client instead (claimer.redis.cluster: true); Redlock nodes must be independent servers", at)
+	}
+	if maxmemory > 0 && policy != "noeviction" && !n.allowEviction {
+		return fmt.Errorf("redis: maxmemory%s is %d bytes with maxmemory-policy %q: the server may evict a claim "+
+			"and let a run execute twice; set maxmemory-policy noeviction (or maxmemory 0), or allow eviction "+
+			"explicitly to accept that risk", at, maxmemory, policy)
+	}
+	return nil
+}
+
+// translate is the package's translate, and on a cluster, when a node did
+// not answer, it asks the client to reload its slot map (in the
+// background, at most every 200ms): a master that died is replaced by
+// its promoted replica there, and the next calls go to it.
+func (n *Node) translate(ctx context.Context, err error) error {
+	out := translate(ctx, err)
+	if n.cluster != nil && out != nil && (errors.Is(out, claim.ErrUnavailable) || ctx.Err() != nil) {
+		n.cluster.ReloadState(ctx)
+	}
+	return out
+}
+
+// translate maps a go-redis error onto the claim contract, in one place.
+// The caller's cancellation comes back unchanged, never as a sentinel;
+// anything that says the server cannot serve us now (no connection, a
+// timeout, LOADING, READONLY, OOM, auth, a cluster that is down or
+// moving a slot) is claim.ErrUnavailable; other server replies are bugs
+// and are returned as they are. go-redis errors carry addresses, never
+// passwords.
+func translate(ctx context.Context, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		// Whatever the client saw (a deadline on the socket, a dropped
+		// connection) followed from the caller giving up.
+		return ctx.Err()
+	case errors.Is(err, goredis.Nil):
+		// No script replies nil and no command used here returns it.
+		return fmt.Errorf("redis: unexpected nil reply")
+	case errors.Is(err, goredis.ErrClosed):
+		// Kept, so that a watcher can tell a closed client from a server
+		// that is down.
+		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+	}
+	var rerr goredis.Error
+	if errors.As(err, &rerr) && !serverUnavailable(err) {
+		return err
+	}
+	// %v, not %w: a timeout inside the client is not the caller's deadline.
+	return fmt.Errorf("%w: %v", claim.ErrUnavailable, err)
+}
+
+func serverUnavailable(err error) bool {
+	return goredis.IsLoadingError(err) || goredis.IsReadOnlyError(err) || goredis.IsMasterDownError(err) ||
+		goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err) || goredis.IsMaxClientsError(err) ||
+		goredis.IsOOMError(err) || goredis.IsAuthError(err) || goredis.IsPermissionError(err) ||
+		goredis.HasErrorPrefix(err, "BUSY")
+}
