@@ -45,8 +45,10 @@ func TestNemesisOnRealBackends(t *testing.T) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	// etcd too: its leases are whole seconds, so its histories run at
-	// twice the time scale (realConfig), on fewer seeds.
-	seeds, kinds := realSeeds, append(slices.Clone(backends.Kinds), config.ClaimerEtcd)
+	// twice the time scale (realConfig), on fewer seeds. And the redis
+	// claimer on a Redis Cluster, whose restarts are master failovers,
+	// on fewer seeds too (six servers each).
+	seeds, kinds := realSeeds, append(slices.Clone(backends.Kinds), config.ClaimerEtcd, redisCluster)
 	if *realSeed != 0 {
 		seeds = []uint64{*realSeed}
 	}
@@ -54,7 +56,7 @@ func TestNemesisOnRealBackends(t *testing.T) {
 		kinds = strings.Split(*realKinds, ",")
 	}
 	kindSeeds := func(kind string) []uint64 {
-		if kind == config.ClaimerEtcd && *realSeed == 0 {
+		if (kind == config.ClaimerEtcd || kind == redisCluster) && *realSeed == 0 {
 			return seeds[:3]
 		}
 		return seeds
@@ -117,6 +119,17 @@ var privateServers = map[string]func(t *testing.T) []server{
 		}
 		return nodes
 	},
+	// A Redis Cluster of 3 masters and 3 replicas, without persistence:
+	// a restart kills one node (SIGKILL). A master's replica is promoted
+	// a second later, missing what replication had not yet carried; a
+	// master back within that second comes back empty, still master.
+	redisCluster: func(t *testing.T) []server {
+		var nodes []server
+		for _, n := range testenv.StartRedisCluster(t).Nodes() {
+			nodes = append(nodes, clusterNode{t, n})
+		}
+		return nodes
+	},
 	// Three members: a restart kills one (SIGKILL), the leader or not,
 	// and brings it back on its data; the other two keep a quorum.
 	"etcd": func(t *testing.T) []server {
@@ -126,6 +139,22 @@ var privateServers = map[string]func(t *testing.T) []server{
 		}
 		return members
 	},
+}
+
+// redisCluster names the redis claimer on a Redis Cluster among the
+// kinds the nemesis runs.
+const redisCluster = "redis-cluster"
+
+// clusterNode is a server of a Redis Cluster's node.
+type clusterNode struct {
+	t *testing.T
+	*procs.Redis
+}
+
+func (n clusterNode) Start() {
+	if err := n.Redis.Start(context.Background()); err != nil {
+		n.t.Error(err)
+	}
 }
 
 // etcdMember is a server of procs.EtcdMember.
@@ -158,7 +187,14 @@ func realConfig(t *testing.T, kind string, seed uint64) Config {
 	for _, n := range nodes {
 		opts.Servers = append(opts.Servers, n.Addr())
 	}
-	ns := backends.Prepare(t, kind, opts)
+	claimer := kind
+	if kind == redisCluster {
+		// The redis claimer through a cluster client, every node a seed.
+		seeds := opts.Servers
+		claimer, opts.Servers = config.ClaimerRedis, seeds[:1]
+		opts.Tune = func(c *config.Claimer) { c.Redis.Cluster, c.Redis.Addrs = true, seeds[1:] }
+	}
+	ns := backends.Prepare(t, claimer, opts)
 	cfg.Open = func(replica string) (claim.Claimer, error) { return ns.Open(replica), nil }
 	operator := ns.Open("operator")
 	t.Cleanup(func() { _ = operator.Close() })
