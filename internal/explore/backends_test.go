@@ -39,10 +39,10 @@ func TestNemesisOnRealBackends(t *testing.T) {
 	// seeds of ~15s for each kind, three of ~30s for etcd (its leases are
 	// whole seconds, so its histories run at twice the time scale, see
 	// realConfig). A pool of six that takes etcd's first keeps the six
-	// busy to the end (about 80s) where one lane per claimer left five
-	// idle while etcd's finished (about 100s). Each exploration
-	// has its own namespace and private servers, so which ones run side
-	// by side changes nothing but the load, which stays six at a time.
+	// busy to the end (about 80s), where one lane per claimer left five
+	// idle while etcd's finished (about 100s). Each exploration has its
+	// own namespace and private servers, so which ones run side by side
+	// changes nothing but the load, which stays six at a time.
 	type outcome struct {
 		res *Result
 		err error
