@@ -21,28 +21,7 @@ func TestEtcdBlock(t *testing.T) {
 		{"ZeroDialTimeout", et + "    endpoints: [a:1]\n    dial_timeout: 0s\n", "claimer.etcd.dial_timeout", "0s", "must be positive"},
 		{"TLSKeyWithoutCert", et + "    endpoints: [a:1]\n    tls: {enabled: true, key_file: /k.pem}\n", "claimer.etcd.tls.cert_file", "", "needs cert_file"},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			_, path, err := load(t, tt.yaml)
-			if err == nil {
-				t.Fatal("Load succeeded")
-			}
-			if strings.Contains(err.Error(), secret) {
-				t.Errorf("error leaks the secret:\n%v", err)
-			}
-			want := path + ": " + tt.key + ": "
-			if tt.value != "" {
-				want += fmt.Sprintf("%q: ", tt.value)
-			}
-			for _, p := range splitErrors(t, err) {
-				if p.Key == tt.key {
-					if line := p.Error(); !strings.HasPrefix(line, want) || !strings.Contains(line, tt.msg) {
-						t.Errorf("got  %s\nwant %s…%s", line, want, tt.msg)
-					}
-					return
-				}
-			}
-			t.Fatalf("no problem for key %q in:\n%v", tt.key, err)
-		})
+		t.Run(tt.name, func(t *testing.T) { wantProblem(t, tt.yaml, tt.key, tt.value, tt.msg) })
 	}
 
 	t.Run("DefaultsPasswordFileAndRedaction", func(t *testing.T) {
@@ -69,4 +48,31 @@ func TestEtcdBlock(t *testing.T) {
 			t.Error("read the password file of an unselected claimer")
 		}
 	})
+}
+
+// wantProblem loads yaml and checks that it fails with a problem for key
+// that names the file, the key and value (when not empty) and says msg,
+// and that no error shows the secret.
+func wantProblem(t *testing.T, yaml, key, value, msg string) {
+	t.Helper()
+	_, path, err := load(t, yaml)
+	if err == nil {
+		t.Fatal("Load succeeded")
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Errorf("error leaks the secret:\n%v", err)
+	}
+	want := path + ": " + key + ": "
+	if value != "" {
+		want += fmt.Sprintf("%q: ", value)
+	}
+	for _, p := range splitErrors(t, err) {
+		if p.Key == key {
+			if line := p.Error(); !strings.HasPrefix(line, want) || !strings.Contains(line, msg) {
+				t.Errorf("got  %s\nwant %s…%s", line, want, msg)
+			}
+			return
+		}
+	}
+	t.Fatalf("no problem for key %q in:\n%v", key, err)
 }

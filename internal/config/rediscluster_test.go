@@ -1,7 +1,6 @@
 package config
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -17,28 +16,7 @@ func TestRedisClusterBlock(t *testing.T) {
 		{"ClusterWithDB", rc + "    cluster: true\n    addrs: [a:1]\n    db: 2\n", "claimer.redis.db", "2", "database 0 only"},
 		{"ClusterPrefixWithBrace", rc + "    cluster: true\n    addrs: [a:1]\n    prefix: 'app:{x}:'\n", "claimer.redis.prefix", "app:{x}:", "must not hold a brace"},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			_, path, err := load(t, tt.yaml)
-			if err == nil {
-				t.Fatal("Load succeeded")
-			}
-			if strings.Contains(err.Error(), secret) {
-				t.Errorf("error leaks the secret:\n%v", err)
-			}
-			want := path + ": " + tt.key + ": "
-			if tt.value != "" {
-				want += fmt.Sprintf("%q: ", tt.value)
-			}
-			for _, p := range splitErrors(t, err) {
-				if p.Key == tt.key {
-					if line := p.Error(); !strings.HasPrefix(line, want) || !strings.Contains(line, tt.msg) {
-						t.Errorf("got  %s\nwant %s…%s", line, want, tt.msg)
-					}
-					return
-				}
-			}
-			t.Fatalf("no problem for key %q in:\n%v", tt.key, err)
-		})
+		t.Run(tt.name, func(t *testing.T) { wantProblem(t, tt.yaml, tt.key, tt.value, tt.msg) })
 	}
 
 	t.Run("SeedsFromAddrAndAddrs", func(t *testing.T) {
