@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -67,13 +66,9 @@ func TestOperatorControlsAcrossReplicaProcesses(t *testing.T) {
 				"]\n    prefix: \"ctl:" + randHex() + ":\"\n"
 		},
 	}
-	// Every claimer at once, not two at a time as -parallel (GOMAXPROCS)
-	// runs t.Parallel subtests: the replicas are processes that sleep
-	// through wall-clock instants, and the test holds the machine.
-	var all sync.WaitGroup
-	defer all.Wait()
 	for kind, block := range blocks {
-		run := func(t *testing.T) {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
 			dir := t.TempDir()
 			config := writeConfig(t, dir, `instance_id: ${REPLICA:-operator}
 claimer:
@@ -289,7 +284,6 @@ claimer:
 				t.Fatalf("%d missed runs logged by the replicas that came back, %d recorded (%v): want each once", logged, len(ids), ids)
 			}
 			t.Logf("%s: %d instants skipped while paused, %d missed in the outage", kind, inPause, len(ids))
-		}
-		all.Go(func() { t.Run(kind, run) })
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -8,14 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -311,65 +310,21 @@ func readEvents(t *testing.T, dir string, names ...string) []event {
 	t.Helper()
 	var out []event
 	for _, n := range names {
-		path := filepath.Join(dir, n+".log")
-		v, _ := eventLogs.LoadOrStore(path, &eventLog{})
-		l := v.(*eventLog)
-		l.mu.Lock()
-		err := l.update(path)
-		out = append(out, l.events...)
-		l.mu.Unlock()
+		f, err := os.Open(filepath.Join(dir, n+".log"))
 		if err != nil {
 			t.Fatal(err)
 		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var e event
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				out = append(out, e)
+			}
+		}
+		_ = f.Close()
 	}
 	return out
-}
-
-// eventLogs keeps, per log file, the events readEvents parsed so far. A
-// replica's log only grows, and waitFor polls read the fleet's logs every
-// 50ms: parsing whole debug logs again at every poll kept most of a core
-// busy under -race for the process tests, where parsing only the lines
-// written since the last read costs next to nothing.
-var eventLogs sync.Map // path → *eventLog
-
-type eventLog struct {
-	mu     sync.Mutex
-	file   os.FileInfo // the file read so far; another one at the path starts over
-	offset int64       // bytes parsed: whole lines
-	events []event
-}
-
-// update parses the whole lines written to path since the last update.
-func (l *eventLog) update(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if l.file == nil || !os.SameFile(l.file, fi) || fi.Size() < l.offset {
-		l.offset, l.events = 0, nil
-	}
-	l.file = fi
-	if _, err := f.Seek(l.offset, io.SeekStart); err != nil {
-		return err
-	}
-	data, err := io.ReadAll(f)
-	if err != nil {
-		return err
-	}
-	data = data[:bytes.LastIndexByte(data, '\n')+1] // a line still being written waits
-	l.offset += int64(len(data))
-	for line := range bytes.Lines(data) {
-		var e event
-		if json.Unmarshal(line, &e) == nil {
-			l.events = append(l.events, e)
-		}
-	}
-	return nil
 }
 
 // openRun returns the run the named replica started last and has not
@@ -429,13 +384,9 @@ func TestReplicasAsProcessesSurviveKillAndSigterm(t *testing.T) {
 				"]\n    prefix: \"e2e:" + randHex() + ":\"\n"
 		},
 	}
-	// Every claimer at once, not two at a time as -parallel (GOMAXPROCS)
-	// runs t.Parallel subtests: the replicas are processes that sleep
-	// through wall-clock instants, and the test holds the machine.
-	var all sync.WaitGroup
-	defer all.Wait()
 	for kind, block := range claimers {
-		run := func(t *testing.T) {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
 			dir := t.TempDir()
 			config := writeConfig(t, dir, `instance_id: ${REPLICA}
 claimer:
@@ -553,8 +504,7 @@ claimer:
 			}
 			check("killed", killed, "")
 			check("terminated", termed, "interrupted")
-		}
-		all.Go(func() { t.Run(kind, run) })
+		})
 	}
 }
 

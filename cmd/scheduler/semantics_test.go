@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -68,21 +67,16 @@ func TestRunSemanticsAcrossReplicaProcesses(t *testing.T) {
 			}
 		},
 	}
-	// Every claimer at once, not two at a time as -parallel (GOMAXPROCS)
-	// runs t.Parallel subtests: the replicas are processes that sleep
-	// through wall-clock instants, and the test holds the machine.
-	var all sync.WaitGroup
-	defer all.Wait()
 	for kind, newBlock := range claimers {
-		run := func(t *testing.T) {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
 			block, dir := newBlock(t), t.TempDir()
 			outage := startOutage(t, phaseDir(t, dir, "runall"), block())
 			t.Run("Retry", func(t *testing.T) { checkRetries(t, phaseDir(t, dir, "retry"), block()) })
 			t.Run("BufferOne", func(t *testing.T) { checkBufferOne(t, phaseDir(t, dir, "bufferone"), block()) })
 			t.Run("Replace", func(t *testing.T) { checkReplace(t, phaseDir(t, dir, "replace"), block()) })
 			t.Run("MisfireRunAll", func(t *testing.T) { checkCatchUp(t, outage) })
-		}
-		all.Go(func() { t.Run(kind, run) })
+		})
 	}
 }
 

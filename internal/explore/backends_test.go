@@ -35,24 +35,19 @@ var (
 // time, empty. The history checker must find nothing.
 func TestNemesisOnRealBackends(t *testing.T) {
 	testenv.WallClock(t)
-	// Six explorations at a time, as many as there are claimers: five
-	// seeds of ~15s for each kind, three of ~30s for etcd (its leases are
-	// whole seconds, so its histories run at twice the time scale, see
-	// realConfig). A pool of six that takes etcd's first keeps the six
-	// busy to the end (about 80s), where one lane per claimer left five
-	// idle while etcd's finished (about 100s). Each exploration has its
-	// own namespace and private servers, so which ones run side by side
-	// changes nothing but the load, which stays six at a time. The redis
-	// claimer on a Redis Cluster (its restarts are master failovers) runs
-	// three seeds too, as a seventh lane.
+	// Every claimer at once, its seeds one after another: five seeds of
+	// ~15s each, so the whole sweep takes about 80s.
 	type outcome struct {
 		res *Result
 		err error
 	}
-	type job struct {
-		kind string
-		seed uint64
-	}
+	results := map[string][]outcome{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	// etcd too: its leases are whole seconds, so its histories run at
+	// twice the time scale (realConfig), on fewer seeds. And the redis
+	// claimer on a Redis Cluster, whose restarts are master failovers,
+	// on fewer seeds too (six servers each).
 	seeds, kinds := realSeeds, append(slices.Clone(backends.Kinds), config.ClaimerEtcd, redisCluster)
 	if *realSeed != 0 {
 		seeds = []uint64{*realSeed}
@@ -66,72 +61,24 @@ func TestNemesisOnRealBackends(t *testing.T) {
 		}
 		return seeds
 	}
-	// Each kind's private servers start side by side with the others'
-	// (an etcd cluster takes seconds), before the pool runs. A server
-	// that cannot start ends its goroutine with t.Fatal (or t.Skip where
-	// a service may be missing), and the test after the wait.
-	cfgs := map[job]Config{}
-	var queue []job
-	var setup sync.WaitGroup
-	var setupMu sync.Mutex
 	for _, kind := range kinds {
-		for _, seed := range kindSeeds(kind) {
-			queue = append(queue, job{kind, seed})
+		cfgs := make([]Config, len(kindSeeds(kind)))
+		for i, seed := range kindSeeds(kind) {
+			cfgs[i] = realConfig(t, kind, seed)
 		}
-		setup.Go(func() {
-			for _, seed := range kindSeeds(kind) {
-				cfg := realConfig(t, kind, seed)
-				setupMu.Lock()
-				cfgs[job{kind, seed}] = cfg
-				setupMu.Unlock()
-			}
-		})
-	}
-	setup.Wait()
-	switch {
-	case t.Failed():
-		t.FailNow()
-	case t.Skipped():
-		t.SkipNow()
-	}
-	// etcd's longer seeds first, then the others seed by seed.
-	slices.SortStableFunc(queue, func(a, b job) int {
-		switch {
-		case (a.kind == config.ClaimerEtcd) != (b.kind == config.ClaimerEtcd):
-			if a.kind == config.ClaimerEtcd {
-				return -1
-			}
-			return 1
-		case a.seed < b.seed:
-			return -1
-		case a.seed > b.seed:
-			return 1
-		}
-		return 0
-	})
-	results := map[job]outcome{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	next := make(chan job, len(queue))
-	for _, j := range queue {
-		next <- j
-	}
-	close(next)
-	for range min(len(kinds), len(queue)) {
 		wg.Go(func() {
-			for j := range next {
-				res, err := Run(cfgs[j])
+			for _, cfg := range cfgs {
+				res, err := Run(cfg)
 				mu.Lock()
-				results[j] = outcome{res, err}
+				results[kind] = append(results[kind], outcome{res, err})
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
 	for _, kind := range kinds {
-		for _, seed := range kindSeeds(kind) {
-			o := results[job{kind, seed}]
-			t.Run(fmt.Sprintf("%s/%d", kind, seed), func(t *testing.T) {
+		for i, o := range results[kind] {
+			t.Run(fmt.Sprintf("%s/%d", kind, kindSeeds(kind)[i]), func(t *testing.T) {
 				if o.err != nil {
 					t.Fatal(o.err)
 				}

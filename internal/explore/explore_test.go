@@ -3,7 +3,6 @@ package explore
 import (
 	"flag"
 	"fmt"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -27,80 +26,19 @@ func TestExplore(t *testing.T) {
 	for seed := *first; seed < *first+uint64(*seeds); seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
-			res, err := explored(t, seed)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Violations) > 0 {
-				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
-			} else if *show {
-				t.Log(res.Report())
-			}
-		})
-	}
-}
-
-// guardSeeds are the seeds the guard tests (operator actions, run
-// semantics, mixed configs) count over: 1 to guardSeeds, inside every
-// sweep's range.
-const guardSeeds = 40
-
-// sweep keeps the results of the guard seeds: a seed's history is a
-// function of its Config, so the sweep and the three guards, which all
-// explore Config{Seed: seed} for seeds 1 to 40, share one exploration of
-// each instead of running it four times. Each still asserts on it all it
-// asserted: the guards count over the same histories, and every one of
-// them is held to no violation.
-var sweep sync.Map // seed → *sweepEntry
-
-type sweepEntry struct {
-	once sync.Once
-	res  *Result
-	err  error
-}
-
-// explored runs Config{Seed: seed} in a synctest bubble of t's, once per
-// seed for the guard seeds.
-func explored(t *testing.T, seed uint64) (*Result, error) {
-	t.Helper()
-	run := func(e *sweepEntry) {
-		synctest.Test(t, func(t *testing.T) { e.res, e.err = Run(Config{Seed: seed}) })
-	}
-	if seed < 1 || seed > guardSeeds {
-		e := &sweepEntry{}
-		run(e)
-		return e.res, e.err
-	}
-	v, _ := sweep.LoadOrStore(seed, &sweepEntry{})
-	e := v.(*sweepEntry)
-	e.once.Do(func() { run(e) })
-	return e.res, e.err
-}
-
-// guardResults explores the guard seeds (in parallel, reusing those the
-// sweep already explored) and returns their results in seed order.
-func guardResults(t *testing.T) []*Result {
-	t.Helper()
-	results := make([]*Result, guardSeeds)
-	t.Run("Seeds", func(t *testing.T) {
-		for seed := uint64(1); seed <= guardSeeds; seed++ {
-			t.Run(fmt.Sprint(seed), func(t *testing.T) {
-				t.Parallel()
-				res, err := explored(t, seed)
+			synctest.Test(t, func(t *testing.T) {
+				res, err := Run(Config{Seed: seed})
 				if err != nil {
 					t.Fatal(err)
 				}
 				if len(res.Violations) > 0 {
 					t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
+				} else if *show {
+					t.Log(res.Report())
 				}
-				results[seed-1] = res
 			})
-		}
-	})
-	if t.Failed() {
-		t.FailNow()
+		})
 	}
-	return results
 }
 
 // TestOperatorActionsAreExplored guards the operator's part of the sweep:
@@ -109,16 +47,25 @@ func guardResults(t *testing.T) []*Result {
 // explored under the faults rather than merely configured.
 func TestOperatorActionsAreExplored(t *testing.T) {
 	var manual, paused, seeds int
-	for _, res := range guardResults(t) {
-		seeds++
-		for _, e := range res.Events {
-			switch {
-			case e.Kind == history.Start && control.Manual(e.Run):
-				manual++
-			case e.Kind == history.Skip && e.Reason == runner.ReasonPaused:
-				paused++
+	for seed := uint64(1); seed <= 40; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			res, err := Run(Config{Seed: seed})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			if len(res.Violations) > 0 {
+				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
+			}
+			seeds++
+			for _, e := range res.Events {
+				switch {
+				case e.Kind == history.Start && control.Manual(e.Run):
+					manual++
+				case e.Kind == history.Skip && e.Reason == runner.ReasonPaused:
+					paused++
+				}
+			}
+		})
 	}
 	if manual < seeds/2 || paused < seeds/2 {
 		t.Fatalf("over %d seeds: %d requested runs started and %d instants skipped as paused; the operator is not exercised", seeds, manual, paused)
@@ -133,23 +80,32 @@ func TestOperatorActionsAreExplored(t *testing.T) {
 // is explored, not merely configured.
 func TestRunSemanticsAreExplored(t *testing.T) {
 	var retries, retried, waited, replaced, seeds int
-	for _, res := range guardResults(t) {
-		seeds++
-		grants := map[string]history.Event{}
-		for _, e := range res.Events {
-			switch {
-			case e.Kind == history.Grant:
-				grants[e.Token] = e
-			case e.Kind == history.End && e.Status == claim.Retrying:
-				retries++
-			case e.Kind == history.Start && e.Run.Job == "flaky" && grants[e.Token].Attempt > 1:
-				retried++
-			case e.Kind == history.Start && e.Run.Job == "queue" && e.At.Sub(grants[e.Token].At) > 200*time.Millisecond:
-				waited++
-			case e.Kind == history.Skip && e.Reason == runner.ReasonReplaced:
-				replaced++
+	for seed := uint64(1); seed <= 40; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			res, err := Run(Config{Seed: seed})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
+			if len(res.Violations) > 0 {
+				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
+			}
+			seeds++
+			grants := map[string]history.Event{}
+			for _, e := range res.Events {
+				switch {
+				case e.Kind == history.Grant:
+					grants[e.Token] = e
+				case e.Kind == history.End && e.Status == claim.Retrying:
+					retries++
+				case e.Kind == history.Start && e.Run.Job == "flaky" && grants[e.Token].Attempt > 1:
+					retried++
+				case e.Kind == history.Start && e.Run.Job == "queue" && e.At.Sub(grants[e.Token].At) > 200*time.Millisecond:
+					waited++
+				case e.Kind == history.Skip && e.Reason == runner.ReasonReplaced:
+					replaced++
+				}
+			}
+		})
 	}
 	if retries < seeds || retried < seeds || waited < seeds || replaced < seeds {
 		t.Fatalf("over %d seeds: %d attempts failed and retried, %d retries started, %d buffer-one runs waited, %d runs replaced; the run semantics are not exercised",

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/history"
@@ -23,46 +24,55 @@ func TestMixedConfigsAreExplored(t *testing.T) {
 		specs[j.name] = j.spec
 	}
 	var seeds, specSeeds, bothSpecs, zoneSeeds, bothZones int
-	for _, res := range guardResults(t) {
-		seeds++
-		m := res.Mixed
-		if m == nil {
-			continue
-		}
-		first, err1 := schedule.Parse(specs[m.Job], "UTC")
-		second, err2 := schedule.Parse(m.Spec, m.TZ)
-		if err1 != nil || err2 != nil {
-			t.Fatalf("%s: %v %v", m, err1, err2)
-		}
-		var firstOnly, secondOnly, onFirst, onSecond int
-		for _, e := range res.Events {
-			if e.Kind != history.Start || e.Run.Job != m.Job || e.Run.At.Nanosecond() != 0 {
-				continue
+	for seed := uint64(1); seed <= 40; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			res, err := Run(Config{Seed: seed})
+			if err != nil {
+				t.Fatal(err)
 			}
-			byFirst, bySecond := names(first, e.Run.At), names(second, e.Run.At)
-			switch {
-			case byFirst && !bySecond:
-				firstOnly++
-			case bySecond && !byFirst:
-				secondOnly++
+			if len(res.Violations) > 0 {
+				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
 			}
-			if slices.ContainsFunc(m.Replicas, func(i int) bool { return e.Replica == fmt.Sprintf("r%d", i+1) }) {
-				onSecond++
+			seeds++
+			m := res.Mixed
+			if m == nil {
+				return
+			}
+			first, err1 := schedule.Parse(specs[m.Job], "UTC")
+			second, err2 := schedule.Parse(m.Spec, m.TZ)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("%s: %v %v", m, err1, err2)
+			}
+			var firstOnly, secondOnly, onFirst, onSecond int
+			for _, e := range res.Events {
+				if e.Kind != history.Start || e.Run.Job != m.Job || e.Run.At.Nanosecond() != 0 {
+					continue
+				}
+				byFirst, bySecond := names(first, e.Run.At), names(second, e.Run.At)
+				switch {
+				case byFirst && !bySecond:
+					firstOnly++
+				case bySecond && !byFirst:
+					secondOnly++
+				}
+				if slices.ContainsFunc(m.Replicas, func(i int) bool { return e.Replica == fmt.Sprintf("r%d", i+1) }) {
+					onSecond++
+				} else {
+					onFirst++
+				}
+			}
+			if m.TZ == "UTC" {
+				specSeeds++
+				if firstOnly > 0 && secondOnly > 0 {
+					bothSpecs++
+				}
 			} else {
-				onFirst++
+				zoneSeeds++
+				if onFirst > 0 && onSecond > 0 {
+					bothZones++
+				}
 			}
-		}
-		if m.TZ == "UTC" {
-			specSeeds++
-			if firstOnly > 0 && secondOnly > 0 {
-				bothSpecs++
-			}
-		} else {
-			zoneSeeds++
-			if onFirst > 0 && onSecond > 0 {
-				bothZones++
-			}
-		}
+		})
 	}
 	if specSeeds < seeds/8 || zoneSeeds == 0 || bothSpecs < specSeeds/2 || bothZones < zoneSeeds/2 {
 		t.Fatalf("over %d seeds: %d with a changed spec (%d ran instants of both), %d with a changed zone (%d ran on both versions); mixed configs are not exercised",

@@ -47,10 +47,14 @@ func (l *lagLog) worst(ids []string) (p50, max time.Duration) {
 	return s[len(s)/2], s[len(s)-1]
 }
 
-// replicasOnRealBackends runs replicas as goroutines, each with its own
+// TestReplicasOnRealBackends runs replicas as goroutines, each with its own
 // client, skewed clock and start time, on every claimer's real backend:
-// every instant runs exactly once and none is missed. About 40s.
-func replicasOnRealBackends(t *testing.T) {
+// every instant runs exactly once and none is missed.
+func TestReplicasOnRealBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: 35s")
+	}
+	testenv.WallClock(t)
 	scenarios := []struct {
 		spec     string
 		replicas int
@@ -133,47 +137,5 @@ func replicasOnRealBackends(t *testing.T) {
 				})
 			})
 		}
-	}
-}
-
-// TestOnRealBackends runs the runner's wall-clock scenarios on every
-// claimer's real backend under one hold of the wall-clock lock, in three
-// lanes side by side: Replicas (about 40s) then RunSemantics (about 20s);
-// ScheduleDrift (about 20s); CatchUp (about 22s). Each sleeps through
-// wall-clock instants with a few replicas per claimer and keeps a fraction
-// of a core busy under -race (measured alone: Replicas 0.2, ScheduleDrift
-// 0.45, RunSemantics 0.4, CatchUp 0.15), so the lanes together keep about
-// as much busy as TestFaults' groups do, and take about 60s instead of the
-// 105s that taking the lock once each cost. Opening a scenario's clients
-// and starting its replicas is its busiest moment, and the first instants
-// it checks fall due within three seconds of it, so the lanes start
-// laneGap apart, and RunSemantics, the busiest start-up, waits for
-// Replicas rather than starting beside it.
-func TestOnRealBackends(t *testing.T) {
-	if testing.Short() {
-		t.Skip("wall-clock test: about 60s")
-	}
-	testenv.WallClock(t)
-	const laneGap = 6 * time.Second
-	type scenario struct {
-		name string
-		run  func(*testing.T)
-	}
-	lanes := [][]scenario{
-		{{"Replicas", replicasOnRealBackends}, {"RunSemantics", runSemanticsOnRealBackends}},
-		{{"ScheduleDrift", scheduleDriftOnRealBackends}},
-		{{"CatchUp", catchUpOnRealBackends}},
-	}
-	var all sync.WaitGroup
-	defer all.Wait()
-	for i, lane := range lanes {
-		// Not t.Parallel: -parallel (GOMAXPROCS) would run two lanes at
-		// a time.
-		all.Go(func() {
-			time.Sleep(time.Duration(i) * laneGap) // the lanes' start-ups apart
-			for _, sc := range lane {
-				t.Run(sc.name, sc.run)
-			}
-		})
 	}
 }

@@ -306,13 +306,17 @@ func TestScheduleDriftEntryIsRefreshedHourly(t *testing.T) {
 	})
 }
 
-// scheduleDriftOnRealBackends runs two replicas with different versions
-// of one job on every claimer's real backend: a different spec, time zone,
-// or jitter; a runs alone first, as the old version of a rolling deploy.
-// Every instant either version names runs exactly once, under its own run
-// id, whatever the jitter; each replica logs and counts the conflict once.
-// About 20s.
-func scheduleDriftOnRealBackends(t *testing.T) {
+// TestScheduleDriftOnRealBackends runs two replicas with different
+// versions of one job on every claimer's real backend: a different spec,
+// time zone, or jitter; a runs alone first, as the old version of a
+// rolling deploy. Every instant either version names runs exactly once,
+// under its own run id, whatever the jitter; each replica logs and counts
+// the conflict once.
+func TestScheduleDriftOnRealBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: 20s")
+	}
+	testenv.WallClock(t)
 	scenarios := []struct {
 		name string
 		a, b version

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -203,27 +202,6 @@ func TestFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("wall-clock test: about two minutes")
 	}
-	var mu sync.Mutex
-	var rows []faultRow
-	// The memory claimer has no network and no process between the
-	// replicas and their claims: its scenarios run on the synctest clock,
-	// all at once, before the wall-clock ones take the machine. Nothing
-	// stalls there, so every check of theirs is asserted.
-	t.Run("memory", func(t *testing.T) {
-		for _, fc := range faultCases {
-			t.Run(fc.name, func(t *testing.T) {
-				t.Parallel()
-				synctest.Test(t, func(t *testing.T) {
-					row := runFault(t, "memory", nil, 0, fc, nil)
-					row.claimer = "memory"
-					mu.Lock()
-					rows = append(rows, row)
-					mu.Unlock()
-				})
-			})
-		}
-	})
-
 	testenv.WallClock(t)
 	nodes := testenv.RedlockAddrs(t, 5)
 	stalls := watchStalls(t)
@@ -233,11 +211,13 @@ func TestFaults(t *testing.T) {
 		label   string
 	}
 	var targets []target
-	for _, k := range []string{"postgres", "redis", "sqlite"} {
+	for _, k := range []string{"postgres", "redis", "sqlite", "memory"} {
 		targets = append(targets, target{k, 0, k})
 	}
 	targets = append(targets, target{"redlock", 3, "redlock (3 of 5 nodes faulty)"})
 
+	var mu sync.Mutex
+	var rows []faultRow
 	var group sync.WaitGroup
 	run := func(tg target, fc faultCase) {
 		group.Go(func() {
@@ -380,11 +360,7 @@ func runFault(t *testing.T, kind string, nodes []string, proxied int, fc faultCa
 	end := time.Now()
 	stop()
 
-	var stall time.Duration // none on the synctest clock (stalls nil)
-	if stalls != nil {
-		stall = stalls.worst(begin, time.Now())
-	}
-	return s.check(t, fc, kind, begin, end, faultStart, faultEnd, heldAtFault, stall)
+	return s.check(t, fc, kind, begin, end, faultStart, faultEnd, heldAtFault, stalls.worst(begin, time.Now()))
 }
 
 // stallBudget is the longest stall of the test process (see stallWatch)

@@ -14,6 +14,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 	"github.com/scheduler-dev/scheduler/job"
 )
@@ -104,11 +105,13 @@ func (f *fleet) executions(job string) []handled {
 //     each after its backoff, under growing fences, and succeeds once;
 //   - jitter: each run starts once, at its instant plus the offset every
 //     replica hashes alike, never before it, under the instant's run id.
-//
-// About 15s.
-func runSemanticsOnRealBackends(t *testing.T) {
+func TestRunSemanticsAcrossReplicasOnRealBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: 14s")
+	}
 	const backoff = 200 * time.Millisecond
 	const jitter = 1500 * time.Millisecond
+	testenv.WallClock(t)
 	var all sync.WaitGroup
 	defer all.Wait()
 	for _, kind := range backends.Kinds {
@@ -253,8 +256,12 @@ func runSemanticsOnRealBackends(t *testing.T) {
 // Under misfire: run-all, on every real backend: after an outage of
 // every replica, three replicas starting together run the newest
 // max_catchup missed instants, oldest first, each once, one after the
-// other, and record the older ones missed. About 21s.
-func catchUpOnRealBackends(t *testing.T) {
+// other, and record the older ones missed.
+func TestCatchUpAcrossReplicasOnRealBackends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wall-clock test: 20s")
+	}
+	testenv.WallClock(t)
 	var all sync.WaitGroup
 	defer all.Wait()
 	for _, kind := range backends.Kinds {

@@ -35,11 +35,6 @@ func prepare(t testing.TB, nodes []string) *backends.Namespace {
 }
 
 func TestConformance(t *testing.T) {
-	// After the package's other tests: the suite is tens of seconds of
-	// CPU under -race, and the wall-clock tests (quorum, rolling restart)
-	// then ask for the machine's wall-clock lock as soon as this package
-	// starts instead of after it.
-	t.Parallel()
 	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
 }
 
