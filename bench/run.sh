@@ -6,7 +6,7 @@
 # table.txt).
 #
 #   bash bench/run.sh            full run, about 3-4 minutes on 2 cores
-#   bash bench/run.sh --smoke    seconds: short measurements, 300 jobs
+#   bash bench/run.sh --smoke    seconds: 50ms measurements, 60 jobs at scale
 #
 # Services: PostgreSQL and Redis as for the tests (SCHEDULER_TEST_POSTGRES_DSN,
 # SCHEDULER_TEST_REDIS_ADDR, else 127.0.0.1 defaults); redis-server,
@@ -23,7 +23,7 @@ duration=2s
 args=()
 for a in "$@"; do
   case "$a" in
-    --smoke) duration=150ms; args+=(-smoke) ;;
+    --smoke) duration=50ms; args+=(-smoke) ;;
     *) args+=("$a") ;;
   esac
 done

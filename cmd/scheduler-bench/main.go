@@ -40,7 +40,7 @@ func run() int {
 		peers     = flag.String("peers", "", "JSON rows of the peer libraries to merge (written by bench/)")
 		jsonOut   = flag.String("json", "", "write the report as JSON to this file")
 		svgOut    = flag.String("svg", "", "write a bar chart of ops/s as SVG to this file")
-		smoke     = flag.Bool("smoke", false, "seconds, not minutes: short measurements, 300 jobs")
+		smoke     = flag.Bool("smoke", false, "seconds, not minutes: 50ms measurements, 60 jobs on a 1.5s lease")
 		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 		inProc    = flag.Bool("in-process", false, "scale scenario: run the replicas as goroutines of this process, not as processes")
 		replica   = flag.Bool("replica", false, "internal: run as one replica process of the scale scenario (arguments on stdin)")
@@ -68,7 +68,11 @@ func run() int {
 		scaleOpts.ReplicaCmd = []string{self, "-replica"}
 	}
 	if *smoke {
-		o.Duration, scaleOpts.Jobs, scaleOpts.Lead = 150*time.Millisecond, 300, time.Second
+		// Each row and each scale scenario only has to produce numbers:
+		// the shortest measurement that still does, and a lease short
+		// enough that the scale scenario's losers see their runs done
+		// within a second (at the default 6s they re-check every 2s).
+		o.Duration, scaleOpts.Jobs, scaleOpts.Lead, scaleOpts.Lease = 50*time.Millisecond, 60, time.Second, 1500*time.Millisecond
 	}
 	var err error
 	if o.Concurrencies, err = benchkit.ParseConcurrencies(*conc); err != nil {
