@@ -28,15 +28,16 @@ func RedisClusterAddrs(t testing.TB) []string {
 // replicas on free loopback ports (redis-server, then redis-cli --cluster
 // create), stopped (by pid) when t ends. A master that stops answering for
 // a second is replaced by its replica. Without redis-server or redis-cli
-// the test skips, or fails when services are required.
-func StartRedisCluster(t testing.TB) *procs.RedisCluster {
+// the test skips, or fails when services are required. args go to every
+// node after the launcher's own ("--appendonly", "yes", say).
+func StartRedisCluster(t testing.TB, args ...string) *procs.RedisCluster {
 	t.Helper()
 	for _, find := range []func(string) (string, error){procs.RedisBin, procs.RedisCliBin} {
 		if _, err := find(""); err != nil {
 			Missing(t, "redis cluster", err.Error())
 		}
 	}
-	c, err := procs.StartRedisCluster(t.Context(), procs.RedisClusterOptions{Dir: t.TempDir()})
+	c, err := procs.StartRedisCluster(t.Context(), procs.RedisClusterOptions{Dir: t.TempDir(), Args: args})
 	if err != nil {
 		t.Fatal(err)
 	}

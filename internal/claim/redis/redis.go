@@ -39,7 +39,7 @@ type Claimer struct {
 	client   goredis.UniversalClient
 	instance string
 	server   string   // "the Redis server at <addr>", for errors
-	done     *doneLog // this Claimer's recent terminal releases (restore.go)
+	done     *doneLog // the recent terminal releases this Claimer made or saw (restore.go)
 
 	// loss is the data loss a cluster's buckets report, one per failover
 	// (see lossUntil).
@@ -102,6 +102,7 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 		return nil, fmt.Errorf("claim %s: holder %s until %s: %w", run.ID(), r.Holder,
 			r.LeaseUntil.Format(time.RFC3339Nano), claim.ErrHeld)
 	case redisnode.Done:
+		c.done.sawDone(run, r)
 		return nil, fmt.Errorf("claim %s: %s: %w", run.ID(), r.Status, claim.ErrDone)
 	}
 	return &claim.Claim{

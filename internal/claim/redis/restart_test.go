@@ -12,6 +12,8 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
+	"github.com/scheduler-dev/scheduler/internal/faultproxy"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -294,5 +296,75 @@ func TestWriteBackOfManyRunsLandsWithinTheGuard(t *testing.T) {
 	}
 	if granted > 0 {
 		t.Fatalf("%d of %d runs finished before the restart were not done after the guard", granted, n)
+	}
+}
+
+// TestAFinishedRunStaysDoneWhileAReplicaThatSawItIsUp: the replica that
+// finished a run is gone; another replica's claim had found it done. The
+// server restarts empty while that replica cannot reach it, for longer
+// than a lease, so the server's uptime no longer says it restarted. That
+// replica's first script after the link heals starts the restart guard
+// (it saw the marker of an earlier incarnation), and its write-back lands
+// within the guard: a newcomer is held, then finds the run done, never
+// granted.
+func TestAFinishedRunStaysDoneWhileAReplicaThatSawItIsUp(t *testing.T) {
+	testenv.WallClock(t)
+	node := testenv.StartRedis(t)
+	proxy, err := faultproxy.New(node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	direct := newClient(node.Addr())
+	t.Cleanup(func() { _ = direct.Close() })
+	prefix := testenv.RandomPrefix(t.Name())
+	if err := redisnode.MarkNew(ctxT(t), direct, prefix); err != nil {
+		t.Fatal(err)
+	}
+	open := func(instance, addr string) *redis.Claimer {
+		c := redis.New(newClient(addr), redis.Options{Instance: instance, Prefix: prefix})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	const lease = time.Second
+	finished, other := claim.Run{Job: "job.finished", At: base}, claim.Run{Job: "job.other", At: base}
+
+	finisher, witness := open("finisher", node.Addr()), open("witness", proxy.Addr())
+	cl, err := claim.ClaimOne(ctxT(t), finisher, finished, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := claim.ReleaseOne(ctxT(t), finisher, cl, claim.Succeeded); err != nil {
+		t.Fatal(err)
+	}
+	_ = finisher.Close() // gone, and what it remembered with it
+	if _, err := claim.ClaimOne(ctxT(t), witness, finished, lease); !errors.Is(err, claim.ErrDone) {
+		t.Fatalf("witness's claim of the finished run: %v, want ErrDone", err)
+	}
+
+	proxy.Partition(true)
+	node.Restart()
+	for { // until the server's uptime says nothing of the restart
+		info, err := direct.Info(ctxT(t), "server").Result()
+		if err == nil && !strings.Contains(info, "uptime_in_seconds:0\r") && !strings.Contains(info, "uptime_in_seconds:1\r") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // waiting on the server's clock; no event to wait on
+	}
+	proxy.Partition(false)
+
+	_, err = answered(t, func() (*claim.Claim, error) { return claim.ClaimOne(ctxT(t), witness, other, lease) })
+	heldForLoss(t, err, "witness's first claim after the restart, on a server up for longer than a lease")
+	newcomer := open("newcomer", node.Addr())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := claim.ClaimOne(ctxT(t), newcomer, finished, lease)
+		if errors.Is(err, claim.ErrDone) {
+			return
+		}
+		if !errors.Is(err, claim.ErrHeld) || time.Now().After(deadline) {
+			t.Fatalf("newcomer's claim of a run finished before the restart: %v, want ErrHeld until ErrDone", err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a server-side guard; no event to wait on
 	}
 }

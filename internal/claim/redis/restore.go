@@ -19,12 +19,14 @@ import (
 // the restart guard (see doc.go) only holds runs for a lease:
 // a replica that stood by for a run finished just before the restart would
 // be granted it afterwards and run it again. The replica that finished it
-// still knows. So each Claimer remembers its own recent terminal releases
-// and, once it has made one, watches the namespace's marker; when the
+// still knows, and so do the replicas whose claims found it done. So each
+// Claimer remembers its own recent terminal releases and the runs it found
+// done and, once it has one, watches the namespace's marker; when the
 // marker changes (the server restarted), it writes those done markers back
 // over any record the restart left of the run but a newer grant, within
-// the guard's lease. What remains exposed is a run whose finishing replica
-// is gone too.
+// the guard's lease. What remains exposed is a run that finished just
+// before the loss, on a replica that is gone too, before any other
+// replica's claim found it done.
 
 // maxRemembered bounds the releases a Claimer remembers.
 const maxRemembered = 50_000
@@ -38,9 +40,13 @@ type doneLog struct {
 	// lasts one, and the watch looks four times within it.
 	lease atomic.Int64
 
-	mu   sync.Mutex
-	runs []redisnode.Finished // oldest first, from head on
-	head int
+	mu    sync.Mutex
+	runs  []redisnode.Finished // oldest first, from head on
+	head  int
+	known map[string]bool // the run IDs in runs[head:]
+	// origin is, by bucket, the server run_id this Claimer's scripts had
+	// last seen when it first remembered a run there.
+	origin map[int]string
 
 	start sync.Once
 	stop  context.CancelFunc
@@ -53,21 +59,58 @@ func newDoneLog(n *redisnode.Node, ttl time.Duration) *doneLog {
 	return &doneLog{node: n, ttl: ttl, check: make(chan struct{}, 1)}
 }
 
-// released remembers the terminal releases among cls that succeeded, and
-// starts the watcher on the first.
+// released remembers the terminal releases among cls that succeeded.
 func (d *doneLog) released(cls []*claim.Claim, outcomes []claim.Status, errs []error) {
 	now := time.Now()
-	d.mu.Lock()
-	added := false
+	var fs []redisnode.Finished
 	for i, cl := range cls {
 		if errs[i] != nil || !outcomes[i].Terminal() {
 			continue
 		}
-		d.runs = append(d.runs, redisnode.Finished{Run: cl.Run, Token: cl.Token, Holder: cl.Holder, Fence: cl.Fence,
+		fs = append(fs, redisnode.Finished{Run: cl.Run, Token: cl.Token, Holder: cl.Holder, Fence: cl.Fence,
 			Attempt: cl.Attempt, Status: outcomes[i], At: now})
-		added = true
 	}
-	d.prune(now)
+	d.add(fs)
+}
+
+// sawDone remembers a run that a claim found done, finished by whichever
+// replica: every replica that stood by for a run knows it finished, so
+// its done marker survives a data loss as long as one of them is up, not
+// only while the replica that finished it is. The token stays unknown;
+// the write-back needs none.
+func (d *doneLog) sawDone(run claim.Run, r redisnode.Reply) {
+	d.add([]redisnode.Finished{{Run: run, Holder: r.Holder, Fence: r.Fence, Attempt: r.Attempt,
+		Status: r.Status, At: time.Now()}})
+}
+
+// add remembers fs, each run once, and starts the watcher on the first.
+// The first run remembered in a bucket also records the server its
+// scripts last saw there, which the watcher's first reading of the
+// bucket's marker is compared with (see watch).
+func (d *doneLog) add(fs []redisnode.Finished) {
+	if len(fs) == 0 {
+		return
+	}
+	d.mu.Lock()
+	if d.known == nil {
+		d.known, d.origin = map[string]bool{}, map[int]string{}
+	}
+	added := false
+	for _, f := range fs {
+		id := f.Run.ID()
+		if d.known[id] {
+			continue
+		}
+		d.known[id] = true
+		d.runs = append(d.runs, f)
+		added = true
+		if d.node != nil {
+			if b := d.node.Bucket(f.Run.Job); d.origin[b] == "" {
+				d.origin[b] = d.node.Seen(b)
+			}
+		}
+	}
+	d.prune(fs[0].At)
 	d.mu.Unlock()
 	if added {
 		d.start.Do(d.launch)
@@ -78,8 +121,8 @@ func (d *doneLog) released(cls []*claim.Claim, outcomes []claim.Status, errs []e
 // rest down once half the slice is forgotten (amortized O(1) per release).
 // d.mu is held.
 func (d *doneLog) prune(now time.Time) {
-	d.head = max(d.head, len(d.runs)-maxRemembered)
-	for d.head < len(d.runs) && now.Sub(d.runs[d.head].At) >= d.ttl {
+	for d.head < len(d.runs) && (len(d.runs)-d.head > maxRemembered || now.Sub(d.runs[d.head].At) >= d.ttl) {
+		delete(d.known, d.runs[d.head].Run.ID())
 		d.head++
 	}
 	if d.head > 0 && d.head >= len(d.runs)/2 {
@@ -135,9 +178,10 @@ func (d *doneLog) every() time.Duration {
 // releases in, and writes back a bucket's when its marker changes (its
 // master failed over or restarted). The first reading of a marker is the
 // baseline, unless it already names another server than the one this
-// Claimer's own scripts last saw for the bucket (the one its releases
-// went to): then the server changed between the first release and the
-// first reading, which a loaded machine can delay past a restart. Reading
+// Claimer's scripts had last seen in the bucket when it first remembered
+// a run there (origin): then the server changed between the first release
+// and the first reading, which a loaded machine or a cut link can delay
+// past a restart. Reading
 // the marker starts the restart guard if nothing has yet, so the
 // write-back has most of a lease; it is bounded by one.
 func (d *doneLog) watch(ctx context.Context) {
@@ -153,10 +197,12 @@ func (d *doneLog) watch(ctx context.Context) {
 		}
 		every, lease := d.every(), time.Duration(d.lease.Load())
 		buckets := d.buckets()
-		seen := make([]string, len(buckets))
+		origin := make([]string, len(buckets))
+		d.mu.Lock()
 		for i, b := range buckets {
-			seen[i] = d.node.Seen(b) // before Epochs records what it reads
+			origin[i] = d.origin[b]
 		}
+		d.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, every)
 		nows, errs := d.node.Epochs(cctx, buckets, lease)
 		cancel()
@@ -170,7 +216,7 @@ func (d *doneLog) watch(ctx context.Context) {
 			}
 			server, _, _ := strings.Cut(nows[i], " ")
 			epoch, known := epochs[b]
-			if known && nows[i] != epoch || !known && seen[i] != "" && seen[i] != server {
+			if known && nows[i] != epoch || !known && origin[i] != "" && origin[i] != server {
 				changed[b] = true
 			}
 			epochs[b] = nows[i]

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 )
 
 // TestDoneLogRemembersTerminalReleasesWithinItsBounds: only terminal
@@ -24,6 +25,15 @@ func TestDoneLogRemembersTerminalReleasesWithinItsBounds(t *testing.T) {
 	got := d.recent()
 	if len(got) != 2 || got[0].Run != cl(0).Run || got[1].Run != cl(2).Run || got[1].Status != claim.Failed {
 		t.Fatalf("remembered %+v, want runs 0 (succeeded) and 2 (failed) only", got)
+	}
+
+	// A run found done is remembered too, once, whoever finished it.
+	d.sawDone(cl(2).Run, redisnode.Reply{Status: claim.Failed})
+	d.sawDone(cl(5).Run, redisnode.Reply{Status: claim.Skipped, Holder: "b", Fence: 7, Attempt: 2})
+	d.sawDone(cl(5).Run, redisnode.Reply{Status: claim.Skipped, Holder: "b", Fence: 7, Attempt: 2})
+	got = d.recent()
+	if len(got) != 3 || got[2].Run != cl(5).Run || got[2].Holder != "b" || got[2].Fence != 7 || got[2].Attempt != 2 {
+		t.Fatalf("remembered %+v, want runs 0, 2 and, once, 5 as found done", got)
 	}
 
 	// Past DoneTTL: forgotten.

@@ -129,10 +129,10 @@ const (
 // Reply is one node's answer to a claim. Times are on the node's clock.
 type Reply struct {
 	Vote       Vote
-	Fence      int64        // Granted
+	Fence      int64        // Granted; Done: the fence of the grant that finished
 	Attempt    int          // Granted: the attempt granted; Held, Done: the attempt recorded
 	LeaseUntil time.Time    // Granted, Held
-	Holder     string       // Held: the holder's instance
+	Holder     string       // Held: the holder's instance; Done: the instance that finished
 	HolderKey  string       // Held: TokenKey of the holder's token
 	Status     claim.Status // Done
 	// Restarted is set on a Held reply given because the server lost its
@@ -191,7 +191,7 @@ func (n *Node) claimReply(b int, vals []any) (Reply, error) {
 	case "held":
 		out = Reply{Vote: Held, Holder: r.str(1), LeaseUntil: ms(r.int(2)), HolderKey: r.str(3), Attempt: int(r.int(4))}
 	case "done":
-		out = Reply{Vote: Done, Status: claim.Status(r.str(1)), Attempt: int(r.int(2))}
+		out = Reply{Vote: Done, Status: claim.Status(r.str(1)), Attempt: int(r.int(2)), Holder: r.str(3), Fence: r.int(4)}
 	default:
 		return Reply{}, fmt.Errorf("redis: claim script replied %v", vals)
 	}

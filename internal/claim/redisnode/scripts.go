@@ -21,8 +21,11 @@ import goredis "github.com/redis/go-redis/v9"
 // which nothing tells apart: either starts the guard now. A missing
 // marker needs no guard on a server up for longer than a lease (every
 // claim of an earlier incarnation has expired for its holder by then),
-// unless the caller saw the marker on this very incarnation (then the keys
-// were deleted under it) or the server was a replica once (promoted()):
+// unless the caller saw a marker before, on this incarnation or an earlier
+// one (then the keys were deleted under it, or the server lost them while
+// the caller could not reach it for longer than a lease: the done markers
+// the replicas write back still need the guard to land before anyone
+// claims), or the server was a replica once (promoted()):
 // its uptime does not say since when it is a master, and replication is
 // asynchronous, so a marker written just before the failover, and the
 // claims after it, may never have reached it. On a cluster, where a marker
@@ -47,7 +50,7 @@ local function incarnation(marker, seen, lease, now)
   local m = redis.call('HMGET', marker, 'run_id', 'since', 'hold')
   if m[1] == id then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
   local since = now
-  if not m[1] and seen ~= id and up >= lease and not promoted() then since = 0 end
+  if not m[1] and seen == '' and up >= lease and not promoted() then since = 0 end
   redis.call('DEL', marker)
   redis.call('HSET', marker, 'run_id', id, 'since', s(since))
   return id, since, 0
@@ -67,7 +70,7 @@ end
 // Replies, each ending with the server's run_id:
 // {"granted", fence, attempt, lease_until_ms},
 // {"held", holder, lease_until_ms, token digest, attempt},
-// {"done", status, attempt},
+// {"done", status, attempt, holder, fence},
 // {"restarted", guard_start_ms, guard_end_ms} while the restart guard holds
 // every run.
 var claimScript = goredis.NewScript(incarnationLua + `
@@ -86,7 +89,7 @@ if h[2] then
     return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3]), id}
   end
   if h[2] ~= 'running' and h[2] ~= 'interrupted' then
-    return {'done', h[2], tonumber(h[4]), id}
+    return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0, id}
   end
   if h[2] == 'running' and tonumber(h[3]) > now then
     return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4]), id}
