@@ -197,6 +197,15 @@ func Run(cfg Config) (*Result, error) {
 		cfg.Extra = rng.IntN(5)
 	}
 	w := &world{cfg: cfg, rng: rng, store: memory.NewStore(nil)}
+	// One claim in four runs up to 100ms after its stamp, as on
+	// PostgreSQL under load: a run stamped before another's first chance
+	// can be granted, and seen, only after that run's probe.
+	w.store.StampLag(func() time.Duration {
+		if rand.IntN(4) != 0 {
+			return 0
+		}
+		return rand.N(100 * time.Millisecond)
+	})
 	if cfg.Open == nil {
 		cfg.Open = func(replica string) (claim.Claimer, error) { return memory.New(w.store, replica), nil }
 		if cfg.Controls == nil {

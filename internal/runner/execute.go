@@ -116,7 +116,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		switch {
 		case errors.As(err, &replaced):
 			return skip(ReasonReplaced)
-		case errors.Is(err, errBufferFull):
+		case errors.Is(err, errBufferFull), errors.Is(err, errOvertaken):
 			return skip(ReasonOverlap)
 		case errors.Is(err, errStopped):
 			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
@@ -124,11 +124,11 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
 	default: // forbid
-		owners, _, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
 		switch {
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
-		case len(owners) > 0:
+		case len(p.owners) > 0 || p.ahead != nil:
 			return skip(ReasonOverlap)
 		}
 	}
@@ -228,6 +228,21 @@ func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status, o clai
 	return status, err
 }
 
+// probe is what owners found among the live runs of a job.
+type probe struct {
+	// owners come before the probing run, in order: it yields to them.
+	owners []claim.Record
+	// newer is the latest run of a later instant, wherever it comes.
+	newer *claim.Record
+	// ahead comes after the probing run but was granted before it, so it
+	// may have been probed before the probing run's grant was visible:
+	// it may run without waiting for it, and the probing run must not
+	// start beside it. Under replace it is revoked and waited for, as an
+	// owner is; otherwise the probing run is skipped, since waiting could
+	// wait forever on a run that waits for it.
+	ahead *claim.Record
+}
+
 // firstChance is when a run granted at granted (backend time) could first
 // execute: not before its instant.
 func firstChance(at, granted time.Time) time.Time {
@@ -265,9 +280,14 @@ const (
 // backendNow must not run ahead of the backend's clock, or a live run
 // would look expired, and cl could probe before its instant.
 //
-// newer is the latest live run of a later instant than cl's, whichever
-// comes first: under overlap: replace it has superseded cl.
-func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (owners []claim.Record, newer *claim.Record, err error) {
+// That holds where a grant becomes visible when it is stamped. PostgreSQL
+// stamps it when its statement starts (now()) and shows it when it
+// commits: a run stamped before another's first chance can still be
+// invisible to that run's probe, come first here, and start beside it. So
+// a live run that comes after cl but was granted before it (a lower
+// fence) is returned as ahead: cl cannot know whether that run saw cl,
+// and never starts beside it (see probe).
+func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (probe, error) {
 	backoff := 50 * time.Millisecond
 	for limit := ownerProbe; ; {
 		pctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
@@ -284,16 +304,19 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 					mine = firstChance(j.fire(cl.Run.At), rec.StartedAt)
 				}
 			}
-			owners, newer = nil, nil
+			var p probe
 			for _, rec := range recs {
 				if rec.RunID == cl.ID() || rec.Status != claim.Running || !rec.LeaseUntil.After(now) {
 					continue
 				}
-				if rec.At.After(cl.Run.At) && (newer == nil || rec.At.After(newer.At)) {
-					newer = &rec
+				if rec.At.After(cl.Run.At) && (p.newer == nil || rec.At.After(p.newer.At)) {
+					p.newer = &rec
 				}
-				if theirs := firstChance(j.fire(rec.At), rec.StartedAt); theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence {
-					owners = append(owners, rec)
+				switch theirs := firstChance(j.fire(rec.At), rec.StartedAt); {
+				case theirs.Before(mine) || theirs.Equal(mine) && rec.Fence < cl.Fence:
+					p.owners = append(p.owners, rec)
+				case rec.Fence < cl.Fence && p.ahead == nil:
+					p.ahead = &rec
 				}
 			}
 			if len(recs) == limit && limit < maxOwnerProbe {
@@ -302,16 +325,16 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 					continue
 				}
 			}
-			slices.SortFunc(owners, func(a, b claim.Record) int {
+			slices.SortFunc(p.owners, func(a, b claim.Record) int {
 				return cmp.Or(firstChance(j.fire(a.At), a.StartedAt).Compare(firstChance(j.fire(b.At), b.StartedAt)), cmp.Compare(a.Fence, b.Fence))
 			})
-			return owners, newer, nil
+			return p, nil
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done(): // the lease could not be kept meanwhile
 			t.Stop()
-			return nil, nil, fmt.Errorf("overlap probe: %w (%w)", context.Cause(ctx), err)
+			return probe{}, fmt.Errorf("overlap probe: %w (%w)", context.Cause(ctx), err)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)

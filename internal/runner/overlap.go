@@ -74,7 +74,8 @@ func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim
 	logged := false
 	revoked := map[string]bool{}
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		owners, newer, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		owners, newer := p.owners, p.newer
 		if err == nil && revoke && newer != nil {
 			// A later instant is live: it replaces this one, which must
 			// not start, wherever it stands in the order (a takeover of
@@ -82,6 +83,12 @@ func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim
 			// not yet told of its revocation). The newer run waits for
 			// this one if this one comes first, so it ends here.
 			return errReplaced{by: newer.RunID}
+		}
+		if err == nil && p.ahead != nil {
+			if !revoke {
+				return errOvertaken
+			}
+			owners = append(owners, *p.ahead) // an earlier instant (no newer one is live): revoked below
 		}
 		if err != nil || len(owners) == 0 {
 			return err
@@ -123,6 +130,11 @@ func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim
 // errBufferFull ends the wait of a buffer-one run that found another
 // already waiting: it is skipped (overlap).
 var errBufferFull = errors.New("runner: a run already waits for the live one")
+
+// errOvertaken ends the wait of a run that found a run granted before it
+// live, one that comes after it and so may not have seen it (see probe):
+// it is skipped (overlap).
+var errOvertaken = errors.New("runner: a run granted before this one, and coming after it, is live")
 
 // errStopped ends a wait for a run's turn at shutdown: the run had not
 // started, and is handed back.

@@ -35,7 +35,18 @@ type Store struct {
 	// controls is the operator's state (see Controls).
 	controls map[string]claim.Control
 	now      func() time.Time
+	lag      func() time.Duration // see StampLag
 }
+
+// StampLag makes the store behave as a backend that stamps a claim when
+// its statement starts and executes it later, as PostgreSQL does (now()
+// is the transaction's start; the fence and the row come when the insert
+// runs): each claim call is stamped on arrival, then waits lag() before
+// it takes effect under that stamp, so a grant can be stamped before a
+// grant made (and seen) ahead of it. Leases and expiry are measured from
+// the stamp, as PostgreSQL measures them from now(). Call it before the
+// store is used; tests of runners use it.
+func (s *Store) StampLag(lag func() time.Duration) { s.lag = lag }
 
 // NewStore returns an empty store measuring leases on now (default time.Now).
 func NewStore(now func() time.Time) *Store {
@@ -64,18 +75,25 @@ func (m *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	claims := make([]*claim.Claim, len(runs))
 	errs, valid := claim.CheckClaimBatch(ctx, runs, lease)
 	requested := time.Now()
+	var stamp time.Time
+	if m.s.lag != nil {
+		stamp = m.s.now()
+		time.Sleep(m.s.lag()) // the statement waits before it runs (StampLag)
+	}
 	m.s.mu.Lock()
 	defer m.s.mu.Unlock()
+	if m.s.lag == nil {
+		stamp = m.s.now()
+	}
 	for _, i := range valid {
-		claims[i], errs[i] = m.claim(runs[i], lease, requested)
+		claims[i], errs[i] = m.claim(runs[i], lease, requested, stamp)
 	}
 	return claims, errs
 }
 
-// claim grants one run. m.s.mu must be held.
-func (m *Claimer) claim(run claim.Run, lease time.Duration, requested time.Time) (*claim.Claim, error) {
+// claim grants one run at now. m.s.mu must be held.
+func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.Time) (*claim.Claim, error) {
 	s := m.s
-	now := s.now()
 	id := run.ID()
 	e := s.runs[id]
 	attempt := 1
