@@ -19,6 +19,20 @@ var (
 	show  = flag.Bool("explore.show", false, "log every seed's plan and verdict")
 )
 
+// explored runs cfg (in the caller's synctest bubble) and fails t with
+// the seed and trace of each violation.
+func explored(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	res, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Violations) > 0 {
+		t.Errorf("seed %d: %d violations\n%s", cfg.Seed, len(res.Violations), res.Report())
+	}
+	return res
+}
+
 // TestExplore sweeps seeds of composed faults over the runner and fails
 // with each violation's seed and trace. CI pins the sweep (see .ci/run);
 // replay a failure with -explore.first=SEED -explore.seeds=1.
@@ -27,13 +41,7 @@ func TestExplore(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
-				res, err := Run(Config{Seed: seed})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(res.Violations) > 0 {
-					t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
-				} else if *show {
+				if res := explored(t, Config{Seed: seed}); len(res.Violations) == 0 && *show {
 					t.Log(res.Report())
 				}
 			})
@@ -49,13 +57,7 @@ func TestOperatorActionsAreExplored(t *testing.T) {
 	var manual, paused, seeds int
 	for seed := uint64(1); seed <= 40; seed++ {
 		synctest.Test(t, func(t *testing.T) {
-			res, err := Run(Config{Seed: seed})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Violations) > 0 {
-				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
-			}
+			res := explored(t, Config{Seed: seed})
 			seeds++
 			for _, e := range res.Events {
 				switch {
@@ -82,13 +84,7 @@ func TestRunSemanticsAreExplored(t *testing.T) {
 	var retries, retried, waited, replaced, seeds int
 	for seed := uint64(1); seed <= 40; seed++ {
 		synctest.Test(t, func(t *testing.T) {
-			res, err := Run(Config{Seed: seed})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Violations) > 0 {
-				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
-			}
+			res := explored(t, Config{Seed: seed})
 			seeds++
 			grants := map[string]history.Event{}
 			for _, e := range res.Events {

@@ -26,13 +26,7 @@ func TestMixedConfigsAreExplored(t *testing.T) {
 	var seeds, specSeeds, bothSpecs, zoneSeeds, bothZones int
 	for seed := uint64(1); seed <= 40; seed++ {
 		synctest.Test(t, func(t *testing.T) {
-			res, err := Run(Config{Seed: seed})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(res.Violations) > 0 {
-				t.Errorf("seed %d: %d violations\n%s", seed, len(res.Violations), res.Report())
-			}
+			res := explored(t, Config{Seed: seed})
 			seeds++
 			m := res.Mixed
 			if m == nil {
