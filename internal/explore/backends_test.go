@@ -48,7 +48,7 @@ func TestNemesisOnRealBackends(t *testing.T) {
 	// twice the time scale (realConfig), on fewer seeds. And the redis
 	// claimer on a Redis Cluster, whose restarts are master failovers,
 	// on fewer seeds too (six servers each).
-	seeds, kinds := realSeeds, append(slices.Clone(backends.Kinds), config.ClaimerEtcd, redisCluster)
+	seeds, kinds := realSeeds, allKinds()
 	if *realSeed != 0 {
 		seeds = []uint64{*realSeed}
 	}
@@ -94,6 +94,12 @@ func TestNemesisOnRealBackends(t *testing.T) {
 			})
 		}
 	}
+}
+
+// allKinds are the claimers the real-backend explorations run: every
+// backend's, etcd, and the redis claimer on a Redis Cluster.
+func allKinds() []string {
+	return append(slices.Clone(backends.Kinds), config.ClaimerEtcd, redisCluster)
 }
 
 // server is one backend process a restart fault stops and starts again.

@@ -13,7 +13,6 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
-	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 var (
@@ -42,7 +41,8 @@ func TestLongExploration(t *testing.T) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	end := time.Now().Add(*long)
-	for k, kind := range backends.Kinds {
+	kinds := allKinds()
+	for k, kind := range kinds {
 		tl := &tally{faults: map[string]int{}, violations: map[string]int{}}
 		tallies[kind] = tl
 		wg.Go(func() {
@@ -82,11 +82,11 @@ func TestLongExploration(t *testing.T) {
 	wg.Wait()
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "Long exploration: %v per claimer, seeds from %d (claimer k: %d + k×1,000,000 + i), lease 1s, max_clock_skew 250ms.\n\n", *long, *longSeed, *longSeed)
+	fmt.Fprintf(&b, "Long exploration: %v per claimer, seeds from %d (claimer k: %d + k×1,000,000 + i), lease 1s, max_clock_skew 250ms (etcd: 2s and 500ms).\n\n", *long, *longSeed, *longSeed)
 	classes := slices.Clone(nemesis.Classes)
 	fmt.Fprintf(&b, "| claimer | seeds | %s | runs expected | executions | violations |\n|---|---:|%s---:|---:|---|\n",
 		strings.Join(classes, " | "), strings.Repeat("---:|", len(classes)))
-	for _, kind := range backends.Kinds {
+	for _, kind := range kinds {
 		tl := tallies[kind]
 		var cells []string
 		for _, c := range classes {
@@ -109,7 +109,7 @@ func TestLongExploration(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	for _, kind := range backends.Kinds {
+	for _, kind := range kinds {
 		for _, f := range tallies[kind].failed {
 			t.Errorf("%s: %s", kind, f)
 		}
