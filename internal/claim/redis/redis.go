@@ -102,7 +102,6 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 		return nil, fmt.Errorf("claim %s: holder %s until %s: %w", run.ID(), r.Holder,
 			r.LeaseUntil.Format(time.RFC3339Nano), claim.ErrHeld)
 	case redisnode.Done:
-		c.done.sawDone(run, r)
 		return nil, fmt.Errorf("claim %s: %s: %w", run.ID(), r.Status, claim.ErrDone)
 	}
 	return &claim.Claim{
@@ -163,13 +162,19 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		}
 		return claims, errs
 	}
+	var done []redisnode.Finished
 	for k, i := range idx {
 		if rerrs[k] != nil {
 			errs[i] = fmt.Errorf("claim %s: %w", valid[k].ID(), rerrs[k])
 			continue
 		}
+		if r := replies[k]; r.Vote == redisnode.Done {
+			done = append(done, redisnode.Finished{Run: valid[k], Holder: r.Holder, Fence: r.Fence,
+				Attempt: r.Attempt, Status: r.Status, At: requested})
+		}
 		claims[i], errs[i] = c.granted(valid[k], tokens[k], requested, lease, replies[k])
 	}
+	c.done.add(done) // remembered for a write-back after a data loss (restore.go), the batch under one lock
 	return claims, errs
 }
 

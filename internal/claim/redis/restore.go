@@ -73,17 +73,12 @@ func (d *doneLog) released(cls []*claim.Claim, outcomes []claim.Status, errs []e
 	d.add(fs)
 }
 
-// sawDone remembers a run that a claim found done, finished by whichever
-// replica: every replica that stood by for a run knows it finished, so
-// its done marker survives a data loss as long as one of them is up, not
-// only while the replica that finished it is. The token stays unknown;
-// the write-back needs none.
-func (d *doneLog) sawDone(run claim.Run, r redisnode.Reply) {
-	d.add([]redisnode.Finished{{Run: run, Holder: r.Holder, Fence: r.Fence, Attempt: r.Attempt,
-		Status: r.Status, At: time.Now()}})
-}
-
-// add remembers fs, each run once, and starts the watcher on the first.
+// add remembers fs, each run once, and starts the watcher on the first:
+// the terminal releases this Claimer made, and the runs its claims found
+// done, finished by whichever replica. Every replica that stood by for a
+// run knows it finished, so its done marker survives a data loss as long
+// as one of them is up, not only while the replica that finished it is.
+// The tokens of runs found done stay unknown; the write-back needs none.
 // The first run remembered in a bucket also records the server its
 // scripts last saw there, which the watcher's first reading of the
 // bucket's marker is compared with (see watch).

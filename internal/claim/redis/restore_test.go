@@ -28,9 +28,11 @@ func TestDoneLogRemembersTerminalReleasesWithinItsBounds(t *testing.T) {
 	}
 
 	// A run found done is remembered too, once, whoever finished it.
-	d.sawDone(cl(2).Run, redisnode.Reply{Status: claim.Failed})
-	d.sawDone(cl(5).Run, redisnode.Reply{Status: claim.Skipped, Holder: "b", Fence: 7, Attempt: 2})
-	d.sawDone(cl(5).Run, redisnode.Reply{Status: claim.Skipped, Holder: "b", Fence: 7, Attempt: 2})
+	seen := func(i int, status claim.Status) redisnode.Finished {
+		return redisnode.Finished{Run: cl(i).Run, Status: status, Holder: "b", Fence: 7, Attempt: 2, At: time.Now()}
+	}
+	d.add([]redisnode.Finished{seen(2, claim.Failed), seen(5, claim.Skipped)})
+	d.add([]redisnode.Finished{seen(5, claim.Skipped)})
 	got = d.recent()
 	if len(got) != 3 || got[2].Run != cl(5).Run || got[2].Holder != "b" || got[2].Fence != 7 || got[2].Attempt != 2 {
 		t.Fatalf("remembered %+v, want runs 0, 2 and, once, 5 as found done", got)
