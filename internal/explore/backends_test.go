@@ -132,7 +132,7 @@ var privateServers = map[string]func(t *testing.T) []server{
 	// that second comes back on its AOF, still master. (Without
 	// persistence it would come back empty and its replica would copy the
 	// empty set: Redis's documentation warns against running masters so,
-	// and docs/operations.md says why.)
+	// and docs/architecture.md says why.)
 	redisCluster: func(t *testing.T) []server {
 		var nodes []server
 		for _, n := range testenv.StartRedisCluster(t, "--appendonly", "yes", "--appendfsync", "everysec").Nodes() {

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/redis"
@@ -56,6 +59,27 @@ func grantAfterGuard(t *testing.T, c claim.Claimer, run claim.Run, lease time.Du
 			t.Fatalf("claim %s after the restart: %v", run.ID(), err)
 		}
 		time.Sleep(20 * time.Millisecond) // polling a server-side guard; no event to wait on
+	}
+}
+
+// upFor waits until the server behind client reports an uptime of at
+// least secs seconds (answering, for a server just restarted).
+func upFor(t *testing.T, client *goredis.Client, secs int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		up, err := client.Info(ctxT(t), "server").Result()
+		if err == nil {
+			_, v, _ := strings.Cut(up, "uptime_in_seconds:")
+			v, _, _ = strings.Cut(v, "\r")
+			if n, err := strconv.Atoi(v); err == nil && n >= secs {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server not up for %ds after 30s: %v", secs, err)
+		}
+		time.Sleep(100 * time.Millisecond) // waiting on the server's clock; no event to wait on
 	}
 }
 
@@ -213,16 +237,7 @@ func TestNewNamespaceWaitsOnlyOnAYoungServer(t *testing.T) {
 	const lease = time.Second
 
 	client, prefix := isolated(t)
-	for {
-		info, err := client.Info(ctxT(t), "server").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(info, "uptime_in_seconds:0\r") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // the shared server was started this very second
-	}
+	upFor(t, client, 1) // the shared server may have been started this very second
 	old := redis.New(client, redis.Options{Instance: "a", Prefix: prefix})
 	if _, err := claim.ClaimOne(ctxT(t), old, claim.Run{Job: "job.old", At: base}, lease); err != nil {
 		t.Fatalf("first claim in a new namespace on a server up for more than the lease: %v", err)
@@ -344,13 +359,7 @@ func TestAFinishedRunStaysDoneWhileAReplicaThatSawItIsUp(t *testing.T) {
 
 	proxy.Partition(true)
 	node.Restart()
-	for { // until the server's uptime says nothing of the restart
-		info, err := direct.Info(ctxT(t), "server").Result()
-		if err == nil && !strings.Contains(info, "uptime_in_seconds:0\r") && !strings.Contains(info, "uptime_in_seconds:1\r") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // waiting on the server's clock; no event to wait on
-	}
+	upFor(t, direct, 2) // its uptime now says nothing of the restart (lease: 1s)
 	proxy.Partition(false)
 
 	_, err = answered(t, func() (*claim.Claim, error) { return claim.ClaimOne(ctxT(t), witness, other, lease) })
