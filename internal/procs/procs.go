@@ -12,7 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,14 +34,42 @@ func IsUnavailable(err error) bool {
 	return errors.As(err, &u)
 }
 
-// FreePort asks the kernel for an unused loopback port.
+// FreePort returns an unused loopback port below the kernel's ephemeral
+// range. The servers started here are killed and started again on the
+// same port; a port the kernel hands out can meanwhile become the local
+// port of some client's connection, and the restart then fails with
+// "address already in use" (CI: a Redis Cluster node's bus port). Ports
+// below the range are never handed to a connection.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	lo := ephemeralStart()
+	for range 200 {
+		port := 10000 + rand.IntN(lo-10000)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // taken: draw again
+		}
+		_ = l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free loopback port in [10000, %d)", lo)
+}
+
+// ephemeralStart is the first port of the kernel's ephemeral range
+// (Linux's ip_local_port_range; 32768 where it cannot be read).
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n <= 11000 {
+		return 32768
+	}
+	return n
 }
 
 // logTail keeps a process's last lines of output, for an error message,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -94,7 +95,15 @@ func StartRedisCluster(ctx context.Context, o RedisClusterOptions) (*RedisCluste
 			c.Close()
 			return nil, err
 		}
-		n, err := StartRedis(ctx, RedisOptions{Bin: bin, Dir: dir, Args: args})
+		// The bus port, by default the port plus 10000, is chosen like
+		// the port: below the ephemeral range, so that a restarted node
+		// finds it free (see FreePort).
+		bus, err := FreePort()
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		n, err := StartRedis(ctx, RedisOptions{Bin: bin, Dir: dir, Args: append(slices.Clone(args), "--cluster-port", strconv.Itoa(bus))})
 		if err != nil {
 			c.Close()
 			return nil, err
