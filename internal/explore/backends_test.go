@@ -13,7 +13,6 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
-	"github.com/scheduler-dev/scheduler/internal/procs"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -88,6 +87,7 @@ func TestNemesisOnRealBackends(t *testing.T) {
 				}
 				if len(res.Violations) > 0 {
 					t.Errorf("%s seed %d: %d violations\n%s", kind, res.Seed, len(res.Violations), res.Report())
+					writeTrace(t, kind, res)
 				} else {
 					t.Logf("%s: %d runs expected, %d events, 0 violations", res.Plan, res.Expected, len(res.Events))
 				}
@@ -103,10 +103,12 @@ func allKinds() []string {
 }
 
 // server is one backend process a restart fault stops and starts again.
+// A start that fails is the seed's error, not t.Error: the restart runs
+// on the explorer's goroutine, which may outlive the test.
 type server interface {
 	Addr() string
 	Stop()
-	Start()
+	Start(context.Context) error
 }
 
 // privateServers starts the servers a kind's restart faults restart: the
@@ -115,13 +117,13 @@ var privateServers = map[string]func(t *testing.T) []server{
 	// One server with an AOF synced every second, as production would run
 	// it: a restart may lose the last second.
 	"redis": func(t *testing.T) []server {
-		return []server{testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "everysec")}
+		return []server{testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "everysec").Redis}
 	},
 	// Five nodes without persistence: a restarted node comes back empty.
 	"redlock": func(t *testing.T) []server {
 		var nodes []server
 		for range 5 {
-			nodes = append(nodes, testenv.StartRedis(t))
+			nodes = append(nodes, testenv.StartRedis(t).Redis)
 		}
 		return nodes
 	},
@@ -136,7 +138,7 @@ var privateServers = map[string]func(t *testing.T) []server{
 	redisCluster: func(t *testing.T) []server {
 		var nodes []server
 		for _, n := range testenv.StartRedisCluster(t, "--appendonly", "yes", "--appendfsync", "everysec").Nodes() {
-			nodes = append(nodes, clusterNode{t, n})
+			nodes = append(nodes, n)
 		}
 		return nodes
 	},
@@ -145,7 +147,7 @@ var privateServers = map[string]func(t *testing.T) []server{
 	"etcd": func(t *testing.T) []server {
 		var members []server
 		for _, m := range testenv.StartEtcd(t, 3).Members() {
-			members = append(members, etcdMember{t, m})
+			members = append(members, m)
 		}
 		return members
 	},
@@ -154,30 +156,6 @@ var privateServers = map[string]func(t *testing.T) []server{
 // redisCluster names the redis claimer on a Redis Cluster among the
 // kinds the nemesis runs.
 const redisCluster = "redis-cluster"
-
-// clusterNode is a server of a Redis Cluster's node.
-type clusterNode struct {
-	t *testing.T
-	*procs.Redis
-}
-
-func (n clusterNode) Start() {
-	if err := n.Redis.Start(context.Background()); err != nil {
-		n.t.Error(err)
-	}
-}
-
-// etcdMember is a server of procs.EtcdMember.
-type etcdMember struct {
-	t *testing.T
-	*procs.EtcdMember
-}
-
-func (m etcdMember) Start() {
-	if err := m.EtcdMember.Start(context.Background()); err != nil {
-		m.t.Error(err)
-	}
-}
 
 // realConfig sizes a real-time exploration: a 1s lease keeps a seed near
 // 15s of wall time.
@@ -214,8 +192,7 @@ func realConfig(t *testing.T, kind string, seed uint64) Config {
 		cfg.Restart = func(node int, down time.Duration) error {
 			nodes[node].Stop()
 			time.Sleep(down) // the server is down for the plan's time
-			nodes[node].Start()
-			return nil
+			return nodes[node].Start(context.Background())
 		}
 	} else {
 		cfg.Classes = slices.DeleteFunc(slices.Clone(nemesis.Classes), func(c string) bool { return c == nemesis.Restart })

@@ -172,6 +172,10 @@ type world struct {
 	mu          sync.Mutex
 	outageUntil time.Time
 	stallUntil  time.Time
+	// broken is what kept the plan from being applied (a server that did
+	// not come back): Run fails with it, since the history then did not
+	// see the faults it was meant to.
+	broken error
 }
 
 // Run explores one seed and checks the history.
@@ -255,6 +259,9 @@ func Run(cfg Config) (*Result, error) {
 	sleepUntil(ctx, end)
 	cancel()
 	w.wg.Wait()
+	if w.broken != nil {
+		return nil, fmt.Errorf("seed %d: the plan could not be applied: %w", cfg.Seed, w.broken)
+	}
 
 	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed}
 	// Every replica is up and healthy from heal on: a run granted before
@@ -365,6 +372,9 @@ func (w *world) nemesis(ctx context.Context) {
 		if op.Kind == nemesis.Restart {
 			if err := w.cfg.Restart(op.Node, op.For); err != nil {
 				w.log.Add(history.Event{Kind: history.Fault, Note: "restart failed: " + err.Error()})
+				w.mu.Lock()
+				w.broken = errors.Join(w.broken, fmt.Errorf("%s: %w", op, err))
+				w.mu.Unlock()
 			}
 			continue
 		}

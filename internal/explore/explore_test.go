@@ -3,6 +3,9 @@ package explore
 import (
 	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -17,6 +20,7 @@ var (
 	seeds = flag.Int("explore.seeds", 200, "how many seeds TestExplore sweeps")
 	first = flag.Uint64("explore.first", 1, "the first seed TestExplore sweeps (replay one: -explore.first=N -explore.seeds=1)")
 	show  = flag.Bool("explore.show", false, "log every seed's plan and verdict")
+	trace = flag.String("explore.trace", "", "write every event of a seed with violations to this directory, one file per claimer and seed (a violation's report shows only the tail of each run)")
 )
 
 // explored runs cfg (in the caller's synctest bubble) and fails t with
@@ -29,8 +33,30 @@ func explored(t *testing.T, cfg Config) *Result {
 	}
 	if len(res.Violations) > 0 {
 		t.Errorf("seed %d: %d violations\n%s", cfg.Seed, len(res.Violations), res.Report())
+		writeTrace(t, "memory", res)
 	}
 	return res
+}
+
+// writeTrace writes res's whole history to the -explore.trace directory,
+// if set, and logs where.
+func writeTrace(t *testing.T, kind string, res *Result) {
+	t.Helper()
+	if *trace == "" {
+		return
+	}
+	var b strings.Builder
+	b.WriteString(res.Report())
+	b.WriteString("\n\nevery event:\n")
+	for _, e := range res.Events {
+		fmt.Fprintf(&b, "%9.3fs %s\n", e.At.Sub(res.T0).Seconds(), e)
+	}
+	name := filepath.Join(*trace, fmt.Sprintf("%s-%d.txt", kind, res.Seed))
+	if err := os.WriteFile(name, []byte(b.String()), 0o644); err != nil {
+		t.Errorf("trace: %v", err)
+		return
+	}
+	t.Logf("every event: %s", name)
 }
 
 // TestExplore sweeps seeds of composed faults over the runner and fails

@@ -73,6 +73,7 @@ func TestLongExploration(t *testing.T) {
 					}
 					if len(res.Violations) > 0 {
 						tl.failed = append(tl.failed, res.Report())
+						writeTrace(t, kind, res)
 					}
 				}
 				mu.Unlock()
