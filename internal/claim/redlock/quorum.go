@@ -176,13 +176,19 @@ func (c *Claimer) Close() error {
 }
 
 // History implements claim.Claimer. It merges what a majority of nodes
-// remember. For each run it keeps the grant a majority of nodes hold (by
-// fence; of its copies, the most advanced), and only where no grant has a
-// majority the most advanced record of any node (highest attempt, then a
-// terminal one, then the latest lease). A bid that failed on a minority
-// of nodes leaves a higher attempt there; reporting it as the run's
-// state would misdate the live grant, which the runner's overlap probe
-// orders runs by.
+// remember. For each run it keeps the grant a majority of the answers
+// hold (by fence; of its copies, the most advanced). A bid that failed on
+// a minority of nodes leaves a higher attempt there, or an aborted,
+// interrupted record with a later lease; reporting it as the run's state
+// would misdate or hide the live grant, which the runner's overlap probe
+// orders runs by. Where no grant has a majority of the answers (the
+// holder's majority includes nodes that did not answer), a run with a
+// running copy is reported running, as early as its earliest running
+// copy started, until its latest running lease, with the lowest running
+// fence: the probe must not miss or misdate a run that may be live, and
+// a copy that was not live costs a later run at most a lease of waiting.
+// Otherwise the most advanced record of any node stands (highest attempt,
+// then a terminal one, then the latest lease).
 func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
 	lists := make([][]claim.Record, len(c.nodes))
 	errs := make([]error, len(c.nodes))
@@ -215,6 +221,7 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 			}
 		}
 	}
+	live := map[string]claim.Record{} // per run, what its running copies say at the widest
 	for _, l := range lists {
 		for _, r := range l {
 			g := grant{r.RunID, r.Fence}
@@ -226,11 +233,20 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 			if b, ok := best[r.RunID]; !ok || ahead(r, b) {
 				best[r.RunID] = r
 			}
+			if r.Status == claim.Running {
+				live[r.RunID] = widen(live[r.RunID], r)
+			}
 		}
 	}
+	decided := map[string]bool{}
 	for g, n := range copies {
 		if n >= len(c.nodes)/2+1 {
-			best[g.run] = quorum[g]
+			best[g.run], decided[g.run] = quorum[g], true
+		}
+	}
+	for run, r := range live {
+		if !decided[run] && best[run].Status.Live() {
+			best[run] = r
 		}
 	}
 	out := make([]claim.Record, 0, len(best))
@@ -242,6 +258,21 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 		out = out[:limit]
 	}
 	return out, nil
+}
+
+// widen merges running copy r into w (zero: none yet): the earliest
+// start, the latest lease, the lowest fence; the other fields are those of
+// the copy with the latest lease.
+func widen(w, r claim.Record) claim.Record {
+	if w.RunID == "" {
+		return r
+	}
+	start, fence := w.StartedAt, w.Fence
+	if r.LeaseUntil.After(w.LeaseUntil) {
+		w = r
+	}
+	w.StartedAt, w.Fence = minTime(start, r.StartedAt), min(fence, r.Fence)
+	return w
 }
 
 // ahead reports whether node record a is further along than b.
