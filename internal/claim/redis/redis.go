@@ -22,7 +22,9 @@ type Options struct {
 	// (default 48h). It must outlive the schedule period and misfire
 	// grace: once it expires, a replica that wakes late can run it again.
 	DoneTTL time.Duration
-	// HistoryLimit is how many runs per job History keeps (default 1000).
+	// HistoryLimit is how many runs per job History keeps (default 1000):
+	// the newest ones. A job's index is trimmed back to it once it is
+	// over by an eighth, so it may briefly hold that many more.
 	HistoryLimit int
 	// AllowEviction lets Check accept a server whose maxmemory-policy may
 	// evict claims.

@@ -104,3 +104,39 @@ func claimOne(t *testing.T, node *redisnode.Node, run claim.Run, token, holder s
 	replies, errs := node.ClaimBatch(ctxT(t), []claim.Run{run}, []string{token}, holder, lease)
 	return replies[0], errs[0]
 }
+
+// TestHistoryIsTrimmedPastAMargin: a job's history index is trimmed back to
+// HistoryLimit once it is over by an eighth (at least one run), not on
+// every claim, and always keeps the newest runs.
+func TestHistoryIsTrimmedPastAMargin(t *testing.T) {
+	client, p := isolated(t)
+	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+		t.Fatal(err)
+	}
+	const limit = 16 // margin: 2 runs
+	node := redisnode.New(client, redisnode.Options{Prefix: p, HistoryLimit: limit}, 0, 1)
+	trimmed := false
+	for i := range 60 {
+		run := claim.Run{Job: "job.trim", At: base.Add(time.Duration(i) * time.Minute)}
+		if r, err := claimOne(t, node, run, claim.NewToken(), "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
+			t.Fatalf("claim %d: %+v, %v", i, r, err)
+		}
+		recs, err := node.History(ctxT(t), "job.trim", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch n := len(recs); {
+		case n > limit+2:
+			t.Fatalf("after %d claims the index holds %d runs, want at most %d", i+1, n, limit+2)
+		case n < min(i+1, limit):
+			t.Fatalf("after %d claims the index holds %d runs, want at least %d", i+1, n, min(i+1, limit))
+		case !recs[0].At.Equal(run.At):
+			t.Fatalf("after %d claims the newest run kept is %s, want %s", i+1, recs[0].At, run.At)
+		case n == limit && i+1 > limit:
+			trimmed = true
+		}
+	}
+	if !trimmed {
+		t.Fatal("the index was never trimmed back to its limit")
+	}
+}

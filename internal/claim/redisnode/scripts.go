@@ -95,6 +95,8 @@ if h[2] then
     return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4]), id}
   end
   attempt = tonumber(h[4]) + 1
+  -- A takeover rewrites the hash; a fresh grant creates it.
+  redis.call('HDEL', KEYS[1], 'finished_at')
 end
 local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
 local slots = tonumber(ARGV[10])
@@ -103,13 +105,16 @@ redis.call('SET', KEYS[2], s(fence))
 local lease_until = now + lease
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'fence', s(fence),
   'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
-redis.call('HDEL', KEYS[1], 'finished_at')
 redis.call('PEXPIRE', KEYS[1], s(tonumber(ARGV[4]) + lease))
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6])
 redis.call('SADD', KEYS[4], ARGV[7])
-local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
-if over > 0 then
-  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, over - 1)
+if redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6]) == 1 then
+  -- The history is trimmed back to its limit once it is over by an
+  -- eighth, not on every claim: History reads the newest runs only.
+  local limit = tonumber(ARGV[8])
+  local over = redis.call('ZCARD', KEYS[3]) - limit
+  if over > math.max(math.floor(limit / 8), 1) then
+    redis.call('ZREMRANGEBYRANK', KEYS[3], 0, over - 1)
+  end
 end
 return {'granted', fence, attempt, lease_until, id}
 `)
