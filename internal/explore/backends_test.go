@@ -23,7 +23,7 @@ var realSeeds = []uint64{101, 102, 103, 104, 105}
 
 var (
 	realSeed  = flag.Uint64("explore.real-seed", 0, "TestNemesisOnRealBackends: replay this seed instead of the pinned ones")
-	realKinds = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends: only these claimers (comma-separated)")
+	realKinds = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends, TestLongExploration: only these claimers (comma-separated)")
 )
 
 // TestNemesisOnRealBackends runs the explorer's replicas over every

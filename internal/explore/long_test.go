@@ -42,6 +42,9 @@ func TestLongExploration(t *testing.T) {
 	var wg sync.WaitGroup
 	end := time.Now().Add(*long)
 	kinds := allKinds()
+	if *realKinds != "" {
+		kinds = strings.Split(*realKinds, ",")
+	}
 	for k, kind := range kinds {
 		tl := &tally{faults: map[string]int{}, violations: map[string]int{}}
 		tallies[kind] = tl
