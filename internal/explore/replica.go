@@ -60,7 +60,7 @@ func (r *replica) life(ctx context.Context) {
 			Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, ShutdownGrace: time.Second,
 			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })}
 		if r.w.cfg.Controls != nil {
-			opts.Controls = control.New(r.w.cfg.Controls, nil)
+			opts.Controls = control.New(faultyControls{c, r.w.cfg.Controls}, nil)
 		}
 		run, err := runner.New(opts, r.w.runnerJobs(r, gen))
 		if err != nil {
@@ -280,6 +280,21 @@ func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context)
 		return none, fmt.Errorf("reply lost: %w", ctx.Err())
 	}
 	return apply(ctx)
+}
+
+// faultyControls is the replica's view of the operator's register: its
+// reads (and writes) cross the replica's faulty link, as its claims do.
+type faultyControls struct {
+	f     *faulty
+	inner claim.Controls
+}
+
+func (c faultyControls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
+	return call(c.f, ctx, func(ctx context.Context) (claim.Control, error) { return c.inner.Put(ctx, e) })
+}
+
+func (c faultyControls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	return call(c.f, ctx, func(ctx context.Context) ([]claim.Control, error) { return c.inner.List(ctx, prefix) })
 }
 
 func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
