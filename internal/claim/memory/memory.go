@@ -75,6 +75,8 @@ func (m *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	claims := make([]*claim.Claim, len(runs))
 	errs, valid := claim.CheckClaimBatch(ctx, runs, lease)
 	requested := time.Now()
+	// Grants are stamped under the lock, so in the order they are made;
+	// under StampLag, on arrival, before the statement's wait.
 	var stamp time.Time
 	if m.s.lag != nil {
 		stamp = m.s.now()
@@ -82,7 +84,7 @@ func (m *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	}
 	m.s.mu.Lock()
 	defer m.s.mu.Unlock()
-	if m.s.lag == nil {
+	if stamp.IsZero() {
 		stamp = m.s.now()
 	}
 	for _, i := range valid {
