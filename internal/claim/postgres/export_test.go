@@ -1,0 +1,4 @@
+package postgres
+
+// LockJobsExclusive is the probe's lock statement, for the tests.
+const LockJobsExclusive = lockJobsExclusive
