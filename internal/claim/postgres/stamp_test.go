@@ -1,13 +1,11 @@
 package postgres_test
 
 import (
-	"database/sql"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
@@ -22,51 +20,19 @@ import (
 // is sent only after. The server shares this machine's clock.
 // A batch (one multi-row insert, then the takeovers pipelined) does the same.
 func TestTakeoverQueuedBehindARowLockIsStampedAfterTheWait(t *testing.T) {
-	inBatches(t, "job.stamp", true, stampedAfterTheWait)
-}
-
-// inBatches runs f for a claim of one run and for a batch of three, each
-// on a namespace of its own with two replicas: run is the run the case is
-// about, runs the batch it is claimed in (with more runs of its job, a
-// minute apart, if sameJob, else with runs of other jobs at its instant).
-func inBatches(t *testing.T, job string, sameJob bool, f func(t *testing.T, a, b *claimers.Backend, run claim.Run, runs []claim.Run)) {
 	for _, batch := range []int{1, 3} {
-		t.Run(fmt.Sprintf("batch of %d", batch), func(t *testing.T) {
-			ns := backends.Prepare(t, "postgres", backends.Options{})
-			run := claim.Run{Job: job, At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
-			runs := []claim.Run{run}
-			for i := 1; i < batch; i++ {
-				if sameJob {
-					runs = append(runs, claim.Run{Job: job, At: run.At.Add(time.Duration(i) * time.Minute)})
-				} else {
-					runs = append(runs, claim.Run{Job: fmt.Sprintf("%s.%d", job, i), At: run.At})
-				}
-			}
-			f(t, ns.Open("replica-a"), ns.Open("replica-b"), run, runs)
-		})
+		t.Run(fmt.Sprintf("batch of %d", batch), func(t *testing.T) { stampedAfterTheWait(t, batch) })
 	}
 }
 
-// awaitBlockedBy waits until a session waits on a lock that the session
-// pid holds (the server says so).
-func awaitBlockedBy(t *testing.T, db *sql.DB, pid int, what string) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) { // polling the server's view of its sessions
-		var waiting int
-		if err := db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`,
-			pid).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never waited on the lock", what)
-		}
+func stampedAfterTheWait(t *testing.T, batch int) {
+	ns := backends.Prepare(t, "postgres", backends.Options{})
+	a, b := ns.Open("replica-a"), ns.Open("replica-b")
+	run := claim.Run{Job: "job.stamp", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+	runs := []claim.Run{run}
+	for i := 1; i < batch; i++ {
+		runs = append(runs, claim.Run{Job: run.Job, At: run.At.Add(time.Duration(i) * time.Minute)})
 	}
-}
-
-func stampedAfterTheWait(t *testing.T, a, b *claimers.Backend, run claim.Run, runs []claim.Run) {
 	const lease = 100 * time.Millisecond
 	first, err := claim.ClaimOne(t.Context(), a, run, lease)
 	if err != nil {
@@ -98,9 +64,26 @@ func stampedAfterTheWait(t *testing.T, a, b *claimers.Backend, run claim.Run, ru
 		cls, errs := b.Claim(t.Context(), runs, time.Minute)
 		done <- result{cls[0], errs[0]}
 	}()
-	// Wait until the takeover waits on the lock, then keep it waiting a
-	// while.
-	awaitBlockedBy(t, a.DB, locker, "the takeover")
+	// Wait until the takeover waits on the lock (the server says so),
+	// then keep it waiting a while.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var waiting int
+		if err := a.DB.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`,
+			locker).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("takeover returned while the row was locked: %+v, %v", r.cl, r.err)
+		case <-time.After(10 * time.Millisecond): // polling the server's view of its sessions
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the takeover never waited on the row lock")
+		}
+	}
 	time.Sleep(200 * time.Millisecond) // the wait a stamp from before it would show
 	released := time.Now()
 	if err := tx.Commit(); err != nil {
@@ -111,7 +94,6 @@ func stampedAfterTheWait(t *testing.T, a, b *claimers.Backend, run claim.Run, ru
 		t.Fatalf("takeover after the lock: %v", r.err)
 	}
 	recs, err := b.History(t.Context(), run.Job, 0)
-	batch := len(runs)
 	if err != nil || len(recs) != batch || recs[batch-1].Fence != r.cl.Fence {
 		t.Fatalf("history: %+v, %v; want the takeover's record last", recs, err)
 	}

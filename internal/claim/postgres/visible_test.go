@@ -2,12 +2,13 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
 // TestHistoriesSeeEveryGrantStampedBeforeThey: a history read through
@@ -22,10 +23,19 @@ import (
 // wait for it. Claims of one run and of a batch, fresh grants and
 // takeovers alike.
 func TestHistoriesSeeEveryGrantStampedBeforeThey(t *testing.T) {
-	inBatches(t, "job.visible", false, seenOnceStamped)
+	for _, batch := range []int{1, 3} {
+		t.Run(fmt.Sprintf("batch of %d", batch), func(t *testing.T) { seenOnceStamped(t, batch) })
+	}
 }
 
-func seenOnceStamped(t *testing.T, a, b *claimers.Backend, run claim.Run, runs []claim.Run) {
+func seenOnceStamped(t *testing.T, batch int) {
+	ns := backends.Prepare(t, "postgres", backends.Options{})
+	a, b := ns.Open("replica-a"), ns.Open("replica-b")
+	run := claim.Run{Job: "job.visible", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+	runs := []claim.Run{run}
+	for i := 1; i < batch; i++ {
+		runs = append(runs, claim.Run{Job: fmt.Sprintf("job.visible.%d", i), At: run.At})
+	}
 	if _, err := a.DB.ExecContext(t.Context(), `
 CREATE FUNCTION stall_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -37,7 +47,14 @@ CREATE TRIGGER stall_commit AFTER INSERT OR UPDATE ON scheduler_runs FOR EACH RO
 	}
 	stalled := func(claimer claim.Claimer, phase string) *claim.Claim {
 		t.Helper()
-		done := claimInBackground(t, claimer, runs, phase)
+		done := make(chan *claim.Claim, 1)
+		go func() {
+			cls, errs := claimer.Claim(context.WithoutCancel(t.Context()), runs, time.Minute)
+			if errs[0] != nil {
+				t.Errorf("%s: %v", phase, errs[0])
+			}
+			done <- cls[0]
+		}()
 		// Wait until the grant is stamped and its commit stalls.
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 			var sleeping int
@@ -86,10 +103,19 @@ CREATE TRIGGER stall_commit AFTER INSERT OR UPDATE ON scheduler_runs FOR EACH RO
 // of TestHistoriesSeeEveryGrantStampedBeforeThey). Fresh grants and
 // takeovers, of one run and of a batch.
 func TestGrantWaitingOnAProbeIsStampedAfterIt(t *testing.T) {
-	inBatches(t, "job.probed", false, stampedAfterTheProbe)
+	for _, batch := range []int{1, 3} {
+		t.Run(fmt.Sprintf("batch of %d", batch), func(t *testing.T) { stampedAfterTheProbe(t, batch) })
+	}
 }
 
-func stampedAfterTheProbe(t *testing.T, a, b *claimers.Backend, run claim.Run, runs []claim.Run) {
+func stampedAfterTheProbe(t *testing.T, batch int) {
+	ns := backends.Prepare(t, "postgres", backends.Options{})
+	a, b := ns.Open("replica-a"), ns.Open("replica-b")
+	run := claim.Run{Job: "job.probed", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+	runs := []claim.Run{run}
+	for i := 1; i < batch; i++ {
+		runs = append(runs, claim.Run{Job: fmt.Sprintf("job.probed.%d", i), At: run.At})
+	}
 	behindTheProbe := func(claimer claim.Claimer, phase string) *claim.Claim {
 		t.Helper()
 		tx, err := a.DB.BeginTx(t.Context(), nil)
@@ -104,8 +130,27 @@ func stampedAfterTheProbe(t *testing.T, a, b *claimers.Backend, run claim.Run, r
 		if _, err := tx.ExecContext(t.Context(), postgres.LockJobsExclusive, []string{run.Job}); err != nil {
 			t.Fatal(err)
 		}
-		done := claimInBackground(t, claimer, runs, phase)
-		awaitBlockedBy(t, b.DB, locker, phase)
+		done := make(chan *claim.Claim, 1)
+		go func() {
+			cls, errs := claimer.Claim(context.WithoutCancel(t.Context()), runs, time.Minute)
+			if errs[0] != nil {
+				t.Errorf("%s: %v", phase, errs[0])
+			}
+			done <- cls[0]
+		}()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			var waiting int
+			if err := b.DB.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`,
+				locker).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			if waiting > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the grant never waited on the probe's lock", phase)
+			}
+		}
 		time.Sleep(200 * time.Millisecond) // the wait a stamp from before it would show
 		released := time.Now()
 		if err := tx.Commit(); err != nil {
@@ -130,18 +175,4 @@ func stampedAfterTheProbe(t *testing.T, a, b *claimers.Backend, run claim.Run, r
 		t.Fatal(err)
 	}
 	behindTheProbe(b, "takeover")
-}
-
-// claimInBackground claims runs with claimer and sends the first run's
-// grant (nil if refused, an error reported).
-func claimInBackground(t *testing.T, claimer claim.Claimer, runs []claim.Run, phase string) <-chan *claim.Claim {
-	done := make(chan *claim.Claim, 1)
-	go func() {
-		cls, errs := claimer.Claim(context.WithoutCancel(t.Context()), runs, time.Minute)
-		if errs[0] != nil {
-			t.Errorf("%s: %v", phase, errs[0])
-		}
-		done <- cls[0]
-	}()
-	return done
 }
