@@ -280,15 +280,13 @@ const (
 // backendNow must not run ahead of the backend's clock, or a live run
 // would look expired, and cl could probe before its instant.
 //
-// That holds where a read shows every grant stamped before it began. A
-// grant is stamped before it commits, so a backend must make its reads
-// wait for the grants in flight (PostgreSQL: a job's advisory lock,
-// shared by grants, stamped after it, taken exclusively by Histories).
-// Where a backend falls short of that (a stamp earlier than its grant was
-// visible: the explorer's stamp-lag model), a live run that comes after
-// cl but was granted before it (a lower fence) is returned as ahead: cl
-// cannot know whether that run saw cl, and never starts beside it (see
-// probe).
+// That holds where a grant becomes visible when it is stamped. PostgreSQL
+// stamps it when its statement starts (now()) and shows it when it
+// commits: a run stamped before another's first chance can still be
+// invisible to that run's probe, come first here, and start beside it. So
+// a live run that comes after cl but was granted before it (a lower
+// fence) is returned as ahead: cl cannot know whether that run saw cl,
+// and never starts beside it (see probe).
 func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (probe, error) {
 	backoff := 50 * time.Millisecond
 	for limit := ownerProbe; ; {
