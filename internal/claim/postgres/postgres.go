@@ -23,49 +23,17 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
-// A grant is stamped (started_at, the backend's clock) when its statement
-// runs but shown to other sessions only when it commits, and the runner's
-// overlap probe orders runs by the stamp: a grant stamped before a probe
-// read began but committed after it would come first without having been
-// seen, and start beside the run that read. So every grant takes its
-// job's advisory lock, shared, and is stamped after it (clock_timestamp,
-// not now(), the transaction's start); a probe read (Histories) takes
-// its jobs' locks exclusively, waiting for every grant in flight to
-// commit, and reads under them. A grant that takes the lock later is
-// stamped after the read began, so it comes after the reader's run.
-// Every transaction takes its locks in key order, before any row lock,
-// so probes and batches cannot deadlock on them. The key is the job in
-// this schema (tests share one database).
-const (
-	jobLockClass = `1935893360` // pg_advisory_xact_lock(class, key): a class of the project's own
-	// The lock keys of the jobs of an array parameter, in key order
-	// (jobKeys + "$n" + jobKeysEnd).
-	jobKeys    = `(SELECT DISTINCT hashtext(current_schema() || '/' || j) AS k FROM unnest(`
-	jobKeysEnd = `::text[]) AS u(j) ORDER BY k) AS keys ORDER BY k`
-
-	// lockJobsShared and lockJobsExclusive take the locks of the jobs $1:
-	// a grant's (a batch of takeovers, before them), a probe's.
-	lockJobsShared    = `SELECT pg_advisory_xact_lock_shared(` + jobLockClass + `, k) FROM ` + jobKeys + `$1` + jobKeysEnd
-	lockJobsExclusive = `SELECT pg_advisory_xact_lock(` + jobLockClass + `, k) FROM ` + jobKeys + `$1` + jobKeysEnd
-)
-
 const (
 	// insertRun grants a run nobody has claimed yet. nextval is evaluated
 	// even when the row exists: fences may skip values, never repeat. The
 	// conflict target is the primary key, (run_id, scheduled_at): the run
 	// id is the job and the instant, so the pair is unique exactly when the
 	// id is, and the partitioned table's key must contain scheduled_at.
-	// It stamps the grant after taking the job's lock (stamp reads
-	// job_lock's row, so the lock is taken first).
 	insertRun = `
-WITH job_lock AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock_shared(` + jobLockClass + `, hashtext(current_schema() || '/' || $2::text))),
-stamp AS MATERIALIZED (SELECT clock_timestamp() AS ts FROM job_lock)
 INSERT INTO scheduler_runs
        (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
-SELECT $1::text, $2::text, $3::timestamptz, 'running', $4::text, $5::text, nextval('scheduler_fence_seq'), 1,
-       s.ts, s.ts + $6::bigint * interval '1 microsecond'
-  FROM stamp AS s
+VALUES ($1, $2, $3, 'running', $4, $5, nextval('scheduler_fence_seq'), 1,
+        now(), now() + $6 * interval '1 microsecond')
 ON CONFLICT (run_id, scheduled_at) DO NOTHING
 RETURNING fence, attempt, lease_until`
 
@@ -74,20 +42,16 @@ RETURNING fence, attempt, lease_until`
 	// are told apart without another round trip. That branch reads the
 	// statement's snapshot, which may predate a concurrent change; any
 	// non-terminal status then reads as held, which is what it is. $5 is
-	// the run's instant, as in every statement below that names a run; $6
-	// is its job, whose lock it takes before it stamps (as insertRun).
+	// the run's instant, as in every statement below that names a run.
 	takeOverRun = `
-WITH job_lock AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock_shared(` + jobLockClass + `, hashtext(current_schema() || '/' || $6::text))),
-stamp AS MATERIALIZED (SELECT clock_timestamp() AS ts FROM job_lock),
-taken AS (
+WITH taken AS (
     UPDATE scheduler_runs
        SET status = 'running', token = $2, holder = $3,
            fence = nextval('scheduler_fence_seq'), attempt = attempt + 1,
-           started_at = (SELECT ts FROM stamp), lease_until = (SELECT ts FROM stamp) + $4 * interval '1 microsecond',
+           started_at = now(), lease_until = now() + $4 * interval '1 microsecond',
            finished_at = NULL
      WHERE run_id = $1 AND scheduled_at = $5
-       AND (status = 'interrupted' OR (status = 'running' AND lease_until <= (SELECT ts FROM stamp)))
+       AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now()))
     RETURNING fence, attempt, lease_until
 )
 SELECT true, fence, attempt, lease_until, '' FROM taken
@@ -97,18 +61,13 @@ SELECT false, 0, 0, lease_until, status FROM scheduler_runs
 
 	// insertRuns is insertRun for many runs at once, in run id order: every
 	// batch takes the rows' locks in the same order, so two batches that
-	// race for the same runs cannot deadlock. The jobs' locks come first,
-	// in key order (lockJobs), and one stamp after all of them.
+	// race for the same runs cannot deadlock.
 	insertRuns = `
-WITH job_locks AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock_shared(` + jobLockClass + `, k) FROM ` + jobKeys + `$2` + jobKeysEnd + `),
-stamp AS MATERIALIZED (SELECT clock_timestamp() AS ts FROM (SELECT count(*) FROM job_locks) AS n)
 INSERT INTO scheduler_runs
        (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
 SELECT r.run_id, r.job, r.scheduled_at, 'running', r.token, $5, nextval('scheduler_fence_seq'), 1,
-       s.ts, s.ts + $6 * interval '1 microsecond'
+       now(), now() + $6 * interval '1 microsecond'
   FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(run_id, job, scheduled_at, token)
- CROSS JOIN stamp AS s
  ORDER BY r.run_id
 ON CONFLICT (run_id, scheduled_at) DO NOTHING
 RETURNING run_id, fence, attempt, lease_until`
@@ -229,7 +188,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	}
 
 	cl.Requested = time.Now()
-	return takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, run.Job))
+	return takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At))
 }
 
 // takenOver reads takeOverRun's answer for cl.
@@ -338,26 +297,12 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if len(rest) == 0 {
 		return claims, errs
 	}
-	// The jobs' locks first, in key order (see lockJobs): each takeover
-	// takes its own again, already held.
 	b := &pgx.Batch{}
-	restJobs := make([]string, len(rest))
-	for k, i := range rest {
-		restJobs[k] = claims[i].Run.Job
-	}
-	b.Queue(lockJobsShared, restJobs)
 	for _, i := range rest {
-		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, claims[i].Run.Job)
+		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At)
 	}
 	requested = time.Now()
 	res := c.pool.SendBatch(ctx, b)
-	if _, err := res.Exec(); err != nil {
-		_ = res.Close()
-		for _, i := range rest {
-			claims[i], errs[i] = nil, fmt.Errorf("claim %s: %w", runs[i].ID(), translate(err))
-		}
-		return claims, errs
-	}
 	for _, i := range rest {
 		cl := claims[i]
 		cl.Requested = requested
@@ -492,30 +437,30 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", translate(err))
 	}
-	recs, err := collectRecords(rows)
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (claim.Record, error) {
+		var r claim.Record
+		return r, scanRecord(row, &r)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", translate(err))
 	}
 	return recs, nil
 }
 
-// collectRecords reads every history row of rows.
-func collectRecords(rows pgx.Rows) ([]claim.Record, error) {
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claim.Record, error) {
-		var r claim.Record
-		return r, scanRecord(row, &r)
-	})
-}
-
 var _ claim.Historian = (*Claimer)(nil)
 
-// Histories implements claim.Historian, the runner's probe read: in one
-// transaction, the jobs' locks, exclusive (every grant of them in flight
-// commits first, see lockJobs), then one statement for every query
+// Histories implements claim.Historian: one statement for every query
 // (historyJobs). A lone query is History's statement, which costs a third
 // of historyJobs' for one job (about 110 against 310 µs here; ten jobs
 // cost 450 µs in one historyJobs, a thousand 4.6 ms).
 func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	if len(qs) == 1 {
+		recs, err := c.History(ctx, qs[0].Job, qs[0].Limit)
+		if err != nil {
+			return nil, err
+		}
+		return [][]claim.Record{recs}, nil
+	}
 	jobs, limits := make([]string, len(qs)), make([]*int32, len(qs))
 	for i, q := range qs {
 		jobs[i] = q.Job
@@ -524,42 +469,28 @@ func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]c
 			limits[i] = &l
 		}
 	}
-	hists := make([][]claim.Record, len(qs))
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, lockJobsExclusive, jobs); err != nil {
-			return err
-		}
-		if len(qs) == 1 {
-			rows, err := tx.Query(ctx, historyJob, jobs[0], limits[0])
-			if err != nil {
-				return err
-			}
-			hists[0], err = collectRecords(rows)
-			return err
-		}
-		// Planned at each execution (an unnamed statement), not cached: a
-		// plan made while the table was empty (start-up recovery reads
-		// every job before the first run) scans each partition whole for
-		// every job once the table fills, and took seconds for a thousand
-		// jobs; planned with the table as it is, each job is an index scan.
-		rows, err := tx.Query(ctx, historyJobs, pgx.QueryExecModeExec, jobs, limits)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var (
-				i int64 // WITH ORDINALITY counts from 1
-				r claim.Record
-			)
-			if err := scanRecord(rows, &r, &i); err != nil {
-				return err
-			}
-			hists[i-1] = append(hists[i-1], r)
-		}
-		return rows.Err()
-	})
+	// Planned at each execution (an unnamed statement), not cached: a plan
+	// made while the table was empty (start-up recovery reads every job
+	// before the first run) scans each partition whole for every job once
+	// the table fills, and took seconds for a thousand jobs; planned with
+	// the table as it is, each job is an index scan.
+	rows, err := c.pool.Query(ctx, historyJobs, pgx.QueryExecModeExec, jobs, limits)
 	if err != nil {
+		return nil, fmt.Errorf("history: %w", translate(err))
+	}
+	defer rows.Close()
+	hists := make([][]claim.Record, len(qs))
+	for rows.Next() {
+		var (
+			i int64 // WITH ORDINALITY counts from 1
+			r claim.Record
+		)
+		if err := scanRecord(rows, &r, &i); err != nil {
+			return nil, fmt.Errorf("history: %w", translate(err))
+		}
+		hists[i-1] = append(hists[i-1], r)
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("history: %w", translate(err))
 	}
 	return hists, nil
