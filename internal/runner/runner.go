@@ -44,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -119,10 +118,7 @@ type Options struct {
 	// that instant widens to 100µs per run (1s for 10,000), at most
 	// Lease/3: replicas reach the last of thousands of runs at different
 	// moments, and holds shorter than that difference would hand most runs
-	// to whichever replica got there first. Runs due together are also
-	// dispatched in order of this replica's hold, so a replica that gets
-	// to its bids after its holds have passed (its CPU busy with
-	// thousands) bids first for the runs it would have won on time.
+	// to whichever replica got there first.
 	Spread  time.Duration
 	Logger  *slog.Logger
 	Metrics *Metrics // nil: no metrics
@@ -233,31 +229,6 @@ func (r *Runner) spreadFor(due int) time.Duration {
 	return max(r.opts.Spread, min(time.Duration(due)*spreadPerRun, r.opts.Lease/3))
 }
 
-// preferred orders runs due together by this replica's hold on each,
-// shortest first (see hold). Where thousands fall due at once, a replica
-// reaches its bids later than its holds, and would bid in the order the
-// runs were dispatched, the same on every replica: the fastest would win
-// nearly all. In this order each replica bids first for the runs it is
-// the likeliest to win, where the others hold longest, so a slower
-// replica still gets its share, and replicas contend less for each run.
-func (r *Runner) preferred(ready []due, spread time.Duration) {
-	if len(ready) < 2 || spread <= 0 {
-		return
-	}
-	type held struct {
-		e    due
-		hold time.Duration
-	}
-	hs := make([]held, len(ready))
-	for i, e := range ready {
-		hs[i] = held{e, holdFor(claim.Run{Job: e.job.Name, At: e.at.UTC()}.ID(), r.opts.Instance, spread)}
-	}
-	slices.SortStableFunc(hs, func(a, b held) int { return cmp.Compare(a.hold, b.hold) })
-	for i, h := range hs {
-		ready[i] = h.e
-	}
-}
-
 // Defaults for Options.
 const (
 	// DefaultSpread caps the default Spread.
@@ -336,12 +307,8 @@ loop:
 			}
 			d.spread = r.spreadFor(due)
 		}
-		var ready []due
 		for h.Len() > 0 && !(*h)[0].fire.After(now) {
-			ready = append(ready, heap.Pop(h).(due))
-		}
-		r.preferred(ready, d.spread)
-		for _, e := range ready {
+			e := heap.Pop(h).(due)
 			if now.Sub(e.fire) > r.lateTolerance() {
 				// The loop was paused or the clock jumped: only the latest
 				// missed instant matters, under the job's misfire policy.
