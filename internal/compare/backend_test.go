@@ -78,9 +78,17 @@ func TestReplicasOpenThroughTheOpener(t *testing.T) {
 						if len(rep.links) != len(ns.targets) || len(ns.targets) == 0 {
 							t.Fatalf("%s: %d proxies for %d servers", rep.id, len(rep.links), len(ns.targets))
 						}
+						// A client may dial some servers after Ping
+						// returns (etcd's connects to every member in
+						// the background): wait for each, with a
+						// deadline, rather than look once.
 						for i, l := range rep.links {
-							if l.(*faultproxy.Proxy).Links() == 0 {
-								t.Errorf("%s: no connection through its proxy to %s", rep.id, ns.targets[i])
+							p := l.(*faultproxy.Proxy)
+							for deadline := time.Now().Add(15 * time.Second); p.Links() == 0 && time.Now().Before(deadline); {
+								time.Sleep(10 * time.Millisecond)
+							}
+							if p.Links() == 0 {
+								t.Errorf("%s: no connection through its proxy to %s within 15s", rep.id, ns.targets[i])
 							}
 						}
 					}
