@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
@@ -110,6 +111,26 @@ func (c counting) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 func (c counting) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
 	c.calls.Add(1)
 	return c.Claimer.Release(ctx, cls, outcomes)
+}
+
+func (c counting) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	c.calls.Add(1)
+	return c.Claimer.History(ctx, job, limit)
+}
+
+// Histories is one call however many jobs it reads, where the backend
+// reads them in one (claim.Historian); job by job, it is as many.
+func (c counting) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	inner := c.Claimer
+	if b, ok := inner.(*claimers.Backend); ok {
+		inner = b.Claimer // which forwards to claim.Histories in any case
+	}
+	if _, ok := inner.(claim.Historian); ok {
+		c.calls.Add(1)
+	} else {
+		c.calls.Add(int64(len(qs)))
+	}
+	return claim.Histories(ctx, c.Claimer, qs)
 }
 
 // RunScale runs one scale scenario on the real runner.

@@ -287,6 +287,48 @@ type Pruner interface {
 	Prune(ctx context.Context, olderThan time.Duration) (int64, error)
 }
 
+// HistoryQuery asks for the newest Limit runs of Job (Limit <= 0: all
+// that are kept), as History(ctx, Job, Limit) would.
+type HistoryQuery struct {
+	Job   string
+	Limit int
+}
+
+// Historian is what a backend offers that reads the recent runs of many
+// jobs in one round trip. The runner reads a job's history before every
+// execution it admits (the overlap probe) and for every job at start-up;
+// with 10,000 runs due at one instant, one read per job would be most of
+// its work. Histories answers qs[i] in hists[i] exactly as History(ctx,
+// qs[i].Job, qs[i].Limit) would at some instant after the call began;
+// Job must not be "". It fails as a whole: a backend that cannot answer
+// every query answers none. Decorators that wrap a Claimer forward it
+// with Histories below, so that wrapping never loses it.
+type Historian interface {
+	Histories(ctx context.Context, qs []HistoryQuery) (hists [][]Record, err error)
+}
+
+// Histories reads qs from c: in one call where c is a Historian, job by
+// job where it is not.
+func Histories(ctx context.Context, c Claimer, qs []HistoryQuery) ([][]Record, error) {
+	for _, q := range qs {
+		if q.Job == "" {
+			return nil, fmt.Errorf("%w: history query without a job", ErrInvalid)
+		}
+	}
+	if h, ok := c.(Historian); ok {
+		return h.Histories(ctx, qs)
+	}
+	hists := make([][]Record, len(qs))
+	for i, q := range qs {
+		recs, err := c.History(ctx, q.Job, q.Limit)
+		if err != nil {
+			return nil, err
+		}
+		hists[i] = recs
+	}
+	return hists, nil
+}
+
 // NewToken returns a random 128-bit token in hex.
 func NewToken() string {
 	var b [16]byte

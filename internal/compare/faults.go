@@ -228,6 +228,11 @@ func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Re
 	return f.inner.History(ctx, job, limit)
 }
 
+func (f *faulty) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	f.rec.call()
+	return claim.Histories(ctx, f.inner, qs)
+}
+
 func (f *faulty) Ping(ctx context.Context) error {
 	f.rec.call()
 	return f.inner.Ping(ctx)

@@ -377,3 +377,10 @@ func (f *faulty) History(ctx context.Context, job string, limit int) ([]claim.Re
 		return f.inner.History(ctx, job, limit)
 	})
 }
+
+// Histories is one call, faulted as a whole.
+func (f *faulty) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	return call(f, ctx, func(ctx context.Context) ([][]claim.Record, error) {
+		return claim.Histories(ctx, f.inner, qs)
+	})
+}

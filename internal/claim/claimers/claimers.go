@@ -39,6 +39,12 @@ type Backend struct {
 	closers []func()
 }
 
+// Histories forwards to the claimer (claim.Histories), which embedding
+// alone would hide.
+func (b *Backend) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	return claim.Histories(ctx, b.Claimer, qs)
+}
+
 // Close closes the claimer and everything opened beside it.
 func (b *Backend) Close() error {
 	err := b.Claimer.Close()

@@ -61,6 +61,57 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 		wantErr(t, errs[0], claim.ErrInvalid, "batch with zero lease")
 	})
 
+	t.Run("HistoriesAnswerEachJobAsHistoryDoes", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("replica-a")
+		end := func(run claim.Run, o claim.Status) {
+			t.Helper()
+			if err := claim.ReleaseOne(ctxT(t), a, mustClaim(t, a, run, longLease), o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, o := range []claim.Status{claim.Succeeded, claim.Failed, claim.Succeeded, claim.Skipped} {
+			end(runAt("job.hists.a", i), o)
+		}
+		mustClaim(t, a, runAt("job.hists.a", 4), longLease)
+		end(runAt("job.hists.b", 0), claim.Interrupted)
+		mustClaim(t, a, runAt("job.hists.b", 1), longLease)
+		mustClaim(t, a, runAt("job.hists.c", 0), longLease) // a job not asked about
+		qs := []claim.HistoryQuery{
+			{Job: "job.hists.a", Limit: 2}, {Job: "job.hists.b", Limit: 0}, {Job: "job.hists.none", Limit: 5},
+			{Job: "job.hists.a", Limit: 10}, {Job: "job.hists.a", Limit: 2},
+		}
+		hists, err := claim.Histories(ctxT(t), a, qs)
+		if err != nil || len(hists) != len(qs) {
+			t.Fatalf("histories of %d queries: %d answers, %v", len(qs), len(hists), err)
+		}
+		wantLen := []int{2, 2, 0, 5, 2}
+		for i, q := range qs {
+			one, err := a.History(ctxT(t), q.Job, q.Limit)
+			if err != nil {
+				t.Fatalf("history %+v: %v", q, err)
+			}
+			if len(hists[i]) != wantLen[i] || len(one) != wantLen[i] {
+				t.Fatalf("query %+v: Histories gave %d records, History %d; want %d", q, len(hists[i]), len(one), wantLen[i])
+			}
+			for k := range one {
+				if got, want := hists[i][k], one[k]; !sameRecord(got, want) {
+					t.Fatalf("query %+v, record %d: Histories gave %+v, History %+v", q, k, got, want)
+				}
+			}
+		}
+		if hists[0][0].Status != claim.Running || hists[0][1].Status != claim.Skipped {
+			t.Fatalf("newest two of job.hists.a = %+v; want running, then skipped", hists[0])
+		}
+		if _, err := claim.Histories(ctxT(t), a, []claim.HistoryQuery{{Job: ""}}); !errors.Is(err, claim.ErrInvalid) {
+			t.Fatalf("a query without a job: %v, want ErrInvalid", err)
+		}
+		if hists, err := claim.Histories(ctxT(t), a, nil); err != nil || len(hists) != 0 {
+			t.Fatalf("no queries: %v, %v", hists, err)
+		}
+	})
+
 	t.Run("BatchAndSingleClaimersRaceOneWinnerPerRun", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)
@@ -155,4 +206,12 @@ func batchCases(t *testing.T, newClaimers Factory, opts Options) {
 				last, later.Fence, cls[0].Fence, cls[1].Fence)
 		}
 	})
+}
+
+// sameRecord compares two reads of one run: the same facts, times equal
+// as instants.
+func sameRecord(a, b claim.Record) bool {
+	return a.RunID == b.RunID && a.Job == b.Job && a.At.Equal(b.At) && a.Status == b.Status &&
+		a.Holder == b.Holder && a.Fence == b.Fence && a.Attempt == b.Attempt &&
+		a.StartedAt.Equal(b.StartedAt) && a.LeaseUntil.Equal(b.LeaseUntil) && a.FinishedAt.Equal(b.FinishedAt)
 }

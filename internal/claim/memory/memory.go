@@ -197,13 +197,50 @@ func (m *Claimer) Close() error { return nil }
 
 // History implements claim.Claimer.
 func (m *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	if job == "" {
+		return m.records(ctx, nil, limit)
+	}
+	hists, err := m.Histories(ctx, []claim.HistoryQuery{{Job: job, Limit: limit}})
+	if err != nil {
+		return nil, err
+	}
+	return hists[0], nil
+}
+
+var _ claim.Historian = (*Claimer)(nil)
+
+// Histories implements claim.Historian: one pass over the store, under
+// one lock, for every query.
+func (m *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	at := make(map[string][]int, len(qs))
+	for i, q := range qs {
+		at[q.Job] = append(at[q.Job], i)
+	}
+	hists := make([][]claim.Record, len(qs))
+	all, err := m.records(ctx, at, 0)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range all { // newest first, so each list is too
+		for _, i := range at[r.Job] {
+			if qs[i].Limit <= 0 || len(hists[i]) < qs[i].Limit {
+				hists[i] = append(hists[i], r)
+			}
+		}
+	}
+	return hists, nil
+}
+
+// records lists the runs of jobs (nil: every job), newest scheduled
+// instant first, then by job, at most limit (<= 0: all).
+func (m *Claimer) records(ctx context.Context, jobs map[string][]int, limit int) ([]claim.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	m.s.mu.Lock()
 	var out []claim.Record
 	for _, e := range m.s.runs {
-		if job == "" || e.rec.Job == job {
+		if _, ok := jobs[e.rec.Job]; jobs == nil || ok {
 			out = append(out, e.rec)
 		}
 	}

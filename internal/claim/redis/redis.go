@@ -242,3 +242,15 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	}
 	return recs, nil
 }
+
+var _ claim.Historian = (*Claimer)(nil)
+
+// Histories implements claim.Historian: two pipelines for every query
+// (redisnode.Node.Histories).
+func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	hists, err := c.node.Histories(ctx, qs)
+	if err != nil {
+		return nil, fmt.Errorf("history: %w", err)
+	}
+	return hists, nil
+}

@@ -37,6 +37,59 @@ func (n *Node) History(ctx context.Context, job string, limit int) ([]claim.Reco
 	return out, nil
 }
 
+// Histories answers each query as History would, in two pipelines for
+// all of them: the jobs' index pages, then the pages' run hashes. A job
+// whose full page held expired runs, or whose index may run past its page
+// when no limit was asked, is read again alone (jobHistory pages on, and
+// drops expired runs from its index).
+func (n *Node) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	pages := make([]*goredis.StringSliceCmd, len(qs))
+	size := func(q claim.HistoryQuery) int {
+		if q.Limit <= 0 {
+			return n.historyLimit
+		}
+		return q.Limit
+	}
+	if _, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		for i, q := range qs {
+			pages[i] = p.ZRevRange(ctx, n.keys.runs(q.Job), 0, int64(size(q))-1)
+		}
+		return nil
+	}); err != nil {
+		return nil, n.translate(ctx, err)
+	}
+	hashes := make([][]*goredis.MapStringStringCmd, len(qs))
+	if _, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		for i := range qs {
+			for _, id := range pages[i].Val() {
+				hashes[i] = append(hashes[i], p.HGetAll(ctx, n.keys.run(id)))
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, n.translate(ctx, err)
+	}
+	hists := make([][]claim.Record, len(qs))
+	for i, q := range qs {
+		ids := pages[i].Val()
+		for k, id := range ids {
+			if rec, ok := record(id, hashes[i][k].Val()); ok {
+				hists[i] = append(hists[i], rec)
+			}
+		}
+		// A full page may not be the whole answer: runs past it are
+		// wanted (no limit) or replace the expired ones in it.
+		if len(ids) == size(q) && (q.Limit <= 0 || len(hists[i]) < len(ids)) {
+			recs, err := n.jobHistory(ctx, q.Job, q.Limit)
+			if err != nil {
+				return nil, err
+			}
+			hists[i] = recs
+		}
+	}
+	return hists, nil
+}
+
 // jobs lists the job names of every bucket's jobs set (one pipeline on
 // a cluster), sorted.
 func (n *Node) jobs(ctx context.Context) ([]string, error) {

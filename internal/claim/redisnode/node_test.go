@@ -2,6 +2,7 @@ package redisnode_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -138,5 +139,54 @@ func TestHistoryIsTrimmedPastAMargin(t *testing.T) {
 	}
 	if !trimmed {
 		t.Fatal("the index was never trimmed back to its limit")
+	}
+}
+
+// TestHistoriesPageOnWhereAPageIsNotTheAnswer: Histories reads one page
+// per job in one pipeline; where that page is not the whole answer (runs
+// in it expired, or no limit was asked and the index runs past the page)
+// it reads the job again, and answers as History does.
+func TestHistoriesPageOnWhereAPageIsNotTheAnswer(t *testing.T) {
+	client, p := isolated(t)
+	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+		t.Fatal(err)
+	}
+	const limit = 8 // the index may hold 9
+	node := redisnode.New(client, redisnode.Options{Prefix: p, HistoryLimit: limit}, 0, 1)
+	at := func(i int) claim.Run { return claim.Run{Job: "job.page", At: base.Add(time.Duration(i) * time.Minute)} }
+	for i := range limit + 1 {
+		if r, err := claimOne(t, node, at(i), claim.NewToken(), "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
+			t.Fatalf("claim %d: %+v, %v", i, r, err)
+		}
+	}
+	if n, err := client.ZCard(ctxT(t), p+"runs:job.page").Result(); err != nil || n != limit+1 {
+		t.Fatalf("index holds %d runs (%v), want %d: the test needs an index past its page", n, err, limit+1)
+	}
+	// Two of the newest four expire (their hashes go; the index keeps them).
+	if err := client.Del(ctxT(t), p+"run:"+at(limit).ID(), p+"run:"+at(limit-2).ID()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	qs := []claim.HistoryQuery{{Job: "job.page", Limit: 4}, {Job: "job.page", Limit: 0}, {Job: "job.other", Limit: 4}}
+	hists, err := node.Histories(ctxT(t), qs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]int{{limit - 1, limit - 3, limit - 4, limit - 5}, {limit - 1, limit - 3, limit - 4, limit - 5, limit - 6, limit - 7, limit - 8}, nil}
+	for q, ids := range want {
+		var got []string
+		for _, r := range hists[q] {
+			got = append(got, r.RunID)
+		}
+		var wantIDs []string
+		for _, i := range ids {
+			wantIDs = append(wantIDs, at(i).ID())
+		}
+		if !slices.Equal(got, wantIDs) {
+			t.Errorf("query %+v: %v, want %v", qs[q], got, wantIDs)
+		}
+		one, err := node.History(ctxT(t), qs[q].Job, qs[q].Limit)
+		if err != nil || len(one) != len(hists[q]) {
+			t.Errorf("query %+v: History gave %d records (%v), Histories %d", qs[q], len(one), err, len(hists[q]))
+		}
 	}
 }

@@ -201,6 +201,44 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	if err := c.verdict("history", errs); err != nil {
 		return nil, err
 	}
+	return c.merge(lists, limit), nil
+}
+
+var _ claim.Historian = (*Claimer)(nil)
+
+// Histories implements claim.Historian: every node answers every query
+// in its two pipelines (redisnode.Node.Histories), and each query's
+// answers are merged as History merges them.
+func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
+	answers := make([][][]claim.Record, len(c.nodes))
+	errs := make([]error, len(c.nodes))
+	c.each(ctx, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redisnode.Node) {
+		answers[i], errs[i] = n.Histories(ctx, qs)
+	})
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := c.verdict("history", errs); err != nil {
+		return nil, err
+	}
+	hists := make([][]claim.Record, len(qs))
+	lists := make([][]claim.Record, len(c.nodes))
+	for q := range qs {
+		for i := range lists {
+			lists[i] = nil
+			if errs[i] == nil {
+				lists[i] = answers[i][q]
+			}
+		}
+		hists[q] = c.merge(lists, qs[q].Limit)
+	}
+	return hists, nil
+}
+
+// merge is the runs the nodes' lists (nil for a node that did not
+// answer) say, by the rules History's comment gives, newest first, at
+// most limit (<= 0: all).
+func (c *Claimer) merge(lists [][]claim.Record, limit int) []claim.Record {
 	type grant struct {
 		run   string
 		fence int64
@@ -257,7 +295,7 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}
-	return out, nil
+	return out
 }
 
 // widen merges running copy r into w (zero: none yet): the earliest
