@@ -1,6 +1,7 @@
 // This file owns group commit: the queue of calls waiting for the next
-// batch, which batcher (claims, here) and releaser (release.go) share, and
-// batcher, which coalesces one Run's claim calls.
+// batch, which batcher (claims, here), reader (history reads, here) and
+// releaser (release.go) share; batcher, which coalesces one Run's claim
+// calls; and reader, which coalesces its history reads.
 
 package runner
 
@@ -18,21 +19,28 @@ const maxBatch = 1000
 
 // nextBatch takes the next batch from pending, in order: at most maxBatch
 // calls, of distinct runs (a batch names each run once, as Claim and
-// Release require); the rest stays pending.
+// Release require; runID nil: any calls); the rest stays pending.
 func nextBatch[T any](pending []T, runID func(T) string) (batch, rest []T) {
 	seen := map[string]bool{}
 	for _, x := range pending {
-		if id := runID(x); len(batch) < maxBatch && !seen[id] {
-			seen[id] = true
-			batch = append(batch, x)
-		} else {
+		if len(batch) == maxBatch {
 			rest = append(rest, x)
+			continue
 		}
+		if runID != nil {
+			id := runID(x)
+			if seen[id] {
+				rest = append(rest, x)
+				continue
+			}
+			seen[id] = true
+		}
+		batch = append(batch, x)
 	}
 	return batch, rest
 }
 
-// queue is the group-commit state batcher and releaser share: the calls
+// queue is the group-commit state batcher, reader and releaser share: the calls
 // waiting for the next batch, and whether a sender is at work.
 type queue[T any] struct {
 	runID func(T) string
@@ -171,4 +179,86 @@ func (b *batcher) handBack(ctx context.Context, cl *claim.Claim) {
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.d.r.opts.Lease/3)
 	defer cancel()
 	_ = claim.ReleaseOne(hctx, b.d.r.opts.Claimer, cl, claim.Interrupted) // best effort: the lease bounds the rest
+}
+
+// reader coalesces one Run's history reads into batches (claim.Histories),
+// as batcher does claims: the overlap probes of 10,000 runs granted at
+// once cost a few reads instead of 10,000.
+//
+// A read is answered only by a batch sent after it was queued, never by
+// one already in flight: it sees every grant that was visible when it was
+// asked for, which is all the overlap probe's ordering argument assumes
+// of a read (see owners). Reads of the same job and limit queued together
+// share one query; a read whose caller left is not sent. The batch goes
+// out from a goroutine of the exec group, as releaser's do and for the
+// same reason it is safe: reads come from exec goroutines (the probes).
+type reader struct {
+	d *dispatcher
+	q queue[*read]
+}
+
+// read is one history read waiting for its batch.
+type read struct {
+	q     claim.HistoryQuery
+	state atomic.Int32 // bidWaiting, then bidAnswered or bidAbandoned
+	done  chan struct{}
+	recs  []claim.Record
+	err   error
+}
+
+// history reads job's newest limit runs in the next batch, or gives up
+// when ctx ends.
+func (b *reader) history(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	x := &read{q: claim.HistoryQuery{Job: job, Limit: limit}, done: make(chan struct{})}
+	if b.q.add(x) {
+		b.d.exec.Go(func() { b.send(ctx) })
+	}
+	select {
+	case <-x.done:
+	case <-ctx.Done():
+		if x.state.CompareAndSwap(bidWaiting, bidAbandoned) {
+			return nil, context.Cause(ctx)
+		}
+		<-x.done // being answered
+	}
+	return x.recs, x.err
+}
+
+// send sends batches until no read is waiting. The calls are detached
+// from ctx (the first reader's: its values only) and bounded by a third
+// of the lease, the probe's own bound.
+func (b *reader) send(ctx context.Context) {
+	for {
+		batch := b.q.take()
+		if len(batch) == 0 {
+			return
+		}
+		var (
+			qs      []claim.HistoryQuery
+			answers = map[claim.HistoryQuery]int{} // query → its index in qs
+			sent    []*read
+		)
+		for _, x := range batch {
+			if !x.state.CompareAndSwap(bidWaiting, bidAnswered) {
+				continue // its caller left
+			}
+			sent = append(sent, x)
+			if _, ok := answers[x.q]; !ok {
+				answers[x.q] = len(qs)
+				qs = append(qs, x.q)
+			}
+		}
+		if len(qs) == 0 {
+			continue
+		}
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.d.r.opts.Lease/3)
+		hists, err := claim.Histories(bctx, b.d.r.opts.Claimer, qs)
+		cancel()
+		for _, x := range sent {
+			if x.err = err; err == nil {
+				x.recs = hists[answers[x.q]]
+			}
+			close(x.done)
+		}
+	}
 }

@@ -31,6 +31,9 @@ type dispatcher struct {
 	// batches.
 	batch *batcher
 	ends  *releaser
+	// reads sends the overlap probes' history reads, coalesced into
+	// batches.
+	reads *reader
 	// spread is the hold window of the runs being dispatched; only Run's
 	// loop reads and writes it.
 	spread time.Duration
@@ -45,6 +48,7 @@ func (r *Runner) dispatcher(standby, exec *sync.WaitGroup) *dispatcher {
 	d := &dispatcher{r: r, standby: standby, exec: exec, spread: r.opts.Spread}
 	d.batch = &batcher{d: d, q: queue[*bid]{runID: func(x *bid) string { return x.run.ID() }}}
 	d.ends = &releaser{d: d, q: queue[*ending]{runID: func(x *ending) string { return x.cl.ID() }}}
+	d.reads = &reader{d: d}
 	return d
 }
 
@@ -141,21 +145,31 @@ const recoverProbe = 16
 // deployment, or every standby restarted since), and the look-back at the
 // latest instant alone would leave an older one behind for good. A run
 // still held is waited for; one handed back or expired is taken over,
-// attempt+1, however old it is: a takeover is not a misfire. It retries
+// attempt+1, however old it is: a takeover is not a misfire. It reads the
+// jobs' histories maxBatch jobs at a time (claim.Histories: one round trip
+// each where the backend reads many jobs at once), and retries a read
 // until the backend answers or ctx (Run's) ends.
 func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 	r := d.r
 	warned := false
-	for _, j := range r.jobs {
+	for jobs := r.jobs; len(jobs) > 0; {
+		chunk := jobs[:min(len(jobs), maxBatch)]
+		jobs = jobs[len(chunk):]
+		qs := make([]claim.HistoryQuery, len(chunk))
+		for i, j := range chunk {
+			qs[i] = claim.HistoryQuery{Job: j.Name, Limit: recoverProbe}
+		}
 		for attempt := 0; ; attempt++ {
 			hctx, cancel := context.WithTimeout(ctx, r.opts.Lease)
-			recs, err := r.opts.Claimer.History(hctx, j.Name, recoverProbe)
+			hists, err := claim.Histories(hctx, r.opts.Claimer, qs)
 			cancel()
 			if err == nil {
-				d.startupHistory(ctx, execCtx, j, recs, now)
-				for _, rec := range recs {
-					if rec.Status.Live() && !rec.At.After(now) {
-						d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)
+				for i, j := range chunk {
+					d.startupHistory(ctx, execCtx, j, hists[i], now)
+					for _, rec := range hists[i] {
+						if rec.Status.Live() && !rec.At.After(now) {
+							d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)
+						}
 					}
 				}
 				break
@@ -165,7 +179,7 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 			}
 			if !warned {
 				r.log.WarnContext(ctx, "cannot list live runs to recover; retrying", "instance", r.opts.Instance,
-					"claimer", r.opts.ClaimerName, "job", j.Name, "error", err.Error())
+					"claimer", r.opts.ClaimerName, "job", chunk[0].Name, "jobs", len(chunk), "error", err.Error())
 				warned = true
 			}
 			t := time.NewTimer(jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond)))

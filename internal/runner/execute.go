@@ -291,7 +291,7 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 	backoff := 50 * time.Millisecond
 	for limit := ownerProbe; ; {
 		pctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
-		recs, err := d.r.opts.Claimer.History(pctx, j.Name, limit)
+		recs, err := d.reads.history(pctx, j.Name, limit)
 		cancel()
 		if err == nil {
 			now := backendNow()
