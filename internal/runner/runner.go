@@ -44,6 +44,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -229,6 +230,31 @@ func (r *Runner) spreadFor(due int) time.Duration {
 	return max(r.opts.Spread, min(time.Duration(due)*spreadPerRun, r.opts.Lease/3))
 }
 
+// preferred orders runs due together by this replica's hold on each,
+// shortest first (see hold). Where thousands fall due at once, a replica
+// reaches its bids later than its holds, and would bid in the order the
+// runs were dispatched, the same on every replica: the fastest would win
+// nearly all. In this order each replica bids first for the runs it is
+// the likeliest to win, where the others hold longest, so a slower
+// replica still gets its share, and replicas contend less for each run.
+func (r *Runner) preferred(ready []due, spread time.Duration) {
+	if len(ready) < 2 || spread <= 0 {
+		return
+	}
+	type held struct {
+		e    due
+		hold time.Duration
+	}
+	hs := make([]held, len(ready))
+	for i, e := range ready {
+		hs[i] = held{e, holdFor(claim.Run{Job: e.job.Name, At: e.at.UTC()}.ID(), r.opts.Instance, spread)}
+	}
+	slices.SortStableFunc(hs, func(a, b held) int { return cmp.Compare(a.hold, b.hold) })
+	for i, h := range hs {
+		ready[i] = h.e
+	}
+}
+
 // Defaults for Options.
 const (
 	// DefaultSpread caps the default Spread.
@@ -307,8 +333,12 @@ loop:
 			}
 			d.spread = r.spreadFor(due)
 		}
+		var ready []due
 		for h.Len() > 0 && !(*h)[0].fire.After(now) {
-			e := heap.Pop(h).(due)
+			ready = append(ready, heap.Pop(h).(due))
+		}
+		r.preferred(ready, d.spread)
+		for _, e := range ready {
 			if now.Sub(e.fire) > r.lateTolerance() {
 				// The loop was paused or the clock jumped: only the latest
 				// missed instant matters, under the job's misfire policy.

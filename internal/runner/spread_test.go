@@ -260,3 +260,63 @@ func TestBatchReleaserEndsRunsFinishingTogetherInFewBatches(t *testing.T) {
 		t.Logf("%d releases in %d batches (largest %d)", released.Load(), releaseBatches.Load(), biggestRelease.Load())
 	})
 }
+
+// TestReplicasBidFirstForTheRunsTheyHoldLeast: where thousands of runs
+// fall due at once, a replica reaches its bids after its holds have
+// passed, so the order it bids in decides what it wins. Each replica bids
+// first for the runs it holds least; most of the first third of its bids
+// are runs it would win on time (its hold the shortest of the three), and
+// the three first thirds barely overlap, where the dispatch order (the
+// same on every replica) gives a third and full overlap.
+func TestReplicasBidFirstForTheRunsTheyHoldLeast(t *testing.T) {
+	const n, spread = 3000, time.Second
+	at := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
+	runs := make([]claim.Run, n)
+	for i := range runs {
+		runs[i] = claim.Run{Job: fmt.Sprintf("job.%04d", i), At: at}
+	}
+	instances := []string{"replica-a", "replica-b", "replica-c"}
+	preferredBy := func(run claim.Run) string { // the replica with the shortest hold
+		best := ""
+		for _, in := range instances {
+			if best == "" || runner.HoldFor(run.ID(), in, spread) < runner.HoldFor(run.ID(), best, spread) {
+				best = in
+			}
+		}
+		return best
+	}
+	firsts := map[string]int{} // run → how many replicas bid for it in their first third
+	for _, in := range instances {
+		order := runner.BidOrder(in, slices.Clone(runs), spread)
+		if len(order) != n {
+			t.Fatalf("%s bids for %d runs, want %d", in, len(order), n)
+		}
+		own := 0
+		for k, run := range order[:n/3] {
+			if k > 0 && runner.HoldFor(run.ID(), in, spread) < runner.HoldFor(order[k-1].ID(), in, spread) {
+				t.Fatalf("%s bids for %s (hold %v) after %s (hold %v)", in, run.ID(), runner.HoldFor(run.ID(), in, spread),
+					order[k-1].ID(), runner.HoldFor(order[k-1].ID(), in, spread))
+			}
+			if preferredBy(run) == in {
+				own++
+			}
+			firsts[run.ID()]++
+		}
+		if share := float64(own) / (n / 3); share < 0.6 {
+			t.Errorf("%s: %.0f%% of its first %d bids are runs it holds least, want ≥ 60%%", in, 100*share, n/3)
+		}
+	}
+	if len(firsts) < n*2/3 {
+		t.Errorf("the replicas' first thirds cover %d distinct runs of %d: they overlap too much", len(firsts), n)
+	}
+	// The order things are dispatched in, job by job, gives no replica a head start.
+	own := 0
+	for _, run := range runs[:n/3] {
+		if preferredBy(run) == instances[0] {
+			own++
+		}
+	}
+	if share := float64(own) / (n / 3); share > 0.45 {
+		t.Fatalf("in dispatch order %.0f%% of the first bids are runs replica-a holds least: the case proves nothing", 100*share)
+	}
+}
