@@ -1,6 +1,8 @@
 package runner
 
 import (
+	"context"
+	"sync"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -24,3 +26,17 @@ func BidOrder(instance string, runs []claim.Run, spread time.Duration) []claim.R
 
 // HoldFor is holdFor, for the tests.
 var HoldFor = holdFor
+
+// HistoryReader is a Run's coalescing history reader over r's claimer,
+// for the tests: read reads through it, queued counts the reads waiting
+// for a batch, wait waits for the batches to end.
+func HistoryReader(r *Runner) (read func(ctx context.Context, job string, limit int) ([]claim.Record, error), queued func() int, wait func()) {
+	var standby, exec sync.WaitGroup
+	d := r.dispatcher(&standby, &exec)
+	queued = func() int {
+		d.reads.q.mu.Lock()
+		defer d.reads.q.mu.Unlock()
+		return len(d.reads.q.pending)
+	}
+	return d.reads.history, queued, exec.Wait
+}
