@@ -119,7 +119,10 @@ type Options struct {
 	// that instant widens to 100µs per run (1s for 10,000), at most
 	// Lease/3: replicas reach the last of thousands of runs at different
 	// moments, and holds shorter than that difference would hand most runs
-	// to whichever replica got there first.
+	// to whichever replica got there first. Runs due together are also
+	// dispatched in order of this replica's hold, so a replica that gets
+	// to its bids after its holds have passed (its CPU busy with
+	// thousands) bids first for the runs it would have won on time.
 	Spread  time.Duration
 	Logger  *slog.Logger
 	Metrics *Metrics // nil: no metrics
