@@ -43,10 +43,15 @@ func openPostgres(ctx context.Context, c config.Claimer, instance string, o Opti
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
+	leases, err := pgxpool.NewWithConfig(ctx, postgres.LeasePool(pc))
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
 	db := stdlib.OpenDBFromPool(pool)
-	cl := postgres.New(pool, postgres.Options{Instance: instance})
+	cl := postgres.New(pool, postgres.Options{Instance: instance, Leases: leases})
 	b := &Backend{Claimer: cl, Pruner: cl, Controls: cl.Controls(), DB: db, Dialect: migrations.Postgres,
-		closers: []func(){pool.Close, func() { _ = db.Close() }}}
+		closers: []func(){pool.Close, leases.Close, func() { _ = db.Close() }}}
 	if o.Migrate && c.Postgres.Migrate {
 		if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {
 			_ = b.Close()

@@ -128,29 +128,53 @@ DELETE FROM scheduler_runs WHERE finished_at < $1`
 type Options struct {
 	// Instance is the holder id written into claims.
 	Instance string
+	// Leases, if set, is the pool Renew and Release use, so that keeping
+	// a lease and ending a run never queue behind claims and history
+	// reads for a connection of the main pool: on a slow link (900 ms
+	// round trips) four connections are busy with those, a renewal waits
+	// its turn past the trust window, and a finished run's lease lapses
+	// and is taken over. LeasePool builds one. Nil uses the main pool.
+	Leases *pgxpool.Pool
+}
+
+// LeasePool returns the configuration of a pool for Options.Leases, made
+// from the main pool's: max(2, MaxConns/2) connections, one kept open so
+// that the first renewal does not pay a connection's set-up.
+func LeasePool(main *pgxpool.Config) *pgxpool.Config {
+	c := main.Copy()
+	c.MaxConns = max(2, main.MaxConns/2)
+	c.MinConns = 1
+	return c
 }
 
 // Claimer grants claims through rows of the scheduler_runs table. It is safe
 // for concurrent use.
 type Claimer struct {
 	pool     *pgxpool.Pool
+	leases   *pgxpool.Pool // Renew and Release: pool unless Options.Leases
 	instance string
-	owned    bool // Close closes pool
+	owned    bool // Close closes pool and leases
 	parts    *partitions
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
 
-// New returns a Claimer on pool, whose connections must see the migrated
-// schema (search_path). Close does not close pool: its owner does.
+// New returns a Claimer on pool (and opts.Leases), whose connections must
+// see the migrated schema (search_path). Close closes neither: their owner
+// does.
 func New(pool *pgxpool.Pool, opts Options) *Claimer {
 	if pool == nil {
 		panic("postgres: nil pool")
 	}
-	return &Claimer{pool: pool, instance: opts.Instance, parts: &partitions{pool: pool}}
+	leases := opts.Leases
+	if leases == nil {
+		leases = pool
+	}
+	return &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}}
 }
 
-// Open builds a pool for dsn and returns a Claimer that closes it on Close.
+// Open builds a pool for dsn, and a lease pool beside it unless
+// opts.Leases is set, and returns a Claimer that closes them on Close.
 // It does not connect: an unreachable server shows up as ErrUnavailable from
 // the first call, so a replica can start while its database is down. Errors
 // never contain the DSN's password.
@@ -162,6 +186,14 @@ func Open(ctx context.Context, dsn string, opts Options) (*Claimer, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", translate(err))
+	}
+	if opts.Leases == nil {
+		leases, err := pgxpool.NewWithConfig(ctx, LeasePool(cfg))
+		if err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres: %w", translate(err))
+		}
+		opts.Leases = leases
 	}
 	c := New(pool, opts)
 	c.owned = true
@@ -333,7 +365,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	}
 	requested := time.Now()
 	var deadline time.Time
-	err := c.pool.QueryRow(ctx, renewRun, cl.ID(), cl.Token, lease.Microseconds(), cl.Run.At).Scan(&deadline)
+	err := c.leases.QueryRow(ctx, renewRun, cl.ID(), cl.Token, lease.Microseconds(), cl.Run.At).Scan(&deadline)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
@@ -346,7 +378,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 
 // releaseOne is Release for a single claim, in one plain statement.
 func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
-	tag, err := c.pool.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal(), cl.Run.At)
+	tag, err := c.leases.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal(), cl.Run.At)
 	switch {
 	case err != nil:
 		return fmt.Errorf("release %s: %w", cl.ID(), translate(err))
@@ -375,7 +407,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 		o := outcomes[i]
 		b.Queue(releaseRun, cls[i].ID(), cls[i].Token, string(o), o.Terminal(), cls[i].Run.At)
 	}
-	res := c.pool.SendBatch(ctx, b)
+	res := c.leases.SendBatch(ctx, b)
 	for _, i := range pending {
 		tag, err := res.Exec()
 		if err == nil && tag.RowsAffected() == 0 {
@@ -409,11 +441,14 @@ func (c *Claimer) Ping(ctx context.Context) error {
 }
 
 // Close implements claim.Claimer. It waits for a partition look in flight
-// (cancelled), then closes the pool only if Open built it.
+// (cancelled), then closes the pools only if Open built them.
 func (c *Claimer) Close() error {
 	c.parts.close()
 	if c.owned {
 		c.pool.Close()
+		if c.leases != c.pool {
+			c.leases.Close()
+		}
 	}
 	return nil
 }
