@@ -138,12 +138,14 @@ type Options struct {
 }
 
 // LeasePool returns the configuration of a pool for Options.Leases, made
-// from the main pool's: max(2, MaxConns/2) connections, one kept open so
-// that the first renewal does not pay a connection's set-up.
+// from the main pool's: up to max(2, MaxConns/2) connections, opened when
+// first needed (a connection kept open per replica for nothing but
+// renewals costs more of the server's max_connections than the set-up,
+// one round trip, costs the first renewal).
 func LeasePool(main *pgxpool.Config) *pgxpool.Config {
 	c := main.Copy()
 	c.MaxConns = max(2, main.MaxConns/2)
-	c.MinConns = 1
+	c.MinConns = 0
 	return c
 }
 
