@@ -72,6 +72,9 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 		}
 		d.recordMissedRuns(ctx, execCtx, j, missed, beyond, last)
 	}
+	for _, at := range catch {
+		j.runsAtStart(at)
+	}
 	if len(catch) > 0 {
 		if len(catch) > 1 {
 			r.log.InfoContext(ctx, "catching up missed runs", "job", j.Name, "instance", r.opts.Instance,

@@ -3,6 +3,7 @@ package runner_test
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -62,6 +63,70 @@ func TestCatchUpAfterAnOutageLongerThanTheMissedCap(t *testing.T) {
 		// newest record it read, so three may record a few thousand more.
 		if missed < 10_000 || missed > 3*10_000 {
 			t.Errorf("%d instants recorded missed, want from the cap, 10,000, to three times it", missed)
+		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"often": true}})
+	})
+}
+
+// ghostHistory reports one run live that the backend does not hold, as
+// Redlock's History does for a failed bid's leftovers (copies a minority
+// still holds, reported at their widest): start-up recovery finds it live,
+// but its claim comes back as attempt 1.
+type ghostHistory struct {
+	claim.Claimer
+	ghost  claim.Record
+	served atomic.Int32
+}
+
+func (g *ghostHistory) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	recs, err := g.Claimer.History(ctx, job, limit)
+	if err != nil || job != g.ghost.Job {
+		return recs, err
+	}
+	i, _ := slices.BinarySearchFunc(recs, g.ghost.At, func(r claim.Record, at time.Time) int { return at.Compare(r.At) })
+	recs = slices.Insert(recs, i, g.ghost)
+	if limit > 0 && len(recs) > limit {
+		recs = recs[:limit]
+	}
+	g.served.Add(1)
+	return recs, nil
+}
+
+// A run start-up recovery finds live but wins as attempt 1 was never
+// started: it is an instant missed while no replica was up, and under
+// run-all runs only if it is among the newest max_catchup. An older one
+// is recorded missed, as the catch-up would have recorded it, not run
+// because it lies within the grace (seen once with Redlock across replica
+// processes: an instant run that should have been recorded missed).
+func TestRecoveredRunWonAsAttemptOneFollowsTheMisfirePolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		jobs := []runner.Job{{Name: "often", Schedule: mustSchedule(t, "@every 1s"), Misfire: runner.MisfireRunAll,
+			MaxCatchup: 2, Grace: time.Hour, Handler: func(ctx context.Context, run job.Run) error { return nil }}}
+		rs := startReplicas(t, store, led, jobs, "a")
+		time.Sleep(3 * time.Second)
+		stopAll(rs)
+		time.Sleep(time.Minute)
+		up := time.Now()
+		at := up.Truncate(time.Second).Add(-30 * time.Second).UTC()
+		g := &ghostHistory{ghost: claim.Record{RunID: claim.Run{Job: "often", At: at}.ID(), Job: "often", At: at,
+			Status: claim.Running, Holder: "ghost", Fence: 1, Attempt: 1, StartedAt: at, LeaseUntil: at.Add(3 * time.Second)}}
+		rp := &replica{name: "b", store: store, jobs: jobs, led: led,
+			wrap: func(c claim.Claimer) claim.Claimer { g.Claimer = c; return g }}
+		rp.start(t)
+		time.Sleep(5 * time.Second)
+		rp.stop()
+
+		if g.served.Load() == 0 {
+			t.Fatal("the ghost was never read: the test shows nothing")
+		}
+		id := claim.Run{Job: "often", At: at}.ID()
+		if n := len(led.starts(id)); n != 0 {
+			t.Errorf("%s, older than the instants caught up, ran %d times", id, n)
+		}
+		if st := statuses(t, store, "often")[at]; st != claim.Missed {
+			t.Errorf("%s: %q, want recorded missed", id, st)
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"often": true}})
 	})

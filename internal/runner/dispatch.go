@@ -372,13 +372,24 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 	// (a request, a backfill's rerun) carries its request's time, not a
 	// deadline.
 	late := !control.Manual(cl.Run) && now.Sub(j.fire(cl.Run.At)) > r.lateTolerance()
+	// A run start-up's recovery found live that comes back as attempt 1
+	// was never started: what the history showed was a failed bid's
+	// leftovers (copies a Redlock minority still holds, reported at their
+	// widest). It is no takeover but an instant missed while no replica
+	// was up, and runs only if start-up's misfire decision runs it: the
+	// look-back instant, or one of run-all's catch-up, not every instant
+	// within the grace.
+	notStarted := o.takeover && cl.Attempt == 1 && late && !j.ranAtStart(cl.Run.At)
+	if notStarted {
+		o.late = MissedNoReplica
+	}
 	if late && o.late == "" {
 		o.late = MissedBehind
 	}
 	switch {
 	case d.tooLate(ctx, cl):
 		return false
-	case late && cl.Attempt == 1 && !j.runsLate(cl.Run.At, now):
+	case late && cl.Attempt == 1 && (notStarted || !j.runsLate(cl.Run.At, now)):
 		// Only a run that never started is missed. A later attempt is a
 		// takeover of a run whose holder died or handed it back: it ran on
 		// time and must finish, however late this replica came to it.
@@ -469,6 +480,23 @@ func (j *jobState) fire(at time.Time) time.Time {
 // past its deadline, at now: run-once or run-all, within the grace.
 func (j *jobState) runsLate(at, now time.Time) bool {
 	return (j.Misfire == MisfireRunOnce || j.Misfire == MisfireRunAll) && now.Sub(at) <= j.Grace
+}
+
+// runsAtStart notes that start-up's misfire decision runs j's instant at,
+// past its deadline; ranAtStart reports whether it did.
+func (j *jobState) runsAtStart(at time.Time) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.lateAtStart == nil {
+		j.lateAtStart = map[int64]bool{}
+	}
+	j.lateAtStart[at.UnixNano()] = true
+}
+
+func (j *jobState) ranAtStart(at time.Time) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.lateAtStart[at.UnixNano()]
 }
 
 func (j *jobState) setLive(at time.Time, kind, delta int) {

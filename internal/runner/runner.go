@@ -172,6 +172,10 @@ type jobState struct {
 	// live counts, per instant (unix ns), the runs executing here or watched
 	// as held elsewhere.
 	live map[int64][2]int
+	// lateAtStart holds the instants past their deadline that start-up's
+	// misfire decision runs (the look-back instant, run-all's catch-up),
+	// by unix ns (see granted).
+	lateAtStart map[int64]bool
 }
 
 // New validates the jobs and options and returns a Runner.
@@ -315,6 +319,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		// Under run-all, the start-up recovery catches it up in turn
 		// with the instants before it (catchup.go).
 		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() && j.Misfire != MisfireRunAll {
+			j.runsAtStart(prev)
 			d.dispatch(ctx, execCtx, j, prev, MissedNoReplica)
 		}
 		heap.Push(h, dueAt(j, j.Schedule.Next(now)))
