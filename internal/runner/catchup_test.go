@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
@@ -129,5 +131,54 @@ func TestRecoveredRunWonAsAttemptOneFollowsTheMisfirePolicy(t *testing.T) {
 			t.Errorf("%s: %q, want recorded missed", id, st)
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"often": true}})
+	})
+}
+
+// Jobs due together that share a spec but not a zone keep their own next
+// instants: the loop finds the next instant once per spec, zone and
+// instant, not once per spec. "0 0,30,40 * * * *" fires at :00 and :30 UTC
+// in both zones below (Kolkata is UTC+5:30), but after :00 the UTC job's
+// next is :30 and the Kolkata job's :10 (its :40).
+func TestJobsSharingASpecAcrossZonesKeepTheirOwnInstants(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		var jobs []runner.Job
+		for i, tz := range []string{"UTC", "Asia/Kolkata", "UTC", "Asia/Kolkata"} {
+			s, err := schedule.Parse("0 0,30,40 * * * *", tz)
+			if err != nil {
+				t.Fatal(err)
+			}
+			jobs = append(jobs, runner.Job{Name: fmt.Sprintf("%s.%d", tz, i), Schedule: s,
+				Handler: func(context.Context, job.Run) error { return nil }})
+		}
+		start := time.Date(2000, 1, 1, 0, 59, 0, 0, time.UTC)
+		time.Sleep(time.Until(start))
+		rs := startReplicas(t, store, led, jobs, "a", "b")
+		time.Sleep(42 * time.Minute) // to 01:41
+		stopAll(rs)
+
+		hm := func(h, m int) time.Time { return time.Date(2000, 1, 1, h, m, 0, 0, time.UTC) }
+		want := map[string][]time.Time{
+			"UTC":          {hm(1, 0), hm(1, 30), hm(1, 40)},
+			"Asia/Kolkata": {hm(1, 0), hm(1, 10), hm(1, 30)},
+		}
+		for _, j := range jobs {
+			var ran []time.Time
+			for at, st := range statuses(t, store, j.Name) {
+				if at.Before(start) {
+					continue // the look-back at start-up, recorded missed
+				}
+				if st != claim.Succeeded {
+					t.Errorf("%s at %s: %s, want succeeded", j.Name, at.Format(time.TimeOnly), st)
+				}
+				ran = append(ran, at)
+			}
+			slices.SortFunc(ran, time.Time.Compare)
+			if w := want[j.Schedule.Location().String()]; !slices.Equal(ran, w) {
+				t.Errorf("%s ran at %v, want %v", j.Name, ran, w)
+			}
+		}
+		led.check(t, history.Spec{})
 	})
 }
