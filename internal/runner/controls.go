@@ -33,7 +33,7 @@ func (r *Runner) readPauses(ctx context.Context) {
 func (r *Runner) setPauses(ctx context.Context, ps control.Pauses) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pauses = ps
+	r.pauses.Store(&ps)
 	for _, j := range r.jobs {
 		p, _ := ps.Of(j.Name)
 		if p.Paused != r.pausedLogged[j.Name] {
@@ -53,15 +53,14 @@ func (r *Runner) setPauses(ctx context.Context, ps control.Pauses) {
 // backend that keeps them is the one every claim needs, so a replica
 // that cannot read them cannot claim either.
 func (r *Runner) paused(ctx context.Context, job string) bool {
-	r.mu.Lock()
-	known := r.pauses != nil
-	r.mu.Unlock()
-	if !known {
+	ps := r.pauses.Load()
+	if ps == nil {
 		r.readPauses(ctx)
+		if ps = r.pauses.Load(); ps == nil {
+			return false
+		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pauses.Paused(job)
+	return ps.Paused(job)
 }
 
 // watchControls reads the controls every ControlEvery until ctx (Run's)
@@ -135,7 +134,9 @@ func (r *Runner) job(name string) *jobState {
 // Paused reports the pause switch that governs job as this replica last
 // read it.
 func (r *Runner) Paused(job string) (control.Pause, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pauses.Of(job)
+	ps := r.pauses.Load()
+	if ps == nil {
+		return control.Pause{}, false
+	}
+	return ps.Of(job)
 }

@@ -46,6 +46,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -149,14 +150,17 @@ type Runner struct {
 	jobs []*jobState
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	closing bool // no new dispatches once set
+	// closing is set once shutdown begins: no new dispatches. Atomic, as
+	// pauses: every one of thousands of runs due at once reads both.
+	closing atomic.Bool
+	// pauses is the pause switches as last read (see controls.go); nil
+	// until a read succeeded.
+	pauses atomic.Pointer[control.Pauses]
+
+	mu sync.Mutex
 	// lossUntil is the end of the last backend data loss this runner
 	// warned about (see dataLost).
 	lossUntil time.Time
-	// pauses is the pause switches as last read (see controls.go); nil
-	// until a read succeeded.
-	pauses control.Pauses
 	// pausedLogged remembers which jobs' pause this replica has logged.
 	pausedLogged map[string]bool
 	// running holds the cancel of every execution here, by run id, and
@@ -399,9 +403,7 @@ loop:
 		}
 	}
 
-	r.mu.Lock()
-	r.closing = true
-	r.mu.Unlock()
+	r.closing.Store(true)
 	standby.Wait()
 	done := make(chan struct{})
 	go func() { exec.Wait(); close(done) }()
@@ -473,8 +475,4 @@ func (d *dispatcher) runToEnd(ctx context.Context, j *jobState, cl *claim.Claim,
 // errClosing stops work that would start after shutdown began.
 var errClosing = errors.New("runner: shutting down")
 
-func (r *Runner) isClosing() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.closing
-}
+func (r *Runner) isClosing() bool { return r.closing.Load() }
