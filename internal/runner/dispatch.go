@@ -270,69 +270,103 @@ func holdFor(runID, instance string, spread time.Duration) time.Duration {
 // status page, the other replicas) rather than a line in each replica's
 // log. A won run executes under execCtx.
 func (d *dispatcher) contend(ctx, execCtx context.Context, j *jobState, run claim.Run, o origin, skip string) {
-	r := d.r
-	var unavailable error
-	heldLogged, unreachable := false, false
 	if o.after > 0 && !sleep(ctx, o.after) {
 		return
 	}
+	c := &contention{j: j, run: run, o: o, skip: skip}
 	for attempt := 0; ; attempt++ {
 		cl, err := d.claim(ctx, run)
-		switch {
-		case err == nil && skip != "":
-			d.skip(ctx, run, cl, skip, slog.LevelInfo)
-			d.release(ctx, cl, claim.Skipped)
-			return
-		case err == nil:
-			if o.late == "" && unreachable {
-				// Late now, it was the backend's fault.
-				o.late = MissedUnavailable
-			}
-			if d.granted(ctx, execCtx, j, cl, o) {
-				return
-			}
-			// The grant came back too late to trust and was handed back as
-			// interrupted: keep contending, or nobody may run it.
-		case errors.Is(err, claim.ErrDone):
-			d.skip(ctx, run, nil, ReasonDone, slog.LevelDebug)
-			return
-		case errors.Is(err, claim.ErrHeld):
-			var loss *claim.DataLossError
-			if errors.As(err, &loss) {
-				r.dataLost(ctx, loss)
-			}
-			if !heldLogged {
-				d.skip(ctx, run, nil, ReasonHeld, slog.LevelDebug)
-				heldLogged = true
-			}
-			unavailable = nil
-		case ctx.Err() != nil:
-			return
-		default:
-			// Fail closed: nothing runs unclaimed. Log the first failure of a
-			// streak once, at error; the claim is retried below.
-			if unavailable == nil {
-				r.log.ErrorContext(ctx, "claim failed; retrying", append(runAttrs(r, run, nil), "error", err.Error())...)
-			}
-			unavailable, unreachable = err, true
-		}
-		// Stand by. With overlap forbidden a held run keeps later instants
-		// skipped while it lives, so standing by lasts until it ends; the
-		// takeover itself is bounded in granted().
-		wait := jitter(r.opts.RenewEvery)
-		if o.after > 0 && attempt < 6 {
-			// A retry's lease lapses on the backend's clock, a moment
-			// after this replica's: ask again soon (until another
-			// replica is found running it).
-			wait = jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*20*time.Millisecond))
-		}
-		if unavailable != nil {
-			wait = jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))
-		}
-		if !sleep(ctx, wait) {
+		if d.answered(ctx, execCtx, c, cl, err) || !sleep(ctx, c.wait(d.r, attempt)) {
 			return
 		}
 	}
+}
+
+// standBy goes on contending for c's run after its first bid, which
+// bidTogether sent: it stands by first.
+func (d *dispatcher) standBy(ctx, execCtx context.Context, c *contention) {
+	for attempt := 0; ; attempt++ {
+		if !sleep(ctx, c.wait(d.r, attempt)) {
+			return
+		}
+		cl, err := d.claim(ctx, c.run)
+		if d.answered(ctx, execCtx, c, cl, err) {
+			return
+		}
+	}
+}
+
+// contention is one run contended for, and what its bids so far said.
+type contention struct {
+	j    *jobState
+	run  claim.Run
+	o    origin
+	skip string
+	// unavailable is the error of the current streak of failed claims;
+	// unreachable says a claim failed at all.
+	unavailable             error
+	heldLogged, unreachable bool
+}
+
+// answered acts on the answer to one bid for c's run, and reports whether
+// contending is over: won (and executed or ended as skipped), done, or
+// ctx (Run's) ended.
+func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *claim.Claim, err error) bool {
+	r := d.r
+	switch {
+	case err == nil && c.skip != "":
+		d.skip(ctx, c.run, cl, c.skip, slog.LevelInfo)
+		d.release(ctx, cl, claim.Skipped)
+		return true
+	case err == nil:
+		if c.o.late == "" && c.unreachable {
+			// Late now, it was the backend's fault.
+			c.o.late = MissedUnavailable
+		}
+		// false: the grant came back too late to trust and was handed
+		// back as interrupted: keep contending, or nobody may run it.
+		return d.granted(ctx, execCtx, c.j, cl, c.o)
+	case errors.Is(err, claim.ErrDone):
+		d.skip(ctx, c.run, nil, ReasonDone, slog.LevelDebug)
+		return true
+	case errors.Is(err, claim.ErrHeld):
+		var loss *claim.DataLossError
+		if errors.As(err, &loss) {
+			r.dataLost(ctx, loss)
+		}
+		if !c.heldLogged {
+			d.skip(ctx, c.run, nil, ReasonHeld, slog.LevelDebug)
+			c.heldLogged = true
+		}
+		c.unavailable = nil
+	case ctx.Err() != nil:
+		return true
+	default:
+		// Fail closed: nothing runs unclaimed. Log the first failure of a
+		// streak once, at error; the claim is retried.
+		if c.unavailable == nil {
+			r.log.ErrorContext(ctx, "claim failed; retrying", append(runAttrs(r, c.run, nil), "error", err.Error())...)
+		}
+		c.unavailable, c.unreachable = err, true
+	}
+	return false
+}
+
+// wait is how long to stand by after the bid numbered attempt. With
+// overlap forbidden a held run keeps later instants skipped while it
+// lives, so standing by lasts until it ends; the takeover itself is
+// bounded in granted().
+func (c *contention) wait(r *Runner, attempt int) time.Duration {
+	switch {
+	case c.unavailable != nil:
+		return jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))
+	case c.o.after > 0 && attempt < 6:
+		// A retry's lease lapses on the backend's clock, a moment after
+		// this replica's: ask again soon (until another replica is found
+		// running it).
+		return jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*20*time.Millisecond))
+	}
+	return jitter(r.opts.RenewEvery)
 }
 
 // sleep waits for d, and reports false if ctx ended the wait first.

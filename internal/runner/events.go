@@ -70,7 +70,11 @@ func (r *Runner) emit(e Event) {
 // logger.
 func (d *dispatcher) skip(ctx context.Context, run claim.Run, cl *claim.Claim, reason string, level slog.Level) {
 	r := d.r
-	r.opts.Logger.Log(ctx, level, "run skipped", append(runAttrs(r, run, cl), "reason", reason)...)
+	// Losers hear done for most runs, at debug: build the line only if it
+	// is logged.
+	if r.opts.Logger.Enabled(ctx, level) {
+		r.opts.Logger.Log(ctx, level, "run skipped", append(runAttrs(r, run, cl), "reason", reason)...)
+	}
 	r.opts.Metrics.skipped(run.Job, reason)
 	r.emit(Event{Kind: EventSkipped, Run: run, Claim: cl, Reason: reason})
 }
