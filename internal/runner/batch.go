@@ -105,9 +105,12 @@ type batcher struct {
 type bid struct {
 	run   claim.Run
 	state atomic.Int32 // bidWaiting, then bidAnswered or bidAbandoned
-	done  chan struct{}
-	cl    *claim.Claim
-	err   error
+	// done is closed once the bid is answered; or, for a bid sent
+	// without waiting (bidFor), the bid is sent on answers.
+	done    chan struct{}
+	answers chan<- *bid
+	cl      *claim.Claim
+	err     error
 }
 
 const (
@@ -132,6 +135,18 @@ func (b *batcher) claim(ctx context.Context, run claim.Run) (*claim.Claim, error
 		<-x.done // answered meanwhile
 	}
 	return x.cl, x.err
+}
+
+// bidFor bids for run in the next batch without waiting for the answer:
+// the bid is sent on answers, which must have room for it, once answered.
+// Its bidder may give it up with x.state.CompareAndSwap(bidWaiting,
+// bidAbandoned); if that fails, the answer is on its way.
+func (b *batcher) bidFor(ctx context.Context, run claim.Run, answers chan<- *bid) *bid {
+	x := &bid{run: run, answers: answers}
+	if b.q.add(x) {
+		b.d.standby.Go(func() { b.send(ctx) })
+	}
+	return x
 }
 
 // send sends batches until no bid is waiting; ctx (Run's) bounds each.
@@ -163,10 +178,14 @@ func (b *batcher) send(ctx context.Context) {
 		for i, x := range batch {
 			r.opts.Metrics.claimed(x.run.Job, r.opts.ClaimerName, errs[i], took)
 			x.cl, x.err = cls[i], errs[i]
-			if x.state.CompareAndSwap(bidWaiting, bidAnswered) {
+			if !x.state.CompareAndSwap(bidWaiting, bidAnswered) {
+				if cls[i] != nil {
+					b.handBack(ctx, cls[i])
+				}
+			} else if x.answers != nil {
+				x.answers <- x
+			} else {
 				close(x.done)
-			} else if cls[i] != nil {
-				b.handBack(ctx, cls[i])
 			}
 		}
 	}

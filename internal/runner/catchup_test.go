@@ -3,6 +3,7 @@ package runner_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -178,6 +179,49 @@ func TestJobsSharingASpecAcrossZonesKeepTheirOwnInstants(t *testing.T) {
 			if w := want[j.Schedule.Location().String()]; !slices.Equal(ran, w) {
 				t.Errorf("%s ran at %v, want %v", j.Name, ran, w)
 			}
+		}
+		led.check(t, history.Spec{})
+	})
+}
+
+// Runs due together on time cost no goroutine each while they are held
+// back and bid for: one goroutine sends their first bids as their holds
+// pass, and a run gets a goroutine of its own only once it is won or must
+// stand by. Midway through the hold window of 1,000 runs due at once, the
+// replica runs a handful more goroutines than at idle, not hundreds.
+func TestRunsDueTogetherAreHeldWithoutAGoroutineEach(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		const n = 1000
+		jobs := make([]runner.Job, n)
+		for i := range jobs {
+			jobs[i] = runner.Job{Name: fmt.Sprintf("hourly.%04d", i), Schedule: mustSchedule(t, "0 0 * * * *"),
+				Handler: func(context.Context, job.Run) error { return nil }}
+		}
+		instant := time.Date(2000, 1, 1, 1, 0, 0, 0, time.UTC)
+		time.Sleep(time.Until(instant.Add(-time.Second)))
+		rs := startReplicas(t, store, led, jobs, "a")
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		idle := runtime.NumGoroutine()
+		// The spread of 1,000 runs due at once is 100ms (Options.Spread):
+		// halfway through it, about half have been bid for and run.
+		time.Sleep(time.Until(instant.Add(50 * time.Millisecond)))
+		synctest.Wait()
+		if busy := runtime.NumGoroutine(); busy-idle > 20 {
+			t.Errorf("%d goroutines midway through the hold window, %d at idle: want a handful more, not one per run", busy, idle)
+		}
+		time.Sleep(time.Second)
+		stopAll(rs)
+		ran := 0
+		for _, j := range jobs {
+			if st := statuses(t, store, j.Name)[instant]; st == claim.Succeeded {
+				ran++
+			}
+		}
+		if ran != n {
+			t.Errorf("%d of %d runs succeeded", ran, n)
 		}
 		led.check(t, history.Spec{})
 	})

@@ -12,6 +12,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,6 +132,117 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 			return
 		}
 		d.contend(ctx, execCtx, j, run, o, "")
+	})
+}
+
+// together reports whether j's run at, dispatched on time, may take its
+// first bid from bidTogether: nothing is to be decided about it before
+// its hold. A paused job (or pauses not read yet), an earlier run of a
+// forbid job live or watched here, and buffer-one take start's path,
+// which decides those, some by reading the backend.
+func (d *dispatcher) together(j *jobState, at time.Time) bool {
+	if d.r.opts.Controls != nil {
+		if ps := d.r.pauses.Load(); ps == nil || ps.Paused(j.Name) {
+			return false
+		}
+	}
+	switch j.Overlap {
+	case OverlapAllow, OverlapReplace:
+		return true
+	case OverlapForbid:
+		n, watched := j.earlierLive(at)
+		return n == 0 && len(watched) == 0
+	}
+	return false
+}
+
+// firstBid is a run dispatched on time whose first bid bidTogether sends
+// once its hold has passed (holdEnd, on Options.Now's clock).
+type firstBid struct {
+	j       *jobState
+	run     claim.Run
+	holdEnd time.Time
+}
+
+// bidTogether sends the first bids for runs dispatched on time together
+// (see together), each once its hold has passed, from one goroutine of
+// the standby group, and acts on their answers. A run gets a goroutine of
+// its own only once it is won or must stand by: thousands due at one
+// instant cost none each while they are held and bid for, and those
+// another replica won and finished none at all. The caller has made each
+// run live (watching), as start does; the run stops being so once its
+// contention is over, here or in the goroutine it was handed to. ctx is
+// Run's: once it is done, runs not bid for yet are given up, as start's
+// hold gives them up, and bids not answered yet are abandoned.
+func (d *dispatcher) bidTogether(ctx, execCtx context.Context, runs []*firstBid) {
+	slices.SortStableFunc(runs, func(a, b *firstBid) int { return a.holdEnd.Compare(b.holdEnd) })
+	d.standby.Go(func() {
+		answers := make(chan *bid, len(runs))
+		waiting := map[*bid]*firstBid{}
+		hold := time.NewTimer(time.Hour)
+		defer hold.Stop()
+		done := ctx.Done()
+		next := 0
+		for next < len(runs) || len(waiting) > 0 {
+			for ; next < len(runs) && done != nil; next++ {
+				f := runs[next]
+				wait := f.holdEnd.Sub(d.r.opts.Now())
+				if wait > 0 {
+					hold.Reset(wait)
+					break
+				}
+				waiting[d.batch.bidFor(ctx, f.run, answers)] = f
+			}
+			var held <-chan time.Time
+			if next < len(runs) && done != nil {
+				held = hold.C
+			}
+			select {
+			case x := <-answers:
+				f := waiting[x]
+				delete(waiting, x)
+				d.firstAnswer(ctx, execCtx, f, x.cl, x.err)
+			case <-held:
+			case <-done:
+				done = nil
+				for _, f := range runs[next:] {
+					f.j.setLive(f.run.At, watching, -1)
+				}
+				next = len(runs)
+				for x, f := range waiting {
+					if x.state.CompareAndSwap(bidWaiting, bidAbandoned) {
+						delete(waiting, x)
+						f.j.setLive(f.run.At, watching, -1)
+					} // else answered: acted on as it arrives, as contend would
+				}
+			}
+		}
+	})
+}
+
+// firstAnswer acts on the answer to f's first bid, as contend acts on any.
+// A won run is decided on a goroutine of its own (granted may release,
+// and hands the run back to standing by if the grant came too late), and
+// so is a run that must stand by.
+func (d *dispatcher) firstAnswer(ctx, execCtx context.Context, f *firstBid, cl *claim.Claim, err error) {
+	c := &contention{j: f.j, run: f.run}
+	at := f.run.At
+	if err == nil {
+		d.standby.Go(func() {
+			defer f.j.setLive(at, watching, -1)
+			if !d.answered(ctx, execCtx, c, cl, nil) {
+				d.standBy(ctx, execCtx, c)
+			}
+		})
+		return
+	}
+	if d.answered(ctx, execCtx, c, nil, err) {
+		f.j.setLive(at, watching, -1)
+		return
+	}
+	d.standby.Go(func() {
+		defer f.j.setLive(at, watching, -1)
+		d.standBy(ctx, execCtx, c)
 	})
 }
 

@@ -4,9 +4,11 @@
 // died, and shuts down gracefully.
 //
 // Goroutines and who owns them: Run owns the scheduling loop and, through
-// two wait groups, every goroutine it starts. The standby group holds one
-// goroutine per dispatched run (hold, claim, stand by), the start-up
-// recovery, and the one sending claim batches while bids wait; the exec
+// two wait groups, every goroutine it starts. The standby group holds,
+// for the runs dispatched together on time, one goroutine that holds each
+// back and sends its first bid (bidTogether), then one per run won or
+// standing by; one per other dispatched run (hold, claim, stand by); the
+// start-up recovery; and the one sending claim batches while bids wait; the exec
 // group holds one goroutine per executing run, each of which joins its own
 // keep-alive before it ends, and the one sending release batches while
 // releases queue behind the batch in flight. Standbys stop when Run's ctx
@@ -372,6 +374,7 @@ loop:
 			ready = append(ready, heap.Pop(h).(due))
 		}
 		r.preferred(ready, d.spread)
+		var together []*firstBid
 		for i, e := range ready {
 			if now.Sub(e.fire) > r.lateTolerance() {
 				// The loop was paused or the clock jumped: only the latest
@@ -381,7 +384,17 @@ loop:
 				ready[i].at = now // the next instant is the one after now
 				continue
 			}
+			if d.together(e.job, e.at) {
+				run := claim.Run{Job: e.job.Name, At: e.at.UTC()}
+				e.job.setLive(e.at, watching, +1)
+				together = append(together, &firstBid{j: e.job, run: run,
+					holdEnd: e.fire.Add(holdFor(run.ID(), r.opts.Instance, d.spread))})
+				continue
+			}
 			d.dispatch(ctx, execCtx, e.job, e.at, "")
+		}
+		if len(together) > 0 {
+			d.bidTogether(ctx, execCtx, together)
 		}
 		// Each job's next instant only once everything due is dispatched:
 		// where thousands fall due at once, the last would otherwise wait
