@@ -47,8 +47,8 @@ type dispatcher struct {
 // share.
 func (r *Runner) dispatcher(standby, exec *sync.WaitGroup) *dispatcher {
 	d := &dispatcher{r: r, standby: standby, exec: exec, spread: r.opts.Spread}
-	d.batch = &batcher{d: d, q: queue[*bid]{runID: func(x *bid) string { return x.run.ID() }}}
-	d.ends = &releaser{d: d, q: queue[*ending]{runID: func(x *ending) string { return x.cl.ID() }}}
+	d.batch = &batcher{d: d, q: queue[*bid]{run: func(x *bid) claim.Run { return x.run }}}
+	d.ends = &releaser{d: d, q: queue[*ending]{run: func(x *ending) claim.Run { return x.cl.Run }}}
 	d.reads = &reader{d: d}
 	return d
 }

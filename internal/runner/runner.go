@@ -251,21 +251,13 @@ func (r *Runner) spreadFor(due int) time.Duration {
 // the likeliest to win, where the others hold longest, so a slower
 // replica still gets its share, and replicas contend less for each run.
 func (r *Runner) preferred(ready []due, spread time.Duration) {
-	if len(ready) < 2 || spread <= 0 {
+	if spread <= 0 {
 		return
 	}
-	type held struct {
-		e    due
-		hold time.Duration
-	}
-	hs := make([]held, len(ready))
 	for i, e := range ready {
-		hs[i] = held{e, holdFor(claim.Run{Job: e.job.Name, At: e.at.UTC()}.ID(), r.opts.Instance, spread)}
+		ready[i].hold = holdFor(claim.Run{Job: e.job.Name, At: e.at.UTC()}.ID(), r.opts.Instance, spread)
 	}
-	slices.SortStableFunc(hs, func(a, b held) int { return cmp.Compare(a.hold, b.hold) })
-	for i, h := range hs {
-		ready[i] = h.e
-	}
+	slices.SortStableFunc(ready, func(a, b due) int { return cmp.Compare(a.hold, b.hold) })
 }
 
 // Defaults for Options.
@@ -304,6 +296,9 @@ const maxWait = time.Second
 type due struct {
 	at, fire time.Time
 	job      *jobState
+	// hold is this replica's hold on the run (holdFor), once preferred
+	// has ordered the runs due together.
+	hold time.Duration
 }
 
 func dueAt(j *jobState, at time.Time) due { return due{at: at, fire: j.fire(at), job: j} }
@@ -387,8 +382,7 @@ loop:
 			if d.together(e.job, e.at) {
 				run := claim.Run{Job: e.job.Name, At: e.at.UTC()}
 				e.job.setLive(e.at, watching, +1)
-				together = append(together, &firstBid{j: e.job, run: run,
-					holdEnd: e.fire.Add(holdFor(run.ID(), r.opts.Instance, d.spread))})
+				together = append(together, &firstBid{j: e.job, run: run, holdEnd: e.fire.Add(e.hold)})
 				continue
 			}
 			d.dispatch(ctx, execCtx, e.job, e.at, "")
