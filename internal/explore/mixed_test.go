@@ -19,6 +19,7 @@ import (
 // history.Check holds every run to once, and to an instant one version
 // names.
 func TestMixedConfigsAreExplored(t *testing.T) {
+	oneProc(t)
 	specs := map[string]string{}
 	for _, j := range (&world{cfg: Config{Lease: 3 * time.Second}}).workload() {
 		specs[j.name] = j.spec

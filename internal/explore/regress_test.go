@@ -15,6 +15,7 @@ import (
 // broke. Each must now hold; run against the runner before the fix (commit
 // c9cbb68), each failed with the invariant named here.
 func TestRegressions(t *testing.T) {
+	oneProc(t)
 	s := time.Second
 	op := func(kind string, replica int, at, d time.Duration) nemesis.Op {
 		return nemesis.Op{Kind: kind, Replica: replica, At: at, For: d}
@@ -83,6 +84,7 @@ func TestRegressions(t *testing.T) {
 // old runner failed each about one run in six), so each seed is replayed
 // many times.
 func TestReplaceBesideALateTakeover(t *testing.T) {
+	oneProc(t)
 	for _, seed := range []uint64{1304, 1812} {
 		for i := range 25 {
 			t.Run(fmt.Sprintf("%d/%d", seed, i), func(t *testing.T) {
