@@ -60,13 +60,18 @@ func TestNemesisOnRealBackends(t *testing.T) {
 		}
 		return seeds
 	}
+	// Every claimer's backends are set up before any claimer runs: a
+	// setup that fails stops the test (t.Fatal) while no replica is yet
+	// at work that could report to it after it ended.
+	cfgs := map[string][]Config{}
 	for _, kind := range kinds {
-		cfgs := make([]Config, len(kindSeeds(kind)))
-		for i, seed := range kindSeeds(kind) {
-			cfgs[i] = realConfig(t, kind, seed)
+		for _, seed := range kindSeeds(kind) {
+			cfgs[kind] = append(cfgs[kind], realConfig(t, kind, seed))
 		}
+	}
+	for _, kind := range kinds {
 		wg.Go(func() {
-			for _, cfg := range cfgs {
+			for _, cfg := range cfgs[kind] {
 				res, err := Run(cfg)
 				mu.Lock()
 				results[kind] = append(results[kind], outcome{res, err})
@@ -183,7 +188,16 @@ func realConfig(t *testing.T, kind string, seed uint64) Config {
 		opts.Tune = func(c *config.Claimer) { c.Redis.Cluster, c.Redis.Addrs = true, seeds[1:] }
 	}
 	ns := backends.Prepare(t, claimer, opts)
-	cfg.Open = func(replica string) (claim.Claimer, error) { return ns.Open(replica), nil }
+	// Dial, not Open: replicas open their claimers on goroutines of
+	// their own, where a failure must come back as an error (Run's),
+	// not as t.Fatal.
+	cfg.Open = func(replica string) (claim.Claimer, error) {
+		b, err := ns.Dial(replica, backends.Client{})
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
 	operator := ns.Open("operator")
 	t.Cleanup(func() { _ = operator.Close() })
 	cfg.Controls = operator.Controls

@@ -40,19 +40,36 @@ func IsUnavailable(err error) bool {
 // port of some client's connection, and the restart then fails with
 // "address already in use" (CI: a Redis Cluster node's bus port). Ports
 // below the range are never handed to a connection.
+//
+// It never returns a port twice in one process: a port handed out is
+// free until its server binds it, so two draws before that could meet
+// (CI: an etcd cluster whose two members got one peer port, "initial
+// cluster … has duplicate url").
 func FreePort() (int, error) {
 	lo := ephemeralStart()
+	handedOut.Lock()
+	defer handedOut.Unlock()
 	for range 200 {
 		port := 10000 + rand.IntN(lo-10000)
+		if handedOut.ports[port] {
+			continue
+		}
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
 			continue // taken: draw again
 		}
 		_ = l.Close()
+		handedOut.ports[port] = true
 		return port, nil
 	}
 	return 0, fmt.Errorf("no free loopback port in [10000, %d)", lo)
 }
+
+// handedOut is every port FreePort returned in this process.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 // ephemeralStart is the first port of the kernel's ephemeral range
 // (Linux's ip_local_port_range; 32768 where it cannot be read).
