@@ -6,6 +6,7 @@ package schedule
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -87,6 +88,11 @@ func (s *Schedule) Next(t time.Time) time.Time {
 		k := n / d
 		if n < 0 && n%d != 0 {
 			k-- // floor, not truncation, before the epoch
+		}
+		if k+1 > math.MaxInt64/d {
+			// Beyond what a time.Duration since the epoch holds (year
+			// 2262): no later instant can be named.
+			return time.Time{}
 		}
 		return time.Unix(0, (k+1)*d).UTC()
 	}
