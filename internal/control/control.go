@@ -108,13 +108,16 @@ type Snapshot struct {
 	// Revoked maps each revoked run's id to the run replacing it
 	// (overlap: replace).
 	Revoked map[string]string
+	// Members are the replicas up, by instance name, sorted (see
+	// Announce).
+	Members []string
 }
 
 // tickPrefixes are the kinds of entry a replica honours every tick. The
 // register holds others it must not read that often: the instants
 // requests reserved, and the failed attempts of retried runs, which a
 // flapping job adds by the thousand over their week.
-var tickPrefixes = []string{pausePrefix, requestPrefix, schedulePrefix, revokePrefix}
+var tickPrefixes = []string{pausePrefix, requestPrefix, schedulePrefix, revokePrefix, memberPrefix}
 
 // Snapshot reads the pause switches, the requests, the schedule entries
 // and the revocations, as a replica does every tick: one list per kind,
@@ -133,13 +136,15 @@ func (s *Store) Snapshot(ctx context.Context) (Snapshot, error) {
 	return decode(slices.Concat(lists...))
 }
 
-// decode reads pauses, requests and schedule entries out of register
-// entries, ignoring keys of other kinds (a newer version's controls).
+// decode reads pauses, requests, schedule entries, revocations and members
+// out of register entries, ignoring keys of other kinds (a newer
+// version's controls).
 func decode(cs []claim.Control) (Snapshot, error) {
 	ps := Pauses{}
 	var reqs []Request
 	scheds := Schedules{}
 	revoked := map[string]string{}
+	var members []string
 	for _, c := range cs {
 		var err error
 		switch {
@@ -163,13 +168,16 @@ func decode(cs []claim.Control) (Snapshot, error) {
 			if err = json.Unmarshal(c.Value, &e); err == nil {
 				scheds[e.Job] = e
 			}
+		case strings.HasPrefix(c.Key, memberPrefix):
+			members = append(members, strings.TrimPrefix(c.Key, memberPrefix))
 		}
 		if err != nil {
 			return Snapshot{}, fmt.Errorf("control %s: %w", c.Key, err)
 		}
 	}
 	slices.SortFunc(reqs, func(a, b Request) int { return a.Created.Compare(b.Created) })
-	return Snapshot{Pauses: ps, Requests: reqs, Schedules: scheds, Revoked: revoked}, nil
+	slices.Sort(members)
+	return Snapshot{Pauses: ps, Requests: reqs, Schedules: scheds, Revoked: revoked, Members: members}, nil
 }
 
 // Of returns the switch that governs job: the later of its own and the

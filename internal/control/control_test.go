@@ -3,6 +3,7 @@ package control_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -170,4 +171,47 @@ func TestSnapshotReadsOnlyWhatATickHonours(t *testing.T) {
 	if n := reg.listed.Load(); n != 3 {
 		t.Errorf("the tick read %d entries, want the 3 it honours (not the attempts, nor the reserved instant)", n)
 	}
+}
+
+// The members are the replicas whose announcement has not expired, on the
+// backend's clock; a renewal keeps a replica in even when the writer's
+// clock stepped back, and the tick's snapshot brings the same list.
+func TestMembersAreTheReplicasWhoseAnnouncementIsLive(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	st := control.New(memory.NewStore(clock).Controls(), clock)
+	announce := func(in string, ttl time.Duration) {
+		t.Helper()
+		if err := st.Announce(ctx, in, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	members := func(want ...string) {
+		t.Helper()
+		got, err := st.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := st.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) || !slices.Equal(snap.Members, want) {
+			t.Fatalf("members %q, in the snapshot %q, want %q", got, snap.Members, want)
+		}
+	}
+	members()
+	announce("replica-b", 5*time.Second)
+	announce("replica-a", 5*time.Second)
+	announce("replica-c", time.Second)
+	members("replica-a", "replica-b", "replica-c")
+	now = now.Add(2 * time.Second)
+	members("replica-a", "replica-b")
+	// replica-a's clock steps back an hour: its renewal still replaces its
+	// entry, so it stays past the first announcement's expiry.
+	now = now.Add(-time.Hour)
+	announce("replica-a", time.Hour+5*time.Second)
+	now = now.Add(time.Hour + 4*time.Second)
+	members("replica-a")
 }

@@ -1,0 +1,59 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// memberPrefix keys each replica's presence (member/<instance>). Every
+// replica renews its own entry as it reads the controls, with an expiry,
+// so the unexpired entries are the replicas up now, as the backend sees
+// them. The runner uses them only to share out runs due together (who
+// bids first for which); nothing of exactly-once rests on them, so a
+// view that is late or wrong costs lag or evenness, never a run.
+const memberPrefix = "member/"
+
+// Member is one replica's presence entry.
+type Member struct {
+	Instance string    `json:"instance"`
+	At       time.Time `json:"at"` // when it last announced itself, on its clock
+}
+
+// announced is the version of the last announcement through any Store,
+// so that versions only grow: a wall clock stepped back must not make a
+// replica's renewals lose to its own older entry until that expires.
+var announced atomic.Int64
+
+// Announce records that instance is up, for ttl.
+func (s *Store) Announce(ctx context.Context, instance string, ttl time.Duration) error {
+	now := s.now()
+	v, err := json.Marshal(Member{Instance: instance, At: now.UTC()})
+	if err != nil {
+		return err
+	}
+	version := now.UnixNano()
+	for {
+		last := announced.Load()
+		version = max(version, last+1)
+		if announced.CompareAndSwap(last, version) {
+			break
+		}
+	}
+	_, err = s.reg.Put(ctx, claim.Control{Key: memberPrefix + instance, Value: v, Version: version, Expires: now.Add(ttl)})
+	return err
+}
+
+// Members lists the replicas whose announcement has not expired, by
+// instance name.
+func (s *Store) Members(ctx context.Context) ([]string, error) {
+	cs, err := s.reg.List(ctx, memberPrefix)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := decode(cs)
+	return snap.Members, err
+}
