@@ -15,6 +15,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 )
 
@@ -86,7 +87,7 @@ func ReplicaMain(stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	r, err := runner.New(runner.Options{Claimer: counting{Claimer: b, calls: &calls}, ClaimerName: a.Claimer.Kind,
-		Instance: a.Instance, Lease: a.Lease, Spread: a.Spread, Now: now, Observe: func(e runner.Event) {
+		Controls: control.New(b.Controls, nil), Instance: a.Instance, Lease: a.Lease, Spread: a.Spread, Now: now, Observe: func(e runner.Event) {
 			switch {
 			case e.Kind == runner.EventStarted:
 				say(line{K: "s", ID: e.Run.ID(), Lag: int64(now().Sub(e.Run.At))})

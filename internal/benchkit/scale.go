@@ -15,6 +15,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
 	"github.com/scheduler-dev/scheduler/job"
@@ -152,12 +153,14 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 	defer n.close()
 	var calls atomic.Int64
 	replicas := make([]claim.Claimer, o.Replicas)
+	registers := make([]*control.Store, o.Replicas)
 	for i := range replicas {
 		b, err := n.open(ctx, fmt.Sprintf("r%d", i))
 		if err != nil {
 			return fail(err)
 		}
 		replicas[i] = counting{Claimer: b, calls: &calls}
+		registers[i] = control.New(b.Controls, nil)
 	}
 
 	now := time.Now
@@ -209,8 +212,10 @@ func RunScale(ctx context.Context, s Services, o ScaleOptions) Scale {
 		if err != nil {
 			return fail(err)
 		}
+		// The register as `scheduler run` has it: the replicas learn of
+		// each other through it (see the runner's members.go).
 		r, err := runner.New(runner.Options{Claimer: replicas[i], ClaimerName: o.Kind, Instance: fmt.Sprintf("r%d", i),
-			Lease: o.Lease, Spread: o.Spread, Now: now, Observe: observe(i)}, jobs)
+			Controls: registers[i], Lease: o.Lease, Spread: o.Spread, Now: now, Observe: observe(i)}, jobs)
 		if err != nil {
 			return fail(err)
 		}

@@ -11,6 +11,7 @@ package runner
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/control"
@@ -73,6 +74,9 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 	seen := map[string]bool{} // requests dispatched here, by id
 	drift, stop := d.guardDrift()
 	defer stop()
+	// The fleet learns of this replica, and it of the fleet, before the
+	// first tick: the runs due in the first second are shared out too.
+	r.announce(ctx, true)
 	t := time.NewTicker(r.opts.ControlEvery)
 	defer t.Stop()
 	for {
@@ -81,12 +85,16 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 			return
 		case <-t.C:
 		}
+		var wg sync.WaitGroup
+		wg.Go(func() { r.announce(ctx, false) })
 		rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
 		snap, err := r.opts.Controls.Snapshot(rctx)
 		cancel()
+		wg.Wait()
 		if err != nil {
-			continue // the last known switches stay; requests wait
+			continue // the last known switches and members stay; requests wait
 		}
+		r.setMembers(snap.Members)
 		r.setPauses(ctx, snap.Pauses)
 		r.setRevoked(snap.Revoked)
 		d.requests(ctx, execCtx, snap.Requests, seen)

@@ -343,7 +343,7 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 // longer to get to the run (thousands due at once) does not bid later for
 // it. It returns false if ctx (Run's) ended the wait.
 func (d *dispatcher) hold(ctx context.Context, j *jobState, run claim.Run, spread time.Duration) bool {
-	wait := holdFor(run.ID(), d.r.opts.Instance, spread) - d.r.opts.Now().Sub(j.fire(run.At))
+	wait := d.r.holdOf(run.ID(), spread) - d.r.opts.Now().Sub(j.fire(run.At))
 	if wait <= 0 {
 		return true
 	}

@@ -25,6 +25,7 @@ type Metrics struct {
 	lastSuccess   *prometheus.GaugeVec
 	held          *prometheus.GaugeVec
 	conflicts     *prometheus.CounterVec
+	replicas      prometheus.Gauge
 
 	mu   sync.Mutex
 	last map[string]float64 // lastSuccess's values, to keep it from going back
@@ -75,13 +76,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "scheduler_runs_held",
 			Help: "Runs this replica holds a claim on and executes now.",
 		}, []string{"job"}),
+		replicas: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "scheduler_replicas",
+			Help: "Replicas up, this one included, as it last read the backend's membership (0 until a read succeeded); replicas that disagree for long are not reading the same backend.",
+		}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scheduler_schedule_conflicts_total",
 			Help: "Other versions of a job's schedule (spec, time zone, jitter) this replica found live beside its own: a rollout in progress, or a replica left on an old config. Counted once per job and other version.",
 		}, []string{"job"}),
 	}
 	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips, m.dataLoss,
-		m.missedRuns, m.lastSuccess, m.held, m.conflicts)
+		m.missedRuns, m.lastSuccess, m.held, m.conflicts, m.replicas)
 	return m
 }
 
@@ -102,6 +107,12 @@ func (m *Metrics) claimed(job, claimer string, err error, d time.Duration) {
 	}
 	m.claims.WithLabelValues(job, claimer, result).Inc()
 	m.claimDuration.WithLabelValues(claimer).Observe(d.Seconds())
+}
+
+func (m *Metrics) replicasSeen(n int) {
+	if m != nil {
+		m.replicas.Set(float64(n))
+	}
 }
 
 func (m *Metrics) dataLost(claimer string) {

@@ -115,10 +115,13 @@ type Options struct {
 	// a hash of the run id and the instance, different for every replica
 	// and every run, so the replica with the shortest hold for a run
 	// usually wins it and runs due at one instant are shared out evenly,
-	// instead of going to whichever replica woke first. Replicas need not
-	// know each other. It adds at most Spread to the schedule lag, about
-	// Spread/(replicas+1) on average; it cannot hide clock skew larger
-	// than itself. When many runs fall due at one instant, the spread of
+	// instead of going to whichever replica woke first. With Controls,
+	// replicas also learn of each other (members.go): the replica whose
+	// hash of a run is least among those up owns it and holds nothing,
+	// the others between Spread/2 and Spread, so the hold leaves the lag
+	// of a healthy fleet. Without a view of the fleet it adds at most
+	// Spread to the schedule lag, about Spread/(replicas+1) on average.
+	// It cannot hide clock skew larger than itself. When many runs fall due at one instant, the spread of
 	// that instant widens to 100µs per run (1s for 10,000), at most
 	// Lease/3: replicas reach the last of thousands of runs at different
 	// moments, and holds shorter than that difference would hand most runs
@@ -158,6 +161,9 @@ type Runner struct {
 	// pauses is the pause switches as last read (see controls.go); nil
 	// until a read succeeded.
 	pauses atomic.Pointer[control.Pauses]
+	// view is the fleet as last read (see members.go); nil until a read
+	// succeeded.
+	view atomic.Pointer[membership]
 
 	mu sync.Mutex
 	// lossUntil is the end of the last backend data loss this runner
@@ -255,7 +261,7 @@ func (r *Runner) preferred(ready []due, spread time.Duration) {
 		return
 	}
 	for i, e := range ready {
-		ready[i].hold = holdFor(claim.Run{Job: e.job.Name, At: e.at.UTC()}.ID(), r.opts.Instance, spread)
+		ready[i].hold = r.holdOf(claim.Run{Job: e.job.Name, At: e.at.UTC()}.ID(), spread)
 	}
 	slices.SortStableFunc(ready, func(a, b due) int { return cmp.Compare(a.hold, b.hold) })
 }

@@ -1,0 +1,141 @@
+package runner_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// start is one run's start as a replica observed it.
+type start struct {
+	replica string
+	lag     time.Duration
+}
+
+// fleetStarts runs 150 jobs due every 10s on three replicas sharing a
+// memory store, with the register (controls) or without, for 25 fake
+// seconds, and returns each run's starts after the first instant (whose
+// runs are dispatched at start-up, before any replica has read the
+// fleet). ghost, if set, is announced in the register for the whole test
+// and never runs: a replica that died a moment ago.
+func fleetStarts(t *testing.T, controls bool, ghost string, spread time.Duration) map[claim.Run][]start {
+	store := memory.NewStore(nil)
+	if ghost != "" {
+		if err := control.New(store.Controls(), nil).Announce(t.Context(), ghost, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	led := newLedger()
+	var list []runner.Job
+	for i := range 150 {
+		list = append(list, runner.Job{Name: fmt.Sprintf("j%03d", i), Schedule: mustSchedule(t, "@every 10s"),
+			Handler: func(context.Context, job.Run) error { return nil }})
+	}
+	first := time.Now()
+	var mu sync.Mutex
+	starts := map[claim.Run][]start{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range 3 {
+		name := fmt.Sprintf("r%d", i)
+		o := runner.Options{Claimer: led.claimer(name, memory.New(store, name)), ClaimerName: "memory", Instance: name,
+			Lease: 3 * time.Second, Spread: spread}
+		if controls {
+			o.Controls = control.New(store.Controls(), nil)
+		}
+		observe := led.observer(name)
+		o.Observe = func(e runner.Event) {
+			observe(e)
+			if e.Kind == runner.EventStarted && e.Run.At.After(first) {
+				mu.Lock()
+				starts[e.Run] = append(starts[e.Run], start{name, time.Since(e.Run.At)})
+				mu.Unlock()
+			}
+		}
+		r, err := runner.New(o, list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
+	time.Sleep(25 * time.Second)
+	cancel()
+	wg.Wait()
+	led.check(t, history.Spec{Forbid: forbidAll(list)})
+	if len(starts) < 300 {
+		t.Fatalf("%d runs started after the first instant, want 150 jobs × 2 instants", len(starts))
+	}
+	for run, s := range starts {
+		if len(s) != 1 {
+			t.Fatalf("run %s started %d times: %v", run.ID(), len(s), s)
+		}
+	}
+	return starts
+}
+
+// ownerOf is the member whose hash of the run is least.
+func ownerOf(run claim.Run, members []string) string {
+	best := ""
+	for _, m := range members {
+		if best == "" || runner.HoldFor(run.ID(), m, time.Second) < runner.HoldFor(run.ID(), best, time.Second) {
+			best = m
+		}
+	}
+	return best
+}
+
+// TestReplicasThatKnowEachOtherStartTheirOwnRunsAtOnce: with the fleet
+// read from the register, each run's owner (the least hash among the
+// replicas up) bids for it without holding back, and the others only
+// after half the spread, so every run starts on its owner before any
+// other replica bids, and a replica that died a moment ago (still listed)
+// loses none of its runs: the others start them after their hold. The
+// same fleet without the register holds each run back by the least of
+// three uniform holds, which often passes half the spread.
+func TestReplicasThatKnowEachOtherStartTheirOwnRunsAtOnce(t *testing.T) {
+	const spread = 200 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		members := []string{"r0", "r1", "r2", "r9-ghost"}
+		shares := map[string]int{}
+		ghostRuns := 0
+		for run, s := range fleetStarts(t, true, "r9-ghost", spread) {
+			switch owner := ownerOf(run, members); {
+			case owner == "r9-ghost":
+				ghostRuns++
+				if s[0].lag < spread/2 {
+					t.Errorf("run %s of the dead replica started on %s after %v, before the others' hold of half the spread",
+						run.ID(), s[0].replica, s[0].lag)
+				}
+			case s[0].replica != owner || s[0].lag >= spread/2:
+				t.Errorf("run %s started on %s after %v, want on its owner %s before half the spread (%v)",
+					run.ID(), s[0].replica, s[0].lag, owner, spread/2)
+			default:
+				shares[owner]++
+			}
+		}
+		if ghostRuns == 0 || len(shares) != 3 {
+			t.Fatalf("owners: %v and the dead replica %d: the case proves nothing", shares, ghostRuns)
+		}
+		t.Logf("started by their owners %v; the dead replica's %d by the others", shares, ghostRuns)
+
+		late := 0
+		for _, s := range fleetStarts(t, false, "", spread) {
+			if s[0].lag >= spread/2 {
+				late++
+			}
+		}
+		if late == 0 {
+			t.Fatal("without the register no run waited half the spread: the case proves nothing")
+		}
+	})
+}
