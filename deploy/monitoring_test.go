@@ -100,7 +100,7 @@ func exportedNames(t *testing.T) map[string]bool {
 		switch c.(type) {
 		case *prometheus.CounterVec:
 			typ = dto.MetricType_COUNTER
-		case *prometheus.GaugeVec:
+		case *prometheus.GaugeVec, prometheus.Gauge:
 			typ = dto.MetricType_GAUGE
 		case *prometheus.HistogramVec:
 			typ = dto.MetricType_HISTOGRAM
@@ -632,7 +632,7 @@ func TestAlertsNameOnlyExportedMetrics(t *testing.T) {
 	}
 	sort.Strings(alerts)
 	want := []string{"SchedulerClaimErrors", "SchedulerClaimerDataLoss", "SchedulerJobNoRecentSuccess",
-		"SchedulerNoReplicaUp", "SchedulerRunsLeaseLost", "SchedulerRunsMissed", "SchedulerScheduleConflicts",
+		"SchedulerNoReplicaUp", "SchedulerReplicasApart", "SchedulerRunsLeaseLost", "SchedulerRunsMissed", "SchedulerScheduleConflicts",
 		"SchedulerScheduleLagHigh"}
 	if !slices.Equal(alerts, want) {
 		t.Errorf("alerts %q, want %q (update docs/alerting.md and alerts_test.yaml too)", alerts, want)
