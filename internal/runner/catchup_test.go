@@ -3,8 +3,11 @@ package runner_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -224,5 +227,71 @@ func TestRunsDueTogetherAreHeldWithoutAGoroutineEach(t *testing.T) {
 			t.Errorf("%d of %d runs succeeded", ran, n)
 		}
 		led.check(t, history.Spec{})
+	})
+}
+
+// TestAScheduleWithNoFurtherInstantLeavesTheLoop: a schedule can run out
+// of instants (@every past what a Duration since the epoch holds; a cron
+// spec with none in the five years its library searches). Its last
+// instant runs once; then the job leaves the loop with a warning, instead
+// of coming due at once forever as a zero instant would, recorded missed
+// again and again.
+func TestAScheduleWithNoFurtherInstantLeavesTheLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs, logger, _, _ := observed(slog.LevelInfo)
+		// A clock 24 s before the last @every 10s instant there is:
+		// 2262-04-11 23:47:10 UTC.
+		last := time.Unix(0, math.MaxInt64).Truncate(10 * time.Second)
+		offset := last.Add(-24 * time.Second).Sub(time.Now())
+		ctx, cancel := context.WithCancel(t.Context())
+		// The runner reads the clock every pass of its loop: a loop that
+		// spins reads it without end, and fake time never moves on.
+		var reads atomic.Int64
+		now := func() time.Time { // the backend's clock too
+			if reads.Add(1) == 100_000 {
+				cancel()
+			}
+			return time.Now().Add(offset)
+		}
+		led := newLedger()
+		var events atomic.Int32
+		observe := led.observer("a")
+		r, err := runner.New(runner.Options{Claimer: led.claimer("a", memory.New(memory.NewStore(now), "a")), ClaimerName: "memory",
+			Instance: "a", Lease: 3 * time.Second, Logger: logger, Now: now,
+			Observe: func(e runner.Event) {
+				observe(e)
+				if events.Add(1) > 20 {
+					cancel() // the loop spins: stop it, and fail below
+				}
+			}},
+			[]runner.Job{{Name: "last.instants", Schedule: mustSchedule(t, "@every 10s"),
+				Handler: func(context.Context, job.Run) error { return nil }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { _ = r.Run(ctx); close(done) }()
+		select {
+		case <-time.After(time.Minute):
+		case <-ctx.Done():
+		}
+		cancel()
+		<-done
+		if n := reads.Load(); n >= 100_000 {
+			t.Fatalf("the loop read the clock %d times in a minute: it spins", n)
+		}
+		var ran []time.Time
+		for _, s := range led.started() {
+			if s[0].Run.At.After(last.Add(-24 * time.Second)) { // not the instant before start-up
+				ran = append(ran, s[0].Run.At)
+			}
+		}
+		slices.SortFunc(ran, time.Time.Compare)
+		if want := []time.Time{last.Add(-20 * time.Second), last.Add(-10 * time.Second), last}; !slices.EqualFunc(ran, want, time.Time.Equal) {
+			t.Fatalf("runs started at %v, want the last three instants %v (%d events)", ran, want, events.Load())
+		}
+		if n := strings.Count(logs.String(), `"msg":"schedule exhausted"`); n != 1 {
+			t.Fatalf("%d schedule exhausted warnings, want 1:\n%s", n, logs)
+		}
 	})
 }

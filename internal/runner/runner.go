@@ -309,6 +309,18 @@ type due struct {
 
 func dueAt(j *jobState, at time.Time) due { return due{at: at, fire: j.fire(at), job: j} }
 
+// schedule puts j's next instant, at, in the loop's heap. A schedule with
+// no further instant (the cron library searches five years ahead; @every
+// ends where a Duration since the epoch does) leaves the heap: as a zero
+// instant it would be due at once, and the loop would spin on it.
+func (r *Runner) schedule(ctx context.Context, h *dueHeap, j *jobState, at time.Time) {
+	if at.IsZero() {
+		r.log.WarnContext(ctx, "schedule exhausted", "job", j.Name, "instance", r.opts.Instance, "schedule", j.Schedule.String())
+		return
+	}
+	heap.Push(h, dueAt(j, at))
+}
+
 type dueHeap []due
 
 func (h dueHeap) Len() int           { return len(h) }
@@ -351,7 +363,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			j.runsAtStart(prev)
 			d.dispatch(ctx, execCtx, j, prev, MissedNoReplica)
 		}
-		heap.Push(h, dueAt(j, nexts.next(j.Schedule, now)))
+		r.schedule(ctx, h, j, nexts.next(j.Schedule, now))
 	}
 	started := now
 	standby.Go(func() { d.recover(ctx, execCtx, started) })
@@ -402,7 +414,7 @@ loop:
 		// µs to find).
 		clear(nexts)
 		for _, e := range ready {
-			heap.Push(h, dueAt(e.job, nexts.next(e.job.Schedule, e.at)))
+			r.schedule(ctx, h, e.job, nexts.next(e.job.Schedule, e.at))
 		}
 		wait := maxWait
 		if h.Len() > 0 {
