@@ -40,6 +40,9 @@ func run() int {
 		peers     = flag.String("peers", "", "JSON rows of the peer libraries to merge (written by bench/)")
 		jsonOut   = flag.String("json", "", "write the report as JSON to this file")
 		svgOut    = flag.String("svg", "", "write a bar chart of ops/s as SVG to this file")
+		curveOut  = flag.String("curve", "", "write the scale scenarios' lag against jobs (log-log) as SVG to this file")
+		jobs      = flag.String("jobs", "10000", "jobs due at one instant in the scale scenario; a list runs each size")
+		replicas  = flag.String("replicas", "3", "replicas in the scale scenario; a list runs each count")
 		smoke     = flag.Bool("smoke", false, "seconds, not minutes: 50ms measurements, 60 jobs on a 1.5s lease")
 		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 		inProc    = flag.Bool("in-process", false, "scale scenario: run the replicas as goroutines of this process, not as processes")
@@ -48,8 +51,6 @@ func run() int {
 	flag.DurationVar(&o.Duration, "duration", 2*time.Second, "measurement time per row and concurrency")
 	flag.StringVar(&s.PostgresDSN, "postgres", env("SCHEDULER_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL DSN")
 	flag.StringVar(&s.RedisAddr, "redis", env("SCHEDULER_TEST_REDIS_ADDR", "127.0.0.1:6379"), "Redis address")
-	flag.IntVar(&scaleOpts.Jobs, "jobs", 10_000, "jobs due at one instant in the scale scenario")
-	flag.IntVar(&scaleOpts.Replicas, "replicas", 3, "replicas in the scale scenario")
 	flag.DurationVar(&scaleOpts.Spread, "spread", 0, "runner spread in the scale scenario (0: the runner's default; negative: none)")
 	flag.Parse()
 	if *replica {
@@ -72,9 +73,19 @@ func run() int {
 		// the shortest measurement that still does, and a lease short
 		// enough that the scale scenario's losers see their runs done
 		// within a second (at the default 6s they re-check every 2s).
-		o.Duration, scaleOpts.Jobs, scaleOpts.Lead, scaleOpts.Lease = 50*time.Millisecond, 60, time.Second, 1500*time.Millisecond
+		o.Duration, *jobs, scaleOpts.Lead, scaleOpts.Lease = 50*time.Millisecond, "60", time.Second, 1500*time.Millisecond
 	}
 	var err error
+	sizes, err := benchkit.ParseCounts("job count", *jobs)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
+		return 2
+	}
+	fleets, err := benchkit.ParseCounts("replica count", *replicas)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
+		return 2
+	}
 	if o.Concurrencies, err = benchkit.ParseConcurrencies(*conc); err != nil {
 		fmt.Fprintln(os.Stderr, "scheduler-bench:", err)
 		return 2
@@ -134,16 +145,21 @@ func run() int {
 		rep.Rows = append(rep.Rows, benchkit.Claimers(ctx, s, o)...)
 	}
 	for _, kind := range strings.FieldsFunc(*scale, func(r rune) bool { return r == ',' }) {
-		so := scaleOpts
-		so.Kind = kind
-		o.Log.Info("scale scenario", "claimer", kind, "jobs", so.Jobs, "replicas", so.Replicas)
-		rep.Scale = append(rep.Scale, benchkit.RunScale(ctx, s, so))
+		for _, n := range sizes {
+			for _, rs := range fleets {
+				so := scaleOpts
+				so.Kind, so.Jobs, so.Replicas = kind, n, rs
+				o.Log.Info("scale scenario", "claimer", kind, "jobs", so.Jobs, "replicas", so.Replicas)
+				rep.Scale = append(rep.Scale, benchkit.RunScale(ctx, s, so))
+			}
+		}
 	}
 	rep.Finish()
 	rep.WriteTable(os.Stdout)
 	for path, write := range map[string]func(*os.File) error{
-		*jsonOut: func(f *os.File) error { return rep.WriteJSON(f) },
-		*svgOut:  func(f *os.File) error { return rep.WriteSVG(f) },
+		*jsonOut:  func(f *os.File) error { return rep.WriteJSON(f) },
+		*svgOut:   func(f *os.File) error { return rep.WriteSVG(f) },
+		*curveOut: func(f *os.File) error { return rep.WriteCurveSVG(f) },
 	} {
 		if path == "" {
 			continue

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"os/exec"
 	"slices"
@@ -123,21 +124,72 @@ func TestBenchSmoke(t *testing.T) {
 	if err := rep.WriteSVG(&svg); err != nil {
 		t.Fatal(err)
 	}
-	dec, rects := xml.NewDecoder(&svg), 0
+	if rects := svgElements(t, &svg)["rect"]; rects < len(rows)/2 {
+		t.Errorf("SVG has %d bars for %d rows", rects-1, len(rows))
+	}
+	var curve bytes.Buffer
+	if err := rep.WriteCurveSVG(&curve); err != nil {
+		t.Fatal(err)
+	}
+	// One point and two lines (p99, p50) per scenario: here each claimer
+	// ran one size on one fleet.
+	if els := svgElements(t, &curve); els["circle"] != len(rep.Scale) || els["polyline"] != 2*len(rep.Scale) {
+		t.Errorf("curve SVG has %d points and %d lines for %d scenarios", els["circle"], els["polyline"], len(rep.Scale))
+	}
+}
+
+// svgElements checks that svg is well-formed XML and counts its elements
+// by name.
+func svgElements(t *testing.T, svg io.Reader) map[string]int {
+	t.Helper()
+	dec, els := xml.NewDecoder(svg), map[string]int{}
 	for {
 		tok, err := dec.Token()
 		if errors.Is(err, io.EOF) {
-			break
+			return els
 		}
 		if err != nil {
 			t.Fatalf("SVG is not well-formed XML: %v", err)
 		}
-		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "rect" {
-			rects++
+		if se, ok := tok.(xml.StartElement); ok {
+			els[se.Name.Local]++
 		}
 	}
-	if rects < len(rows)/2 {
-		t.Errorf("SVG has %d bars for %d rows", rects-1, len(rows))
+}
+
+// TestCurvePlotsLagAgainstJobsOnLogScales: each claimer and fleet is one
+// line through its sizes in order, and a larger lag sits higher (smaller
+// y), a larger size further right.
+func TestCurvePlotsLagAgainstJobsOnLogScales(t *testing.T) {
+	rep := benchkit.Report{When: time.Now(), Host: "test"}
+	for _, n := range []int{100_000, 1_000, 10_000} { // out of order on purpose
+		rep.Scale = append(rep.Scale,
+			benchkit.Scale{Claimer: "redis", Jobs: n, Replicas: 3, LagP50ms: float64(n) / 40, LagP99ms: float64(n) / 20},
+			benchkit.Scale{Claimer: "redis", Jobs: n, Replicas: 5, Error: "unreachable"})
+	}
+	var curve bytes.Buffer
+	if err := rep.WriteCurveSVG(&curve); err != nil {
+		t.Fatal(err)
+	}
+	out := curve.String()
+	if els := svgElements(t, strings.NewReader(out)); els["circle"] != 3 || els["polyline"] != 2 {
+		t.Fatalf("%d points and %d lines, want 3 and 2 (the failed fleet left out):\n%s", els["circle"], els["polyline"], out)
+	}
+	_, rest, _ := strings.Cut(out, `<polyline points="`)
+	pts, _, _ := strings.Cut(rest, `"`)
+	var xs, ys []float64
+	for _, p := range strings.Fields(pts) {
+		var x, y float64
+		if _, err := fmt.Sscanf(p, "%f,%f", &x, &y); err != nil {
+			t.Fatalf("point %q: %v", p, err)
+		}
+		xs, ys = append(xs, x), append(ys, y)
+	}
+	if len(xs) != 3 || !(xs[0] < xs[1] && xs[1] < xs[2]) || !(ys[0] > ys[1] && ys[1] > ys[2]) {
+		t.Fatalf("p99 line %q: want sizes left to right and lag rising", pts)
+	}
+	if !strings.Contains(out, "redis × 3 replicas") || strings.Contains(out, "redis × 5 replicas") {
+		t.Fatalf("legend wrong:\n%s", out)
 	}
 }
 

@@ -60,12 +60,15 @@ func (o *Options) defaults() {
 }
 
 // ParseConcurrencies parses a comma-separated list of concurrencies.
-func ParseConcurrencies(list string) ([]int, error) {
+func ParseConcurrencies(list string) ([]int, error) { return ParseCounts("concurrency", list) }
+
+// ParseCounts parses a comma-separated list of positive numbers of what.
+func ParseCounts(what, list string) ([]int, error) {
 	var cs []int
 	for _, f := range strings.Split(list, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("bad concurrency %q", f)
+			return nil, fmt.Errorf("bad %s %q", what, f)
 		}
 		cs = append(cs, n)
 	}
