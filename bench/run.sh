@@ -7,6 +7,10 @@
 #
 #   bash bench/run.sh            full run, about 3-4 minutes on 2 cores
 #   bash bench/run.sh --smoke    seconds: 50ms measurements, 60 jobs at scale
+#   bash bench/run.sh --curve    the cost curve only: the scale scenario at
+#                                1,000, 10,000 and 100,000 jobs, 3 and 5
+#                                replicas, every backend (about 25 minutes);
+#                                lag against jobs in bench/out/curve.svg
 #
 # Services: PostgreSQL and Redis as for the tests (SCHEDULER_TEST_POSTGRES_DSN,
 # SCHEDULER_TEST_REDIS_ADDR, else 127.0.0.1 defaults); redis-server,
@@ -21,9 +25,11 @@ mkdir -p "$out"
 
 duration=2s
 args=()
+curve=
 for a in "$@"; do
   case "$a" in
     --smoke) duration=50ms; args+=(-smoke) ;;
+    --curve) curve=1; args+=(-claimers "" -scale postgres,redis,redlock,sqlite,etcd -jobs 1000,10000,100000 -replicas 3,5 -curve "$out/curve.svg") ;;
     *) args+=("$a") ;;
   esac
 done
@@ -65,6 +71,13 @@ for i in "${!nodes[@]}"; do
 done
 redlock="$(IFS=,; echo "${nodes[*]}")"
 
+if [ -n "$curve" ]; then
+  echo "== the cost curve (cmd/scheduler-bench)" >&2
+  (cd "$root" && go run ./cmd/scheduler-bench -redis "$redis_addr" -redlock "$redlock" \
+    -json "$out/curve.json" "${args[@]}") | tee "$out/curve.txt"
+  echo "results: $out/curve.json, chart: $out/curve.svg" >&2
+  exit 0
+fi
 echo "== peers (bench/ module)" >&2
 (cd "$here" && go run . -redis "$redis_addr" -redlock "$redlock" -duration "$duration" -json "$out/peers.json")
 echo "== scheduler claimers, raw references, scale (cmd/scheduler-bench)" >&2

@@ -122,7 +122,7 @@ func run() int {
 		s.RedlockAddrs = nodes.Addrs
 	}
 
-	if etcd, err := startEtcd(ctx, dir, *kinds); err != nil {
+	if etcd, err := startEtcd(ctx, dir, *kinds+","+*scale); err != nil {
 		o.Log.Warn("no etcd cluster", "error", err.Error())
 	} else if etcd != nil {
 		defer etcd.Close()
@@ -192,7 +192,7 @@ func env(k, def string) string {
 }
 
 // startEtcd starts a private 3-member etcd cluster when etcd is among the
-// claimers measured (nil otherwise), its data in dir.
+// claimers measured or scaled (nil otherwise), its data in dir.
 func startEtcd(ctx context.Context, dir, kinds string) (*procs.Etcd, error) {
 	if !slices.Contains(strings.Split(kinds, ","), config.ClaimerEtcd) {
 		return nil, nil
