@@ -73,6 +73,11 @@ type drift struct {
 	mu      sync.Mutex
 	last    control.Schedules // as last read, or written here since
 	writing map[string]bool   // jobs whose entry a write is under way for
+	// writers bounds the writes in flight: thousands of jobs due at one
+	// instant, all won here at once, would otherwise each send theirs at
+	// the same moment, and queue the claims and releases behind them for
+	// the backend's connections.
+	writers chan struct{}
 	logged  map[string]bool   // job+"\x00"+fingerprint of the conflicts logged
 }
 
@@ -83,7 +88,7 @@ type drift struct {
 func (d *dispatcher) guardDrift() (*drift, func()) {
 	r := d.r
 	dr := &drift{r: r, started: r.opts.Now(), ours: map[string]control.ScheduleEntry{},
-		writing: map[string]bool{}, logged: map[string]bool{}}
+		writing: map[string]bool{}, logged: map[string]bool{}, writers: make(chan struct{}, maxScheduleWriters)}
 	for _, j := range r.jobs {
 		dr.ours[j.Name] = version(j.Job)
 	}
@@ -126,15 +131,27 @@ func (dr *drift) due(job string) (control.ScheduleEntry, bool) {
 	return e, true
 }
 
-// write stores e, bounded by Lease/3 so that a slow backend holds up
-// nothing but this write. A failure is not logged above debug: the
-// claims, which need the same backend, already say so, and the next
-// instant won retries.
+// maxScheduleWriters is how many schedule entries a replica writes at
+// once.
+const maxScheduleWriters = 4
+
+// write stores e, bounded by Lease/3 (its wait for a writer's slot
+// included) so that a slow backend holds up nothing but this write. A
+// failure is not logged above debug: the claims, which need the same
+// backend, already say so, and the next instant won retries.
 func (dr *drift) write(ctx context.Context, e control.ScheduleEntry) {
 	r := dr.r
 	wctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
 	defer cancel()
-	got, err := r.opts.Controls.SetSchedule(wctx, e)
+	var got control.ScheduleEntry
+	var err error
+	select {
+	case dr.writers <- struct{}{}:
+		got, err = r.opts.Controls.SetSchedule(wctx, e)
+		<-dr.writers
+	case <-wctx.Done():
+		err = wctx.Err()
+	}
 	dr.mu.Lock()
 	delete(dr.writing, e.Job)
 	if err == nil {

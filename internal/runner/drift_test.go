@@ -385,3 +385,59 @@ func TestScheduleDriftOnRealBackends(t *testing.T) {
 		}
 	}
 }
+
+// slowControls makes every schedule entry write take a (fake) round trip
+// and records how many are in flight at once.
+type slowControls struct {
+	claim.Controls
+	inFlight, most atomic.Int32
+}
+
+func (c *slowControls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
+	if strings.HasPrefix(e.Key, "schedule/") {
+		n := c.inFlight.Add(1)
+		defer c.inFlight.Add(-1)
+		for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return c.Controls.Put(ctx, e)
+}
+
+// TestScheduleEntriesOfRunsWonTogetherAreWrittenAFewAtATime: a replica
+// that wins hundreds of first runs at one instant owes each job its
+// schedule entry, and writes them a few at a time instead of all at once
+// (where they would queue its claims and releases behind them for the
+// backend's connections), yet writes every one within its bound.
+func TestScheduleEntriesOfRunsWonTogetherAreWrittenAFewAtATime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		ctl := &slowControls{Controls: store.Controls()}
+		var list []runner.Job
+		for i := range 200 {
+			list = append(list, runner.Job{Name: fmt.Sprintf("j%03d", i), Schedule: mustSchedule(t, "@every 1m"),
+				Handler: func(context.Context, job.Run) error { return nil }})
+		}
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, "a"), ClaimerName: "memory", Instance: "a",
+			Lease: 3 * time.Second, Controls: control.New(ctl, nil)}, list)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { _ = r.Run(ctx); close(done) }()
+		time.Sleep(90 * time.Second)
+		cancel()
+		<-done
+		if m := ctl.most.Load(); m > 4 || m < 2 {
+			t.Errorf("%d schedule entry writes in flight at most, want a few (4)", m)
+		}
+		entries, err := control.New(store.Controls(), nil).Schedules(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != len(list) {
+			t.Errorf("%d schedule entries written for %d jobs", len(entries), len(list))
+		}
+	})
+}

@@ -6,7 +6,7 @@
 // the same pass, so each knows which replicas are up without knowing
 // anything of them in advance. For each run, the member whose hash of
 // (run, instance) is least owns it: the owner bids at once, the others
-// hold back for half the spread or more, so a run starts as soon as its
+// hold back for the spread or more, so a run starts as soon as its
 // owner gets to it, and runs due together are shared out as evenly as the
 // hash spreads them, whichever replica woke first. A view that is wrong
 // (a replica that just joined or died, a register that cannot be read)
@@ -71,9 +71,12 @@ func (r *Runner) setMembers(ms []string) {
 // with id runID, past the run's start, among runs dispatched with spread
 // (see Options.Spread). With a view of two or more replicas read within
 // memberTTL, the run's owner (the member with the least holdFor) holds
-// nothing and the others between half the spread and all of it; without
-// one, every replica holds holdFor, and the owner usually wins all the
-// same, only later.
+// nothing and the others between the spread and one and a half times it;
+// without one, every replica holds holdFor, and the owner usually wins
+// all the same, only later. The others hold past the spread, not within
+// it, so that their bids mostly find the run done rather than still held:
+// a held run is watched, by a goroutine and a bid every RenewEvery, until
+// it is done.
 func (r *Runner) holdOf(runID string, spread time.Duration) time.Duration {
 	mine := holdFor(runID, r.opts.Instance, spread)
 	v := r.view.Load()
@@ -82,7 +85,7 @@ func (r *Runner) holdOf(runID string, spread time.Duration) time.Duration {
 	}
 	for _, m := range v.members {
 		if m != r.opts.Instance && holdFor(runID, m, spread) < mine {
-			return spread/2 + mine/2
+			return spread + mine/2
 		}
 	}
 	return 0

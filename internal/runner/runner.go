@@ -118,8 +118,8 @@ type Options struct {
 	// instead of going to whichever replica woke first. With Controls,
 	// replicas also learn of each other (members.go): the replica whose
 	// hash of a run is least among those up owns it and holds nothing,
-	// the others between Spread/2 and Spread, so the hold leaves the lag
-	// of a healthy fleet. Without a view of the fleet it adds at most
+	// the others between Spread and 1.5×Spread, so the hold leaves the
+	// lag of a healthy fleet. Without a view of the fleet it adds at most
 	// Spread to the schedule lag, about Spread/(replicas+1) on average.
 	// It cannot hide clock skew larger than itself. When many runs fall due at one instant, the spread of
 	// that instant widens to 100µs per run (1s for 10,000), at most
