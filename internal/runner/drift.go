@@ -78,7 +78,7 @@ type drift struct {
 	// the same moment, and queue the claims and releases behind them for
 	// the backend's connections.
 	writers chan struct{}
-	logged  map[string]bool   // job+"\x00"+fingerprint of the conflicts logged
+	logged  map[string]bool // job+"\x00"+fingerprint of the conflicts logged
 }
 
 // guardDrift starts the drift guard of d's Run and returns it with the
