@@ -242,7 +242,7 @@ func TestAScheduleWithNoFurtherInstantLeavesTheLoop(t *testing.T) {
 		// A clock 24 s before the last @every 10s instant there is:
 		// 2262-04-11 23:47:10 UTC.
 		last := time.Unix(0, math.MaxInt64).Truncate(10 * time.Second)
-		offset := last.Add(-24 * time.Second).Sub(time.Now())
+		offset := time.Until(last.Add(-24 * time.Second))
 		ctx, cancel := context.WithCancel(t.Context())
 		// The runner reads the clock every pass of its loop: a loop that
 		// spins reads it without end, and fake time never moves on.
