@@ -54,7 +54,7 @@ func TestLongExploration(t *testing.T) {
 				var res *Result
 				var err error
 				t.Run(fmt.Sprintf("%s/%d", kind, seed), func(t *testing.T) {
-					res, err = Run(realConfig(t, kind, seed))
+					res, err = Run(realConfig(t, kind, seed, 1))
 				})
 				mu.Lock()
 				if err != nil {
