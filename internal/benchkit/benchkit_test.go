@@ -165,7 +165,7 @@ func TestCurvePlotsLagAgainstJobsOnLogScales(t *testing.T) {
 	for _, n := range []int{100_000, 1_000, 10_000} { // out of order on purpose
 		rep.Scale = append(rep.Scale,
 			benchkit.Scale{Claimer: "redis", Jobs: n, Replicas: 3, LagP50ms: float64(n) / 40, LagP99ms: float64(n) / 20},
-			benchkit.Scale{Claimer: "redis", Jobs: n, Replicas: 5, Error: "unreachable"})
+			benchkit.Scale{Claimer: "redis", Jobs: n, Replicas: 5, Error: "unreachable"}) // no run started
 	}
 	var curve bytes.Buffer
 	if err := rep.WriteCurveSVG(&curve); err != nil {

@@ -13,8 +13,10 @@ import (
 // WriteCurveSVG plots the scale scenarios' schedule lag against the jobs
 // due at one instant, both on log scales: one line per claimer and
 // replica count, solid for p99, dotted for p50, so the cost curve (linear
-// or worse, and where it bends) shows at a glance. Scenarios that failed
-// or started no run are left out.
+// or worse, and where it bends) shows at a glance. A scenario that left
+// runs unstarted (timed out, or missed past the late tolerance) is drawn
+// hollow: its lag is that of the runs that did start. Scenarios that
+// started no run are left out.
 func (r *Report) WriteCurveSVG(w io.Writer) error {
 	type key struct {
 		claimer  string
@@ -23,7 +25,7 @@ func (r *Report) WriteCurveSVG(w io.Writer) error {
 	lines := map[key][]Scale{}
 	minJobs, maxJobs, minLag, maxLag := math.Inf(1), 1.0, math.Inf(1), 1.0
 	for _, s := range r.Scale {
-		if s.Error != "" || s.LagP99ms <= 0 {
+		if s.LagP99ms <= 0 {
 			continue
 		}
 		k := key{s.Claimer, s.Replicas}
@@ -48,7 +50,7 @@ func (r *Report) WriteCurveSVG(w io.Writer) error {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="11">`+"\n", width, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="10" y="20" font-size="15" font-weight="bold">schedule lag against runs due at one instant, log-log</text>`+"\n")
-	fmt.Fprintf(&b, `<text x="10" y="38" fill="#555">%s · %s · solid: p99, dotted: p50; the dashed diagonal is linear growth</text>`+"\n",
+	fmt.Fprintf(&b, `<text x="10" y="38" fill="#555">%s · %s · solid: p99, dotted: p50; hollow: runs left unstarted; dashed: linear growth</text>`+"\n",
 		esc(r.Host), r.When.UTC().Format(time.RFC3339))
 	for d := x0; d <= x1; d++ {
 		gx := px(math.Pow(10, d))
@@ -81,7 +83,7 @@ func (r *Report) WriteCurveSVG(w io.Writer) error {
 	slices.SortFunc(keys, func(a, b key) int {
 		return cmp.Or(cmp.Compare(a.claimer, b.claimer), cmp.Compare(a.replicas, b.replicas))
 	})
-	palette := []string{"#1f5fa8", "#c0641a", "#2e8b57", "#8e44ad", "#b22222", "#555555", "#d4a017", "#008b8b"}
+	palette := []string{"#1f5fa8", "#c0641a", "#2e8b57", "#8e44ad", "#b22222", "#555555", "#d4a017", "#008b8b", "#e377c2", "#17becf", "#7f7f00", "#000000"}
 	for i, k := range keys {
 		ss := lines[k]
 		slices.SortFunc(ss, func(a, b Scale) int { return cmp.Compare(a.Jobs, b.Jobs) })
@@ -90,7 +92,12 @@ func (r *Report) WriteCurveSVG(w io.Writer) error {
 		for _, s := range ss {
 			p99 = append(p99, fmt.Sprintf("%.1f,%.1f", px(float64(s.Jobs)), py(s.LagP99ms)))
 			p50 = append(p50, fmt.Sprintf("%.1f,%.1f", px(float64(s.Jobs)), py(s.LagP50ms)))
-			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", px(float64(s.Jobs)), py(s.LagP99ms), col)
+			fill := col
+			if s.Error != "" || s.Missing > 0 {
+				fill = "white"
+			}
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s" stroke="%s" stroke-width="1.5"/>`+"\n",
+				px(float64(s.Jobs)), py(s.LagP99ms), fill, col)
 		}
 		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"/>`+"\n", strings.Join(p99, " "), col)
 		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="1.5" stroke-dasharray="2 3"/>`+"\n", strings.Join(p50, " "), col)
