@@ -3,6 +3,7 @@ package control
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -56,4 +57,22 @@ func (s *Store) Members(ctx context.Context) ([]string, error) {
 	}
 	snap, err := decode(cs)
 	return snap.Members, err
+}
+
+// Announcements are the replicas whose announcement has not expired, as
+// they wrote it, by instance name.
+func (s *Store) Announcements(ctx context.Context) ([]Member, error) {
+	cs, err := s.reg.List(ctx, memberPrefix)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Member, 0, len(cs))
+	for _, c := range cs {
+		var m Member
+		if err := json.Unmarshal(c.Value, &m); err != nil {
+			return nil, fmt.Errorf("control %s: %w", c.Key, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }

@@ -48,6 +48,7 @@ func (s *Server) routes() {
 	m := s.mux
 	m.HandleFunc("GET /api/jobs", s.listJobs)
 	m.HandleFunc("GET /api/runs", s.listRuns)
+	m.HandleFunc("GET /api/replicas", s.listReplicas)
 	m.HandleFunc("POST /api/jobs/{job}/pause", s.mutating("pause", true, s.pause(true)))
 	m.HandleFunc("POST /api/jobs/{job}/resume", s.mutating("resume", true, s.pause(false)))
 	m.HandleFunc("POST /api/jobs/{job}/trigger", s.mutating("trigger", false, s.trigger))
@@ -135,6 +136,26 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) {
 		out = append(out, jj)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// listReplicas answers the replicas up as the backend's register lists
+// them (the runner's view of its fleet, see control.Announce): the
+// replicas that share this one's backend, and when each last announced
+// itself.
+func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request) {
+	if s.o.Controls == nil {
+		writeError(w, http.StatusNotImplemented, controlsOffMessage)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	ms, err := s.o.Controls.Announcements(ctx)
+	if err != nil {
+		e := storeError(err)
+		writeError(w, e.code, "replicas: "+e.msg)
+		return
+	}
+	writeJSON(w, http.StatusOK, ms)
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {

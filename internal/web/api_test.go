@@ -565,4 +565,28 @@ func TestAPIWithoutControls(t *testing.T) {
 	if code, body := get(t, srv, "/api/runs"); code != 501 {
 		t.Fatalf("/api/runs without history = %d %s", code, body)
 	}
+	if code, body := get(t, srv, "/api/replicas"); code != 501 {
+		t.Fatalf("/api/replicas without controls = %d %s", code, body)
+	}
+}
+
+// GET /api/replicas lists the replicas whose announcement in the register
+// has not expired, with when each last announced itself.
+func TestReplicasAreTheAnnouncedOnes(t *testing.T) {
+	e := newAPIEnv(t, secretToken, nil)
+	for _, in := range []string{"replica-b", "replica-a"} {
+		if err := e.controls.Announce(t.Context(), in, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.controls.Announce(t.Context(), "gone", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // past gone's expiry
+	var got []control.Member
+	e.call("GET", "/api/replicas", "", 200, &got)
+	if len(got) != 2 || got[0].Instance != "replica-a" || got[1].Instance != "replica-b" ||
+		time.Since(got[0].At) > time.Minute || got[0].At.After(time.Now()) {
+		t.Fatalf("GET /api/replicas = %+v, want replica-a and replica-b, announced just now", got)
+	}
 }
