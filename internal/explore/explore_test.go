@@ -14,6 +14,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
 var (
@@ -63,6 +64,7 @@ func writeTrace(t *testing.T, kind string, res *Result) {
 // with each violation's seed and trace. CI pins the sweep (see .ci/run);
 // replay a failure with -explore.first=SEED -explore.seeds=1.
 func TestExplore(t *testing.T) {
+	testenv.CPUHeavy(t)
 	oneProc(t)
 	for seed := *first; seed < *first+uint64(*seeds); seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -81,6 +83,7 @@ func TestExplore(t *testing.T) {
 // every run id to that) and its pauses skip instants, so the controls are
 // explored under the faults rather than merely configured.
 func TestOperatorActionsAreExplored(t *testing.T) {
+	testenv.CPUHeavy(t)
 	oneProc(t)
 	var manual, paused, seeds int
 	for seed := uint64(1); seed <= 40; seed++ {
@@ -109,6 +112,7 @@ func TestOperatorActionsAreExplored(t *testing.T) {
 // instants missed in an outage are caught up in turn (run-all), so each
 // is explored, not merely configured.
 func TestRunSemanticsAreExplored(t *testing.T) {
+	testenv.CPUHeavy(t)
 	oneProc(t)
 	var retries, retried, waited, replaced, seeds int
 	for seed := uint64(1); seed <= 40; seed++ {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
 // TestRegressions pins, for each fault class the explorer found breaking a
@@ -15,6 +16,7 @@ import (
 // broke. Each must now hold; run against the runner before the fix (commit
 // c9cbb68), each failed with the invariant named here.
 func TestRegressions(t *testing.T) {
+	testenv.CPUHeavy(t)
 	oneProc(t)
 	s := time.Second
 	op := func(kind string, replica int, at, d time.Duration) nemesis.Op {
@@ -84,6 +86,7 @@ func TestRegressions(t *testing.T) {
 // old runner failed each about one run in six), so each seed is replayed
 // many times.
 func TestReplaceBesideALateTakeover(t *testing.T) {
+	testenv.CPUHeavy(t)
 	oneProc(t)
 	for _, seed := range []uint64{1304, 1812} {
 		for i := range 25 {

@@ -24,18 +24,38 @@ import (
 // open file, so that would wait forever).
 func WallClock(t testing.TB) {
 	t.Helper()
+	holdMachine(t, lockFile, "other wall-clock and CPU-heavy tests")
+}
+
+// CPUHeavy marks t as a test that keeps a core or more busy for a long
+// while (thousands of seeded histories under the race detector), but
+// asserts nothing on wall time: it runs beside other such tests, never
+// beside a wall-clock test, whose replicas would go without the CPU
+// their leases assume. (On two cores a wall-clock test beside the
+// explorer's in-process seeds saw stalls of a second and more, and
+// failed for the machine's sake: a takeover of a run whose holder's
+// renewals were starved.) Same rules as WallClock: top-level tests only,
+// and never in a test that calls WallClock.
+func CPUHeavy(t testing.TB) {
+	t.Helper()
+	holdMachine(t, shareFile, "wall-clock tests")
+}
+
+// holdMachine takes the machine-wide test lock with lock, until t ends.
+func holdMachine(t testing.TB, lock func(*os.File) error, others string) {
+	t.Helper()
 	path := filepath.Join(os.TempDir(), "scheduler-test-wallclock.lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
 	if err != nil {
 		t.Fatalf("wall-clock lock: %v", err)
 	}
 	start := time.Now()
-	if err := lockFile(f); err != nil {
+	if err := lock(f); err != nil {
 		_ = f.Close()
 		t.Fatalf("wall-clock lock %s: %v", path, err)
 	}
 	if waited := time.Since(start); waited > time.Second {
-		t.Logf("waited %v for other wall-clock tests to finish", waited.Round(time.Millisecond))
+		t.Logf("waited %v for %s to finish", waited.Round(time.Millisecond), others)
 	}
 	t.Cleanup(func() { _ = f.Close() }) // closing the file releases the lock
 }
