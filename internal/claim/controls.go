@@ -2,8 +2,11 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -52,6 +55,42 @@ type Controls interface {
 	// List returns the unexpired entries whose keys start with prefix,
 	// sorted by key.
 	List(ctx context.Context, prefix string) ([]Control, error)
+}
+
+// PrefixLister is a Controls that reads the entries under several prefixes
+// in one pass. A replica reads five kinds of entry every tick; where every
+// List walks the whole register (Redis keeps it in one hash, of one
+// schedule entry per job), five Lists are five walks. Optional: see
+// ListPrefixes.
+type PrefixLister interface {
+	// ListPrefixes returns the unexpired entries whose keys start with
+	// any of prefixes, each once, sorted by key.
+	ListPrefixes(ctx context.Context, prefixes []string) ([]Control, error)
+}
+
+// ListPrefixes returns the unexpired entries of reg whose keys start with
+// any of prefixes, each once, sorted by key: in one pass where reg is a
+// PrefixLister, else with one List per prefix, sent at once, so it costs
+// one round trip of latency either way.
+func ListPrefixes(ctx context.Context, reg Controls, prefixes ...string) ([]Control, error) {
+	if pl, ok := reg.(PrefixLister); ok {
+		return pl.ListPrefixes(ctx, prefixes)
+	}
+	lists := make([][]Control, len(prefixes))
+	errs := make([]error, len(prefixes))
+	var wg sync.WaitGroup
+	for i, p := range prefixes {
+		wg.Go(func() { lists[i], errs[i] = reg.List(ctx, p) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	// Prefixes may overlap ("pause/" and "pause/a"): an entry is listed
+	// once.
+	out := slices.Concat(lists...)
+	slices.SortStableFunc(out, func(a, b Control) int { return strings.Compare(a.Key, b.Key) })
+	return slices.CompactFunc(out, func(a, b Control) bool { return a.Key == b.Key }), nil
 }
 
 // CheckControl validates a Put's argument, then reports ctx's error if ctx

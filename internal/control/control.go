@@ -10,13 +10,11 @@ package control
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/user"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -119,21 +117,16 @@ type Snapshot struct {
 // flapping job adds by the thousand over their week.
 var tickPrefixes = []string{pausePrefix, requestPrefix, schedulePrefix, revokePrefix, memberPrefix}
 
-// Snapshot reads the pause switches, the requests, the schedule entries
-// and the revocations, as a replica does every tick: one list per kind,
-// sent at once, so a tick costs one round trip of latency.
+// Snapshot reads the pause switches, the requests, the schedule entries,
+// the revocations and the members, as a replica does every tick: in one
+// read (claim.ListPrefixes), so a tick costs one round trip of latency,
+// and one walk of the register where the backend walks it whole.
 func (s *Store) Snapshot(ctx context.Context) (Snapshot, error) {
-	lists := make([][]claim.Control, len(tickPrefixes))
-	errs := make([]error, len(tickPrefixes))
-	var wg sync.WaitGroup
-	for i, p := range tickPrefixes {
-		wg.Go(func() { lists[i], errs[i] = s.reg.List(ctx, p) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	cs, err := claim.ListPrefixes(ctx, s.reg, tickPrefixes...)
+	if err != nil {
 		return Snapshot{}, err
 	}
-	return decode(slices.Concat(lists...))
+	return decode(cs)
 }
 
 // decode reads pauses, requests, schedule entries, revocations and members

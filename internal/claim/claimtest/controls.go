@@ -148,6 +148,41 @@ func controlCases(t *testing.T, newClaimers Factory, opts Options) {
 		}
 	})
 
+	t.Run("ControlsListPrefixesReadsEachKindOnceAsListsDo", func(t *testing.T) {
+		t.Parallel()
+		a := newClaimers(t)("a")
+		for _, k := range []string{"pause/b", "request/x", "pause/a", "member/m", "members", "schedule/j"} {
+			put(t, a, claim.Control{Key: k, Value: []byte(k), Version: 3})
+		}
+		put(t, a, claim.Control{Key: "member/gone", Value: []byte("gone"), Version: 3, Expires: time.Now().Add(-time.Second)})
+		// "pause/" and "pause/a" overlap: pause/a is listed once.
+		prefixes := []string{"pause/", "member/", "pause/a", "revoke/"}
+		want := []string{"member/m", "pause/a", "pause/b"}
+		keys := func(cs []claim.Control) []string {
+			var ks []string
+			for _, c := range cs {
+				if !bytes.Equal(c.Value, []byte(c.Key)) {
+					t.Fatalf("%s: value %q", c.Key, c.Value)
+				}
+				ks = append(ks, c.Key)
+			}
+			return ks
+		}
+		got, err := claim.ListPrefixes(ctxT(t), a.Controls, prefixes...)
+		if err != nil || !slices.Equal(keys(got), want) {
+			t.Fatalf("ListPrefixes(%q) = %v, %v; want %v", prefixes, keys(got), err, want)
+		}
+		// The same answer through one List per prefix, whether or not the
+		// backend reads them in one pass.
+		perList, err := claim.ListPrefixes(ctxT(t), struct{ claim.Controls }{a.Controls}, prefixes...)
+		if err != nil || !slices.Equal(keys(perList), want) {
+			t.Fatalf("one List per prefix = %v, %v; want %v", keys(perList), err, want)
+		}
+		if none, err := claim.ListPrefixes(ctxT(t), a.Controls); err != nil || len(none) != 0 {
+			t.Fatalf("no prefixes: %v, %v; want nothing", keys(none), err)
+		}
+	})
+
 	t.Run("ControlsExpireAndAnExpiredEntryLosesToAnyPut", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)

@@ -30,12 +30,18 @@ func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, erro
 
 // List implements claim.Controls.
 func (k controls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	return k.ListPrefixes(ctx, []string{prefix})
+}
+
+// ListPrefixes implements claim.PrefixLister: one script, one walk of the
+// hash, whatever the number of prefixes.
+func (k controls) ListPrefixes(ctx context.Context, prefixes []string) ([]claim.Control, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out, err := k.c.node.ListControls(ctx, prefix)
+	out, err := k.c.node.ListControls(ctx, prefixes...)
 	if err != nil {
-		return nil, fmt.Errorf("list controls %q on %s: %w", prefix, k.c.server, err)
+		return nil, fmt.Errorf("list controls %q on %s: %w", prefixes, k.c.server, err)
 	}
 	return out, nil
 }

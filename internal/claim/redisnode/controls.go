@@ -82,22 +82,28 @@ redis.call('HSET', KEYS[1], ARGV[1], new)
 return new
 `)
 
-// listControlsScript returns the live entries whose fields start with the
-// prefix, and drops every expired or malformed field it meets.
+// listControlsScript returns the live entries whose fields start with any
+// of the prefixes, and drops every expired or malformed field it meets.
+// It walks the whole hash, so a replica reads all the kinds it honours in
+// one call (claim.PrefixLister), not one walk per kind.
 //
-// KEYS: controls hash. ARGV: prefix.
+// KEYS: controls hash. ARGV: the prefixes.
 // Reply: field, entry, field, entry, ... in no order.
 var listControlsScript = goredis.NewScript(controlsLua + `
 local all = redis.call('HGETALL', KEYS[1])
-local p = ARGV[1]
 local out = {}
 for i = 1, #all, 2 do
   local k, e = all[i], all[i + 1]
   if not live(e) then
     redis.call('HDEL', KEYS[1], k)
-  elseif string.sub(k, 1, #p) == p then
-    out[#out + 1] = k
-    out[#out + 1] = e
+  else
+    for _, p in ipairs(ARGV) do
+      if string.sub(k, 1, #p) == p then
+        out[#out + 1] = k
+        out[#out + 1] = e
+        break
+      end
+    end
   end
 end
 return out
@@ -116,9 +122,16 @@ func (n *Node) PutControl(ctx context.Context, c claim.Control) (claim.Control, 
 }
 
 // ListControls returns the node's unexpired entries whose keys start with
-// prefix, sorted by key.
-func (n *Node) ListControls(ctx context.Context, prefix string) ([]claim.Control, error) {
-	vals, err := listControlsScript.Run(ctx, n.client, []string{n.keys.controls()}, prefix).StringSlice()
+// any of prefixes, each once, sorted by key.
+func (n *Node) ListControls(ctx context.Context, prefixes ...string) ([]claim.Control, error) {
+	if len(prefixes) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(prefixes))
+	for i, p := range prefixes {
+		args[i] = p
+	}
+	vals, err := listControlsScript.Run(ctx, n.client, []string{n.keys.controls()}, args...).StringSlice()
 	if err != nil {
 		return nil, n.translate(ctx, err)
 	}

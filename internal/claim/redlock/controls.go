@@ -54,6 +54,12 @@ func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, erro
 
 // List implements claim.Controls.
 func (k controls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	return k.ListPrefixes(ctx, []string{prefix})
+}
+
+// ListPrefixes implements claim.PrefixLister: one script per node, one
+// walk of each node's hash, whatever the number of prefixes.
+func (k controls) ListPrefixes(ctx context.Context, prefixes []string) ([]claim.Control, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -61,7 +67,7 @@ func (k controls) List(ctx context.Context, prefix string) ([]claim.Control, err
 	lists := make([][]claim.Control, len(c.nodes))
 	errs := make([]error, len(c.nodes))
 	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redisnode.Node) {
-		lists[i], errs[i] = n.ListControls(ctx, prefix)
+		lists[i], errs[i] = n.ListControls(ctx, prefixes...)
 	})
 	if err := ctx.Err(); err != nil {
 		return nil, err
