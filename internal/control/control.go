@@ -15,6 +15,7 @@ import (
 	"os/user"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -39,6 +40,9 @@ const RequestTTL = 7 * 24 * time.Hour
 type Store struct {
 	reg claim.Controls
 	now func() time.Time
+	// announced is the version of the last member entry written here
+	// (member.go).
+	announced atomic.Int64
 }
 
 // New returns a Store over reg, stamping writes with now (default

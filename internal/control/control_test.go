@@ -176,7 +176,7 @@ func TestSnapshotReadsOnlyWhatATickHonours(t *testing.T) {
 // The members are the replicas whose announcement has not expired, on the
 // backend's clock; a renewal keeps a replica in even when the writer's
 // clock stepped back, and the tick's snapshot brings the same list.
-func TestMembersAreTheReplicasWhoseAnnouncementIsLive(t *testing.T) {
+func TestMembersAreTheReplicasWhoseAnnouncementIsLiveUntilTheyLeave(t *testing.T) {
 	ctx := context.Background()
 	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
@@ -214,4 +214,16 @@ func TestMembersAreTheReplicasWhoseAnnouncementIsLive(t *testing.T) {
 	announce("replica-a", time.Hour+5*time.Second)
 	now = now.Add(time.Hour + 4*time.Second)
 	members("replica-a")
+	// replica-a stops, its clock stepped back again: it leaves at once,
+	// not when its entry would have expired, and an announcement brings
+	// it back. (The memory store's clock steps back with it, so the
+	// entries of b and c, expired an hour on, are live again.)
+	now = now.Add(-time.Hour)
+	members("replica-a", "replica-b", "replica-c")
+	if err := st.Leave(ctx, "replica-a"); err != nil {
+		t.Fatal(err)
+	}
+	members("replica-b", "replica-c")
+	announce("replica-a", 5*time.Second)
+	members("replica-a", "replica-b", "replica-c")
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -24,27 +23,39 @@ type Member struct {
 	At       time.Time `json:"at"` // when it last announced itself, on its clock
 }
 
-// announced is the version of the last announcement through any Store,
-// so that versions only grow: a wall clock stepped back must not make a
-// replica's renewals lose to its own older entry until that expires.
-var announced atomic.Int64
-
 // Announce records that instance is up, for ttl.
 func (s *Store) Announce(ctx context.Context, instance string, ttl time.Duration) error {
 	now := s.now()
+	return s.putMember(ctx, instance, now, now.Add(ttl))
+}
+
+// Leave withdraws instance's announcement, as a replica that stops does:
+// the others stop counting it at their next read, instead of after its
+// entry expires. Its entry is overwritten by one that expired long ago
+// (on any backend's clock), with a version above its announcements', so
+// only a later Announce brings it back.
+func (s *Store) Leave(ctx context.Context, instance string) error {
+	return s.putMember(ctx, instance, s.now(), time.Unix(1, 0))
+}
+
+// putMember writes instance's entry, stamped at now, expiring at expires.
+// Its version is now, or one above the last this Store wrote if that is
+// later, so that versions only grow: a wall clock stepped back must not
+// make a replica's renewal (or its leave) lose to its own older entry.
+func (s *Store) putMember(ctx context.Context, instance string, now, expires time.Time) error {
 	v, err := json.Marshal(Member{Instance: instance, At: now.UTC()})
 	if err != nil {
 		return err
 	}
 	version := now.UnixNano()
 	for {
-		last := announced.Load()
+		last := s.announced.Load()
 		version = max(version, last+1)
-		if announced.CompareAndSwap(last, version) {
+		if s.announced.CompareAndSwap(last, version) {
 			break
 		}
 	}
-	_, err = s.reg.Put(ctx, claim.Control{Key: memberPrefix + instance, Value: v, Version: version, Expires: now.Add(ttl)})
+	_, err = s.reg.Put(ctx, claim.Control{Key: memberPrefix + instance, Value: v, Version: version, Expires: expires})
 	return err
 }
 

@@ -77,6 +77,7 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 	// The fleet learns of this replica, and it of the fleet, before the
 	// first tick: the runs due in the first second are shared out too.
 	r.announce(ctx, true)
+	defer r.leave(ctx)
 	t := time.NewTicker(r.opts.ControlEvery)
 	defer t.Stop()
 	for {

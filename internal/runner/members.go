@@ -56,6 +56,16 @@ func (r *Runner) announce(ctx context.Context, read bool) {
 	wg.Wait()
 }
 
+// leave withdraws this replica's announcement as Run stops (ctx is done),
+// bounded by a third of the lease: the others stop holding back for its
+// runs at their next read. A replica that crashes does not leave; its
+// entry expires after memberTTL.
+func (r *Runner) leave(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease/3)
+	defer cancel()
+	_ = r.opts.Controls.Leave(ctx, r.opts.Instance)
+}
+
 // setMembers installs the replicas read up, this one added if its own
 // announcement is not among them yet.
 func (r *Runner) setMembers(ms []string) {

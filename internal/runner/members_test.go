@@ -139,3 +139,43 @@ func TestReplicasThatKnowEachOtherStartTheirOwnRunsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// TestAReplicaThatStopsLeavesTheFleetAtOnce: a replica that shuts down
+// withdraws its announcement before Run returns, so the others stop
+// counting it (and holding back for it) at their next read, not when its
+// entry would have expired, several seconds later.
+func TestAReplicaThatStopsLeavesTheFleetAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		reg := control.New(store.Controls(), nil)
+		members := func() []string {
+			t.Helper()
+			ms, err := reg.Members(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ms
+		}
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, "r0"), ClaimerName: "memory", Instance: "r0",
+			Lease: 3 * time.Second, Controls: control.New(store.Controls(), nil)},
+			[]runner.Job{{Name: "j", Schedule: mustSchedule(t, "@every 1h"), Handler: func(context.Context, job.Run) error { return nil }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- r.Run(ctx) }()
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if ms := members(); len(ms) != 1 || ms[0] != "r0" {
+			t.Fatalf("members while r0 runs: %q, want [r0]", ms)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if ms := members(); len(ms) != 0 {
+			t.Fatalf("members once r0 stopped: %q, want none (its entry would have lasted seconds more)", ms)
+		}
+	})
+}
