@@ -105,7 +105,7 @@ type Snapshot struct {
 	Pauses   Pauses
 	Requests []Request // oldest first
 	// Schedules is the schedule each job last ran under (the drift
-	// guard's entries).
+	// guard's entries); nil if they were not read.
 	Schedules Schedules
 	// Revoked maps each revoked run's id to the run replacing it
 	// (overlap: replace).
@@ -117,20 +117,32 @@ type Snapshot struct {
 
 // tickPrefixes are the kinds of entry a replica honours every tick. The
 // register holds others it must not read that often: the instants
-// requests reserved, and the failed attempts of retried runs, which a
-// flapping job adds by the thousand over their week.
-var tickPrefixes = []string{pausePrefix, requestPrefix, schedulePrefix, revokePrefix, memberPrefix}
+// requests reserved, the failed attempts of retried runs, which a
+// flapping job adds by the thousand over their week, and the schedule
+// entries, one per job, which the drift guard reads every few ticks.
+var tickPrefixes = []string{pausePrefix, requestPrefix, revokePrefix, memberPrefix}
 
-// Snapshot reads the pause switches, the requests, the schedule entries,
-// the revocations and the members, as a replica does every tick: in one
-// read (claim.ListPrefixes), so a tick costs one round trip of latency,
-// and one walk of the register where the backend walks it whole.
-func (s *Store) Snapshot(ctx context.Context) (Snapshot, error) {
-	cs, err := claim.ListPrefixes(ctx, s.reg, tickPrefixes...)
+// Snapshot reads the pause switches, the requests, the revocations, the
+// members and, with schedules, the schedule entries (nil without), as a
+// replica does every tick: in one read (claim.ListPrefixes), so a tick
+// costs one round trip of latency, and one walk of the register where the
+// backend walks it whole. The schedule entries are most of the register
+// when a fleet runs thousands of jobs: a tick without them sends and
+// decodes a few entries, not one per job.
+func (s *Store) Snapshot(ctx context.Context, schedules bool) (Snapshot, error) {
+	prefixes := tickPrefixes
+	if schedules {
+		prefixes = append(slices.Clone(tickPrefixes), schedulePrefix)
+	}
+	cs, err := claim.ListPrefixes(ctx, s.reg, prefixes...)
 	if err != nil {
 		return Snapshot{}, err
 	}
-	return decode(cs)
+	snap, err := decode(cs)
+	if !schedules {
+		snap.Schedules = nil
+	}
+	return snap, err
 }
 
 // decode reads pauses, requests, schedule entries, revocations and members

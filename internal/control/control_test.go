@@ -3,6 +3,7 @@ package control_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -114,7 +115,7 @@ func TestDriftEntriesComeWithTheSnapshot(t *testing.T) {
 	if _, err := st.SetPause(ctx, control.Pause{Job: "j", Paused: true, By: "t"}); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := st.Snapshot(ctx)
+	snap, err := st.Snapshot(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,16 +161,29 @@ func TestSnapshotReadsOnlyWhatATickHonours(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	for i := range 50 {
+		if _, err := st.SetSchedule(ctx, control.ScheduleEntry{Job: fmt.Sprintf("j%d", i), Fingerprint: "f"}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	reg.listed.Store(0)
-	snap, err := st.Snapshot(ctx)
+	snap, err := st.Snapshot(ctx, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !snap.Pauses.Paused("a") || len(snap.Requests) != 1 || len(snap.Revoked) != 1 {
-		t.Fatalf("snapshot = %+v, want the pause, the request and the revocation", snap)
+	if !snap.Pauses.Paused("a") || len(snap.Requests) != 1 || len(snap.Revoked) != 1 || snap.Schedules != nil {
+		t.Fatalf("snapshot = %+v, want the pause, the request and the revocation, and no schedule entries", snap)
 	}
 	if n := reg.listed.Load(); n != 3 {
-		t.Errorf("the tick read %d entries, want the 3 it honours (not the attempts, nor the reserved instant)", n)
+		t.Errorf("the tick read %d entries, want the 3 it honours (not the attempts, the reserved instant, nor the schedule entries)", n)
+	}
+	// Every few ticks, the schedule entries too.
+	reg.listed.Store(0)
+	if snap, err = st.Snapshot(ctx, true); err != nil || len(snap.Schedules) != 50 {
+		t.Fatalf("snapshot with the schedule entries: %d of them, %v; want 50", len(snap.Schedules), err)
+	}
+	if n := reg.listed.Load(); n != 53 {
+		t.Errorf("the tick with schedule entries read %d entries, want 53", n)
 	}
 }
 
@@ -193,7 +207,7 @@ func TestMembersAreTheReplicasWhoseAnnouncementIsLiveUntilTheyLeave(t *testing.T
 		if err != nil {
 			t.Fatal(err)
 		}
-		snap, err := st.Snapshot(ctx)
+		snap, err := st.Snapshot(ctx, false)
 		if err != nil {
 			t.Fatal(err)
 		}

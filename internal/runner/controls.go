@@ -80,7 +80,8 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 	defer r.leave(ctx)
 	t := time.NewTicker(r.opts.ControlEvery)
 	defer t.Stop()
-	for {
+	schedules := true // read at the first tick, then every scheduleReadEvery
+	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -89,7 +90,7 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 		var wg sync.WaitGroup
 		wg.Go(func() { r.announce(ctx, false) })
 		rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
-		snap, err := r.opts.Controls.Snapshot(rctx)
+		snap, err := r.opts.Controls.Snapshot(rctx, schedules)
 		cancel()
 		wg.Wait()
 		if err != nil {
@@ -99,7 +100,10 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 		r.setPauses(ctx, snap.Pauses)
 		r.setRevoked(snap.Revoked)
 		d.requests(ctx, execCtx, snap.Requests, seen)
-		drift.compare(ctx, snap.Schedules)
+		if schedules {
+			drift.compare(ctx, snap.Schedules)
+		}
+		schedules = tick%scheduleReadEvery == 0
 	}
 }
 

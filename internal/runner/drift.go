@@ -19,9 +19,12 @@
 //     fleet, one write per job per hour. The write runs beside the
 //     execution, never before it, bounded by Lease/3; a failed one is
 //     retried at the next instant won.
-//   - Every ControlEvery a replica reads the entries with the other
-//     controls (the same round trip) and compares them with its own
-//     versions. An entry of another version written after this replica
+//   - Every scheduleReadEvery reads of the controls (ten seconds by
+//     default) a replica reads the entries with the other controls (the
+//     same round trip) and compares them with its own versions. Not at
+//     every read: with thousands of jobs the entries are nearly all of
+//     the register, and a conflict is news for an operator, not for the
+//     next second. An entry of another version written after this replica
 //     started means both versions were live at once: a schedule conflict,
 //     logged (Warn) and counted (scheduler_schedule_conflicts_total{job})
 //     once per job and other version. An older entry is a version that ran
@@ -130,6 +133,12 @@ func (dr *drift) due(job string) (control.ScheduleEntry, bool) {
 	e.By, e.At = dr.r.opts.Instance, now
 	return e, true
 }
+
+// scheduleReadEvery is how many reads of the controls a replica makes per
+// read of the schedule entries (the first read includes them). A read
+// that fails is retried at the next tick, without waiting for the next
+// tenth.
+const scheduleReadEvery = 10
 
 // maxScheduleWriters is how many schedule entries a replica writes at
 // once.

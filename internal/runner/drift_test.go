@@ -204,7 +204,10 @@ func TestScheduleDriftAcrossARollingDeploy(t *testing.T) {
 		time.Sleep(10 * time.Second)
 		t2 := time.Now()
 		left := start("left-behind", oldV)
-		time.Sleep(20 * time.Second)
+		// Each learns of the other's version at a read of the schedule
+		// entries, every ScheduleReadEvery ticks: the other's write
+		// follows its own read, so two periods and some.
+		time.Sleep(3 * runner.ScheduleReadEvery * time.Second)
 		nw.stop()
 		left.stop()
 		end := time.Now()
@@ -257,7 +260,9 @@ func TestScheduleConflictNeedsBothVersionsLive(t *testing.T) {
 			if _, err := ctl.SetSchedule(context.Background(), e); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(2 * time.Second) // two control ticks
+			// Past the next read of the schedule entries, at least one
+			// tick to spare.
+			time.Sleep((runner.ScheduleReadEvery + 2) * time.Second)
 		}
 		write(old, time.Now().Add(-time.Minute)) // before "new" started
 		rp.checkConflicts(t, 0, old)

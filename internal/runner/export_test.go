@@ -40,3 +40,6 @@ func HistoryReader(r *Runner) (read func(ctx context.Context, job string, limit 
 	}
 	return d.reads.history, queued, exec.Wait
 }
+
+// ScheduleReadEvery is scheduleReadEvery, for the tests.
+const ScheduleReadEvery = scheduleReadEvery
