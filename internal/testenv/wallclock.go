@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,7 +25,7 @@ import (
 // open file, so that would wait forever).
 func WallClock(t testing.TB) {
 	t.Helper()
-	holdMachine(t, lockFile, "other wall-clock and CPU-heavy tests")
+	holdMachine(t, lockFile, "exclusive", "other wall-clock and CPU-heavy tests")
 }
 
 // CPUHeavy marks t as a test that keeps a core or more busy for a long
@@ -38,11 +39,12 @@ func WallClock(t testing.TB) {
 // and never in a test that calls WallClock.
 func CPUHeavy(t testing.TB) {
 	t.Helper()
-	holdMachine(t, shareFile, "wall-clock tests")
+	holdMachine(t, shareFile, "shared", "wall-clock tests")
 }
 
-// holdMachine takes the machine-wide test lock with lock, until t ends.
-func holdMachine(t testing.TB, lock func(*os.File) error, others string) {
+// holdMachine takes the machine-wide test lock with lock (how: exclusive
+// or shared), until t ends.
+func holdMachine(t testing.TB, lock func(*os.File) error, how, others string) {
 	t.Helper()
 	path := filepath.Join(os.TempDir(), "scheduler-test-wallclock.lock")
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
@@ -54,8 +56,32 @@ func holdMachine(t testing.TB, lock func(*os.File) error, others string) {
 		_ = f.Close()
 		t.Fatalf("wall-clock lock %s: %v", path, err)
 	}
-	if waited := time.Since(start); waited > time.Second {
+	waited := time.Since(start)
+	if waited > time.Second {
 		t.Logf("waited %v for %s to finish", waited.Round(time.Millisecond), others)
 	}
-	t.Cleanup(func() { _ = f.Close() }) // closing the file releases the lock
+	held := time.Now()
+	t.Cleanup(func() {
+		_ = f.Close() // closing the file releases the lock
+		logHold(t.Name(), how, waited, time.Since(held))
+	})
+}
+
+// logHold appends a line to the file SCHEDULER_TEST_LOCK_LOG names, if
+// set: the test, how it held the machine (exclusive or shared), how long
+// it waited and how long it held it. The machine-wide lock serialises the
+// wall-clock tests, so their holds add up to most of the suite's time;
+// .ci/run prints the longest. The lines of concurrent test binaries do not
+// interleave: each is one short append.
+func logHold(name, how string, waited, held time.Duration) {
+	path := os.Getenv("SCHEDULER_TEST_LOCK_LOG")
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o666)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = fmt.Fprintf(f, "%.1f\t%.1f\t%s\t%s\n", held.Seconds(), waited.Seconds(), how, name)
 }
