@@ -208,3 +208,75 @@ func TestMeasureReportsTheFirstError(t *testing.T) {
 		t.Fatalf("row = %+v, want error boom and no throughput", r)
 	}
 }
+
+// TestTargetsJudgeEveryGoalOfTheIssue: the ratio targets are judged at
+// their own concurrency, and the scale targets on the worst 10,000 × 3
+// processes row of each claimer, where a duplicate or a missing run
+// meets nothing and SQLite's fairness is printed without a bound.
+func TestTargetsJudgeEveryGoalOfTheIssue(t *testing.T) {
+	row := func(name string, c int, ops float64) benchkit.Row {
+		return benchkit.Row{Name: name, Concurrency: c, OpsPerSec: ops, Ops: 1, P50us: 1, P99us: 1}
+	}
+	proc := func(claimer string, p99, fair float64) benchkit.Scale {
+		return benchkit.Scale{Claimer: claimer, Jobs: 10_000, Replicas: 3, Processes: true, LagP99ms: p99, Fairness: fair, Shares: []int{1, 1, 1}}
+	}
+	rep := benchkit.Report{Rows: []benchkit.Row{
+		row("redis", 1, 950), row(benchkit.RefGoRedis, 1, 1000), // 0.95: met
+		row("redis", 16, 500), row(benchkit.RefGoRedis, 16, 1000), // 0.50: missed
+	}, Scale: []benchkit.Scale{
+		proc("redis", 400, 1.2),
+		proc("postgres", 450, 1.1),
+		proc("postgres", 600, 1.1), // the worst of two runs decides
+		proc("redlock", 900, 1.3),
+		proc("sqlite", 800, 3),
+		{Claimer: "etcd", Jobs: 60, Replicas: 3, Processes: true, LagP99ms: 1, Fairness: 1}, // smoke size: not judged
+	}}
+	dup := proc("redlock", 100, 1.0)
+	dup.Duplicates = 1
+	rep.Scale = append(rep.Scale, dup)
+	rep.Finish()
+
+	ratio := map[int]benchkit.Target{}
+	for _, tg := range rep.Targets {
+		if tg.Row == "redis" && tg.Of == benchkit.RefGoRedis {
+			ratio[tg.Concurrency] = tg
+		}
+	}
+	if tg := ratio[1]; !tg.Known || !tg.Met || tg.Got != 0.95 {
+		t.Errorf("redis c=1: %+v, want 0.95 met", tg)
+	}
+	if tg := ratio[16]; !tg.Known || tg.Met || tg.Got != 0.5 {
+		t.Errorf("redis c=16: %+v, want 0.50 missed", tg)
+	}
+
+	type key struct{ claimer, measure string }
+	got := map[key]benchkit.ScaleTarget{}
+	for _, st := range rep.ScaleTargets {
+		got[key{st.Claimer, st.Measure}] = st
+	}
+	for _, c := range []struct {
+		claimer, measure string
+		known, met       bool
+		value            float64
+	}{
+		{"redis", benchkit.ScaleLagP99, true, true, 400},
+		{"postgres", benchkit.ScaleLagP99, true, false, 600},
+		{"redlock", benchkit.ScaleLagP99, true, false, 900}, // under its 1s bound, but one run was duplicated
+		{"sqlite", benchkit.ScaleLagP99, true, true, 800},
+		{"redis", benchkit.ScaleFairness, true, true, 1.2},
+		{"sqlite", benchkit.ScaleFairness, true, false, 3},
+		{"etcd", benchkit.ScaleFairness, false, false, 0},
+	} {
+		st, ok := got[key{c.claimer, c.measure}]
+		if !ok || st.Known != c.known || st.Met != c.met || st.Got != c.value {
+			t.Errorf("%s %s: %+v, want known %v, met %v, got %v", c.claimer, c.measure, st, c.known, c.met, c.value)
+		}
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	for _, want := range []string{"c=16", "scale targets", "MISSED", "no bound: one file lock"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+}
