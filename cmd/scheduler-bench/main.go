@@ -34,7 +34,7 @@ func run() int {
 		s         benchkit.Services
 		conc      = flag.String("c", "1,16", "concurrencies")
 		kinds     = flag.String("claimers", "memory,sqlite,postgres,redis,redlock,etcd", "claimers to measure")
-		scale     = flag.String("scale", "postgres,redis,redlock,sqlite", "claimers for the scale scenario (\"\" for none)")
+		scale     = flag.String("scale", "postgres,redis,redlock,sqlite,etcd", "claimers for the scale scenario (\"\" for none)")
 		scaleOpts benchkit.ScaleOptions
 		redlock   = flag.String("redlock", "", "comma-separated Redlock nodes (default: start 5 private redis-server)")
 		peers     = flag.String("peers", "", "JSON rows of the peer libraries to merge (written by bench/)")

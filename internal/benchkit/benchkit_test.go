@@ -274,7 +274,7 @@ func TestTargetsJudgeEveryGoalOfTheIssue(t *testing.T) {
 	}
 	var table bytes.Buffer
 	rep.WriteTable(&table)
-	for _, want := range []string{"c=16", "scale targets", "MISSED", "no bound: one file lock"} {
+	for _, want := range []string{"c=16", "scale targets", "MISSED", "no bound: its replicas share one file"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}

@@ -102,7 +102,7 @@ var scaleTargets = []ScaleTarget{
 	{Claimer: "redis", Measure: ScaleFairness, Want: 1.5},
 	{Claimer: "redlock", Measure: ScaleFairness, Want: 1.5},
 	{Claimer: "etcd", Measure: ScaleFairness, Want: 1.5},
-	{Claimer: "sqlite", Measure: ScaleFairness, Note: "no bound: one file lock, whose busy handler picks the next writer and hands it whole batches"},
+	{Claimer: "sqlite", Measure: ScaleFairness, Note: "no bound: its replicas share one file on one host, and the file lock's busy handler, not the runner, picks the next writer"},
 }
 
 // judgeScale fills in t from the worst of the scale rows it judges (a
