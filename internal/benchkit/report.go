@@ -31,10 +31,10 @@ type Report struct {
 // so that load which differed between the two processes cancels out; Direct
 // is the undivided ratio.
 type Target struct {
-	Row    string  `json:"row"`
-	Of     string  `json:"of"`
-	RowRef string  `json:"row_ref,omitempty"`
-	OfRef  string  `json:"of_ref,omitempty"`
+	Row         string  `json:"row"`
+	Of          string  `json:"of"`
+	RowRef      string  `json:"row_ref,omitempty"`
+	OfRef       string  `json:"of_ref,omitempty"`
 	Concurrency int     `json:"concurrency"`
 	Want        float64 `json:"want"`
 	Got         float64 `json:"got"`

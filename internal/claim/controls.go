@@ -93,6 +93,43 @@ func ListPrefixes(ctx context.Context, reg Controls, prefixes ...string) ([]Cont
 	return slices.CompactFunc(out, func(a, b Control) bool { return a.Key == b.Key }), nil
 }
 
+// BatchPutter is a Controls that stores many entries in one request. A
+// replica that wins thousands of runs due at one instant writes as many
+// schedule entries (the drift guard's): one Put each would be as many
+// round trips, competing with the claims of that instant. Optional: see
+// PutBatch.
+type BatchPutter interface {
+	// PutBatch stores each of cs as Put would and returns, for each, what
+	// Put would: the entry its key holds afterwards, or an error. Each
+	// entry is decided on its own, as by its own Put.
+	PutBatch(ctx context.Context, cs []Control) ([]Control, []error)
+}
+
+// putFanout is how many Puts PutBatch keeps in flight on a register
+// that is not a BatchPutter.
+const putFanout = 4
+
+// PutBatch stores each of cs in reg as reg.Put would and returns Put's
+// answer for each: in one request where reg is a BatchPutter, else with
+// at most putFanout Puts in flight.
+func PutBatch(ctx context.Context, reg Controls, cs []Control) ([]Control, []error) {
+	if bp, ok := reg.(BatchPutter); ok {
+		return bp.PutBatch(ctx, cs)
+	}
+	got, errs := make([]Control, len(cs)), make([]error, len(cs))
+	slots := make(chan struct{}, putFanout)
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			got[i], errs[i] = reg.Put(ctx, c)
+		})
+	}
+	wg.Wait()
+	return got, errs
+}
+
 // CheckControl validates a Put's argument, then reports ctx's error if ctx
 // is done: one check before any backend is asked.
 func CheckControl(ctx context.Context, c Control) error {
@@ -103,4 +140,16 @@ func CheckControl(ctx context.Context, c Control) error {
 		return fmt.Errorf("%w: control %q: version %d must be positive", ErrInvalid, c.Key, c.Version)
 	}
 	return ctx.Err()
+}
+
+// CheckControls is CheckControl for each of a PutBatch's entries: an error
+// for each that fails, and the indexes of those that pass, in order.
+func CheckControls(ctx context.Context, cs []Control) (errs []error, valid []int) {
+	errs = make([]error, len(cs))
+	for i, c := range cs {
+		if errs[i] = CheckControl(ctx, c); errs[i] == nil {
+			valid = append(valid, i)
+		}
+	}
+	return errs, valid
 }

@@ -43,25 +43,47 @@ type Schedules map[string]ScheduleEntry
 // returns the entry that stands afterwards: e, or a later write that won.
 // The latest write wins, so the entry is the version that ran last.
 func (s *Store) SetSchedule(ctx context.Context, e ScheduleEntry) (ScheduleEntry, error) {
-	if e.Job == "" {
-		return ScheduleEntry{}, fmt.Errorf("%w: schedule entry: empty job name", claim.ErrInvalid)
-	}
+	got, errs := s.SetSchedules(ctx, []ScheduleEntry{e})
+	return got[0], errs[0]
+}
+
+// SetSchedules is SetSchedule for each of es, in one request where the
+// register takes batches (claim.PutBatch): a replica that wins thousands
+// of runs at one instant records their jobs' versions in a few round
+// trips, not one each.
+func (s *Store) SetSchedules(ctx context.Context, es []ScheduleEntry) ([]ScheduleEntry, []error) {
+	out, errs := make([]ScheduleEntry, len(es)), make([]error, len(es))
 	now := s.now()
-	if e.At.IsZero() {
-		e.At = now
+	var puts []claim.Control
+	var idx []int
+	for i, e := range es {
+		if e.Job == "" {
+			errs[i] = fmt.Errorf("%w: schedule entry: empty job name", claim.ErrInvalid)
+			continue
+		}
+		if e.At.IsZero() {
+			e.At = now
+		}
+		e.At = e.At.UTC()
+		v, err := json.Marshal(e)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		puts = append(puts, claim.Control{Key: schedulePrefix + e.Job, Value: v, Version: e.At.UnixNano(),
+			Expires: now.Add(ScheduleTTL)})
+		idx = append(idx, i)
 	}
-	e.At = e.At.UTC()
-	v, err := json.Marshal(e)
-	if err != nil {
-		return ScheduleEntry{}, err
+	if len(puts) == 0 {
+		return out, errs
 	}
-	got, err := s.reg.Put(ctx, claim.Control{Key: schedulePrefix + e.Job, Value: v, Version: e.At.UnixNano(),
-		Expires: now.Add(ScheduleTTL)})
-	if err != nil {
-		return ScheduleEntry{}, err
+	got, perrs := claim.PutBatch(ctx, s.reg, puts)
+	for k, i := range idx {
+		if errs[i] = perrs[k]; errs[i] == nil {
+			errs[i] = json.Unmarshal(got[k].Value, &out[i])
+		}
 	}
-	var out ScheduleEntry
-	return out, json.Unmarshal(got.Value, &out)
+	return out, errs
 }
 
 // Schedules reads every job's schedule entry.

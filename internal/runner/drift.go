@@ -18,7 +18,9 @@
 //     version's, is absent, or is older than scheduleRefresh: in a settled
 //     fleet, one write per job per hour. The write runs beside the
 //     execution, never before it, bounded by Lease/3; a failed one is
-//     retried at the next instant won.
+//     retried at the next instant won. Writes go in batches (group
+//     commit, one request each where the register takes batches): the
+//     thousands of jobs won at one instant cost a few round trips.
 //   - Every scheduleReadEvery reads of the controls (ten seconds by
 //     default) a replica reads the entries with the other controls (the
 //     same round trip) and compares them with its own versions. Not at
@@ -75,13 +77,12 @@ type drift struct {
 
 	mu      sync.Mutex
 	last    control.Schedules // as last read, or written here since
-	writing map[string]bool   // jobs whose entry a write is under way for
-	// writers bounds the writes in flight: thousands of jobs due at one
-	// instant, all won here at once, would otherwise each send theirs at
-	// the same moment, and queue the claims and releases behind them for
-	// the backend's connections.
-	writers chan struct{}
-	logged  map[string]bool // job+"\x00"+fingerprint of the conflicts logged
+	writing map[string]bool   // jobs whose entry is queued or being written
+	// q coalesces the writes: thousands of jobs due at one instant, all
+	// won here at once, would otherwise each send theirs, a round trip
+	// apiece competing with that instant's claims and releases.
+	q      queue[control.ScheduleEntry]
+	logged map[string]bool // job+"\x00"+fingerprint of the conflicts logged
 }
 
 // guardDrift starts the drift guard of d's Run and returns it with the
@@ -91,7 +92,7 @@ type drift struct {
 func (d *dispatcher) guardDrift() (*drift, func()) {
 	r := d.r
 	dr := &drift{r: r, started: r.opts.Now(), ours: map[string]control.ScheduleEntry{},
-		writing: map[string]bool{}, logged: map[string]bool{}, writers: make(chan struct{}, maxScheduleWriters)}
+		writing: map[string]bool{}, logged: map[string]bool{}}
 	for _, j := range r.jobs {
 		dr.ours[j.Name] = version(j.Job)
 	}
@@ -113,8 +114,8 @@ func (d *dispatcher) recordSchedule(ctx context.Context, j *jobState, cl *claim.
 	if dr == nil {
 		return
 	}
-	if e, due := dr.due(j.Name); due {
-		d.exec.Go(func() { dr.write(ctx, e) })
+	if e, due := dr.due(j.Name); due && dr.q.add(e) {
+		d.exec.Go(func() { dr.send(ctx) })
 	}
 }
 
@@ -140,39 +141,50 @@ func (dr *drift) due(job string) (control.ScheduleEntry, bool) {
 // tenth.
 const scheduleReadEvery = 10
 
-// maxScheduleWriters is how many schedule entries a replica writes at
-// once.
-const maxScheduleWriters = 4
-
-// write stores e, bounded by Lease/3 (its wait for a writer's slot
-// included) so that a slow backend holds up nothing but this write. A
-// failure is not logged above debug: the claims, which need the same
-// backend, already say so, and the next instant won retries.
-func (dr *drift) write(ctx context.Context, e control.ScheduleEntry) {
+// send writes the queued entries by group commit, as releaser sends
+// releases: those queued when it starts (after a linger) in one batch,
+// and those queued meanwhile together in the next (at most maxBatch),
+// until none is waiting.
+// A batch is bounded by Lease/3, so that a slow backend holds up nothing
+// but these writes. A failure is not logged above debug: the claims,
+// which need the same backend, already say so, and the next instant won
+// retries.
+func (dr *drift) send(ctx context.Context) {
 	r := dr.r
-	wctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
-	defer cancel()
-	var got control.ScheduleEntry
-	var err error
+	// The first write waits out an instant's spread, so that the runs of
+	// that instant won here go in one batch or a few.
+	linger := time.NewTimer(min(r.opts.Lease/10, 100*time.Millisecond))
 	select {
-	case dr.writers <- struct{}{}:
-		got, err = r.opts.Controls.SetSchedule(wctx, e)
-		<-dr.writers
-	case <-wctx.Done():
-		err = wctx.Err()
+	case <-linger.C:
+	case <-ctx.Done():
+		linger.Stop()
 	}
-	dr.mu.Lock()
-	delete(dr.writing, e.Job)
-	if err == nil {
-		if dr.last == nil {
-			dr.last = control.Schedules{}
+	for {
+		batch := dr.q.take()
+		if len(batch) == 0 {
+			return
 		}
-		dr.last[e.Job] = got
-	}
-	dr.mu.Unlock()
-	if err != nil {
-		r.log.DebugContext(ctx, "schedule entry not written", "job", e.Job, "instance", r.opts.Instance,
-			"error", err.Error())
+		wctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+		got, errs := r.opts.Controls.SetSchedules(wctx, batch)
+		cancel()
+		var failed []error
+		dr.mu.Lock()
+		for i, e := range batch {
+			delete(dr.writing, e.Job)
+			if errs[i] != nil {
+				failed = append(failed, errs[i])
+				continue
+			}
+			if dr.last == nil {
+				dr.last = control.Schedules{}
+			}
+			dr.last[e.Job] = got[i]
+		}
+		dr.mu.Unlock()
+		if len(failed) > 0 {
+			r.log.DebugContext(ctx, "schedule entries not written", "entries", len(failed), "of", len(batch),
+				"instance", r.opts.Instance, "error", failed[0].Error())
+		}
 	}
 }
 

@@ -183,6 +183,54 @@ func controlCases(t *testing.T, newClaimers Factory, opts Options) {
 		}
 	})
 
+	t.Run("ControlsPutBatchAnswersEachEntryAsItsPutWould", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("a"), open("b")
+		stays := claim.Control{Key: "request/r", Value: []byte("first"), Version: 5, First: true}
+		newer := claim.Control{Key: "schedule/b", Value: []byte("newer"), Version: 9}
+		put(t, a, stays)
+		put(t, a, newer)
+		batch := []claim.Control{
+			{Key: "schedule/c", Value: []byte("c"), Version: 3},                 // new key: stored
+			{Key: "schedule/b", Value: []byte("older"), Version: 4},             // loses to v9: v9 answered
+			{Key: "request/r", Value: []byte("retry"), Version: 1, First: true}, // First: the stored one stays
+			{Key: "", Value: []byte("bad"), Version: 1},                         // invalid: its own error only
+			{Key: "schedule/a", Value: []byte("a"), Version: 2},                 // out of key order on purpose
+		}
+		want := []claim.Control{batch[0], newer, stays, {}, batch[4]}
+		// Through the backend's batch, and through one Put per entry (the
+		// fallback of a register without one): the same answers.
+		for _, via := range []struct {
+			name string
+			reg  claim.Controls
+		}{{"batch", b.Controls}, {"one put each", struct{ claim.Controls }{b.Controls}}} {
+			got, errs := claim.PutBatch(ctxT(t), via.reg, batch)
+			if len(got) != len(batch) || len(errs) != len(batch) {
+				t.Fatalf("%s: %d answers and %d errors for %d entries", via.name, len(got), len(errs), len(batch))
+			}
+			for i := range batch {
+				if i == 3 {
+					if !errors.Is(errs[i], claim.ErrInvalid) {
+						t.Fatalf("%s: empty key: %v, want ErrInvalid", via.name, errs[i])
+					}
+					continue
+				}
+				if errs[i] != nil {
+					t.Fatalf("%s: %s: %v", via.name, batch[i].Key, errs[i])
+				}
+				same(t, via.name+": "+batch[i].Key, got[i], want[i])
+			}
+		}
+		var keys []string
+		for _, c := range list(t, a, "schedule/") {
+			keys = append(keys, string(c.Value))
+		}
+		if !slices.Equal(keys, []string{"a", "newer", "c"}) {
+			t.Fatalf("schedule entries after the batch: %q, want a, newer, c", keys)
+		}
+	})
+
 	t.Run("ControlsExpireAndAnExpiredEntryLosesToAnyPut", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)

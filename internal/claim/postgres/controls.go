@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -60,31 +62,56 @@ var _ claim.Controls = controls{}
 
 // Put implements claim.Controls in one statement.
 func (s controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(ctx, e); err != nil {
-		return claim.Control{}, err
+	got, errs := s.PutBatch(ctx, []claim.Control{e})
+	return got[0], errs[0]
+}
+
+// PutBatch implements claim.BatchPutter: Put's statement for each entry,
+// all in one batch (one round trip), in key order, so that two replicas'
+// batches over the same keys lock their rows in the same order and never
+// deadlock. The batch is one implicit transaction: an error fails every
+// entry of it.
+func (s controls) PutBatch(ctx context.Context, cs []claim.Control) ([]claim.Control, []error) {
+	out := make([]claim.Control, len(cs))
+	errs, valid := claim.CheckControls(ctx, cs)
+	valid = slices.DeleteFunc(valid, func(i int) bool {
+		if !utf8.ValidString(cs[i].Key) { // text rejects it
+			errs[i] = fmt.Errorf("%w: control key %q is not UTF-8", claim.ErrInvalid, cs[i].Key)
+			return true
+		}
+		return false
+	})
+	if len(valid) == 0 {
+		return out, errs
 	}
-	if !utf8.ValidString(e.Key) { // text rejects it
-		return claim.Control{}, fmt.Errorf("%w: control key %q is not UTF-8", claim.ErrInvalid, e.Key)
+	slices.SortStableFunc(valid, func(a, b int) int { return strings.Compare(cs[a].Key, cs[b].Key) })
+	stored := make([]*time.Time, len(cs))
+	batch := &pgx.Batch{}
+	for _, i := range valid {
+		e := cs[i]
+		value := e.Value
+		if value == nil {
+			value = []byte{} // the column is NOT NULL
+		}
+		var expires *time.Time
+		if !e.Expires.IsZero() {
+			expires = &e.Expires
+		}
+		out[i].Key = e.Key
+		batch.Queue(putControl, e.Key, value, e.Version, e.First, expires).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&out[i].Value, &out[i].Version, &out[i].First, &stored[i])
+		})
 	}
-	value := e.Value
-	if value == nil {
-		value = []byte{} // the column is NOT NULL
+	err := s.pool.SendBatch(ctx, batch).Close()
+	for _, i := range valid {
+		switch {
+		case err != nil:
+			out[i], errs[i] = claim.Control{}, fmt.Errorf("put control %q: %w", cs[i].Key, translate(err))
+		case stored[i] != nil:
+			out[i].Expires = stored[i].UTC()
+		}
 	}
-	var expires *time.Time
-	if !e.Expires.IsZero() {
-		expires = &e.Expires
-	}
-	got := claim.Control{Key: e.Key}
-	var stored *time.Time
-	err := s.pool.QueryRow(ctx, putControl, e.Key, value, e.Version, e.First, expires).
-		Scan(&got.Value, &got.Version, &got.First, &stored)
-	if err != nil {
-		return claim.Control{}, fmt.Errorf("put control %q: %w", e.Key, translate(err))
-	}
-	if stored != nil {
-		got.Expires = stored.UTC()
-	}
-	return got, nil
+	return out, errs
 }
 
 // List implements claim.Controls.

@@ -18,14 +18,28 @@ type controls struct{ c *Claimer }
 
 // Put implements claim.Controls: one script, atomic on the server.
 func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(ctx, e); err != nil {
-		return claim.Control{}, err
+	got, errs := k.PutBatch(ctx, []claim.Control{e})
+	return got[0], errs[0]
+}
+
+// PutBatch implements claim.BatchPutter: each entry is one script, as its
+// Put would be, and all of them go in one pipeline.
+func (k controls) PutBatch(ctx context.Context, cs []claim.Control) ([]claim.Control, []error) {
+	out := make([]claim.Control, len(cs))
+	errs, valid := claim.CheckControls(ctx, cs)
+	send := make([]claim.Control, len(valid))
+	for j, i := range valid {
+		send[j] = cs[i]
 	}
-	got, err := k.c.node.PutControl(ctx, e)
-	if err != nil {
-		return claim.Control{}, fmt.Errorf("put control %s on %s: %w", e.Key, k.c.server, err)
+	got, perrs := k.c.node.PutControls(ctx, send)
+	for j, i := range valid {
+		if perrs[j] != nil {
+			errs[i] = fmt.Errorf("put control %s on %s: %w", cs[i].Key, k.c.server, perrs[j])
+			continue
+		}
+		out[i] = got[j]
 	}
-	return got, nil
+	return out, errs
 }
 
 // List implements claim.Controls.

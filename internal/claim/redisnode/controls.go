@@ -114,11 +114,25 @@ return out
 // the entry the key holds afterwards is returned. c must have passed
 // claim.CheckControl.
 func (n *Node) PutControl(ctx context.Context, c claim.Control) (claim.Control, error) {
-	v, err := putControlScript.Run(ctx, n.client, []string{n.keys.controls()}, c.Key, encodeControl(c)).Text()
-	if err != nil {
-		return claim.Control{}, n.translate(ctx, err)
-	}
-	return decodeControl(c.Key, v)
+	got, errs := n.PutControls(ctx, []claim.Control{c})
+	return got[0], errs[0]
+}
+
+// PutControls stores each of cs as PutControl would, each decided on its
+// own, in one pipeline: one round trip whatever their number.
+func (n *Node) PutControls(ctx context.Context, cs []claim.Control) ([]claim.Control, []error) {
+	got := make([]claim.Control, len(cs))
+	keys := []string{n.keys.controls()}
+	errs := n.pipeline(ctx, putControlScript, len(cs),
+		func(i int) ([]string, []any) { return keys, []any{cs[i].Key, encodeControl(cs[i])} },
+		func(i int, cmd *goredis.Cmd) error {
+			v, err := cmd.Text()
+			if err == nil {
+				got[i], err = decodeControl(cs[i].Key, v)
+			}
+			return err
+		})
+	return got, errs
 }
 
 // ListControls returns the node's unexpired entries whose keys start with

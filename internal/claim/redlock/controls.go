@@ -28,28 +28,50 @@ type controls struct{ c *Claimer }
 // what the nodes that answered hold afterwards: c, or an entry that beats
 // it on one of them.
 func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
-	if err := claim.CheckControl(ctx, e); err != nil {
-		return claim.Control{}, err
+	got, errs := k.PutBatch(ctx, []claim.Control{e})
+	return got[0], errs[0]
+}
+
+// PutBatch implements claim.BatchPutter: one pipeline to each node, and
+// each entry acknowledged by a majority of its own and answered as its Put
+// would be.
+func (k controls) PutBatch(ctx context.Context, cs []claim.Control) ([]claim.Control, []error) {
+	out := make([]claim.Control, len(cs))
+	errs, valid := claim.CheckControls(ctx, cs)
+	if len(valid) == 0 {
+		return out, errs
+	}
+	send := make([]claim.Control, len(valid))
+	for j, i := range valid {
+		send[j] = cs[i]
 	}
 	c := k.c
-	got := make([]claim.Control, len(c.nodes))
-	errs := make([]error, len(c.nodes))
-	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redisnode.Node) {
-		got[i], errs[i] = n.PutControl(ctx, e)
+	got := make([][]claim.Control, len(c.nodes))
+	nodeErrs := make([][]error, len(c.nodes))
+	c.each(ctx, batchTimeout(c.nodeTimeout, len(send), 0), func(ctx context.Context, n int, node *redisnode.Node) {
+		got[n], nodeErrs[n] = node.PutControls(ctx, send)
 	})
-	if err := ctx.Err(); err != nil {
-		return claim.Control{}, err
-	}
-	if err := c.verdict("put control "+e.Key, errs); err != nil {
-		return claim.Control{}, err
-	}
-	var best claim.Control
-	for i, g := range got {
-		if errs[i] == nil && (best.Key == "" || beats(g, best)) {
-			best = g
+	perNode := make([]error, len(c.nodes))
+	for j, i := range valid {
+		if err := ctx.Err(); err != nil {
+			errs[i] = err
+			continue
 		}
+		for n := range c.nodes {
+			perNode[n] = nodeErrs[n][j]
+		}
+		if errs[i] = c.verdict("put control "+cs[i].Key, perNode); errs[i] != nil {
+			continue
+		}
+		var best claim.Control
+		for n := range c.nodes {
+			if perNode[n] == nil && (best.Key == "" || beats(got[n][j], best)) {
+				best = got[n][j]
+			}
+		}
+		out[i] = best
 	}
-	return best, nil
+	return out, errs
 }
 
 // List implements claim.Controls.
