@@ -221,7 +221,7 @@ func (r *Report) WriteTable(w io.Writer) {
 		for _, t := range r.Targets {
 			got, verdict := "not measured", "?"
 			if t.Known {
-				got, verdict = fmt.Sprintf("%.2f", t.Got), map[bool]string{true: "met", false: "MISSED"}[t.Met]
+				got, verdict = ratio(t.Got, t.Want), map[bool]string{true: "met", false: "MISSED"}[t.Met]
 				if t.RowRef != "" {
 					got += fmt.Sprintf(" (%.2f)", t.Direct)
 				}
@@ -249,6 +249,15 @@ func (r *Report) WriteTable(w io.Writer) {
 			}
 		}
 	}
+}
+
+// ratio prints got to two decimals, or four where two would print the
+// bound it missed (0.899 against 0.9 is not "0.90 MISSED").
+func ratio(got, want float64) string {
+	if s := fmt.Sprintf("%.2f", got); got >= want || s != fmt.Sprintf("%.2f", want) {
+		return s
+	}
+	return fmt.Sprintf("%.4f", got)
 }
 
 func clip(s string, n int) string {
