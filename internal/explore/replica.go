@@ -293,6 +293,26 @@ func (c faultyControls) Put(ctx context.Context, e claim.Control) (claim.Control
 	return call(c.f, ctx, func(ctx context.Context) (claim.Control, error) { return c.inner.Put(ctx, e) })
 }
 
+// PutBatch crosses the link as one request, as the backend's batch does
+// (claim.BatchPutter), so the real backends' batches meet the faults too.
+func (c faultyControls) PutBatch(ctx context.Context, cs []claim.Control) ([]claim.Control, []error) {
+	type answer struct {
+		got  []claim.Control
+		errs []error
+	}
+	a, err := call(c.f, ctx, func(ctx context.Context) (answer, error) {
+		got, errs := claim.PutBatch(ctx, c.inner, cs)
+		return answer{got, errs}, nil
+	})
+	if err != nil {
+		a = answer{make([]claim.Control, len(cs)), make([]error, len(cs))}
+		for i := range a.errs {
+			a.errs[i] = err
+		}
+	}
+	return a.got, a.errs
+}
+
 func (c faultyControls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
 	return call(c.f, ctx, func(ctx context.Context) ([]claim.Control, error) { return c.inner.List(ctx, prefix) })
 }
