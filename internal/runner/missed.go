@@ -66,12 +66,17 @@ func (d *dispatcher) startupHistory(ctx, execCtx context.Context, j *jobState, r
 // (the look-back dispatches it under the misfire policy), are dispatched
 // like any run: still on time, they run. Each is claimed first, so
 // however many replicas start together, and whatever replicas already up
-// do, one records it and counts it. A paused job misses nothing.
+// do, one records it and counts it. A paused job misses nothing; its
+// instants still on time are dispatched all the same, and dispatch skips
+// them as paused (claimed and released skipped). Left alone, such an
+// instant could keep a grant nobody holds: a claim this replica sent
+// before it crashed, delayed in a stalled backend, can land after the
+// restart, and only a replica that contends for the instant watches that
+// grant's lease and takes the run over when it lapses (explorer seed
+// 41429).
 func (d *dispatcher) recordMissed(ctx, execCtx context.Context, j *jobState, last, now time.Time) {
 	r := d.r
-	if r.paused(ctx, j.Name) {
-		return
-	}
+	paused := r.paused(ctx, j.Name)
 	prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance()))
 	end := now.Add(-r.lateTolerance())
 	var runs []claim.Run
@@ -82,6 +87,7 @@ walk:
 		case at.Equal(prev):
 		case !at.Before(end):
 			d.start(ctx, execCtx, j, at, origin{late: MissedNoReplica}, 0)
+		case paused:
 		case len(runs) < maxMissedAtStart:
 			runs = append(runs, claim.Run{Job: j.Name, At: at.UTC()})
 		default:
