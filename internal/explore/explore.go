@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -73,6 +74,10 @@ type Config struct {
 	// Plan set and Mixed nil, none is drawn: a pinned plan replays the
 	// history it pinned.
 	Mixed *Mixed
+	// Log, when set, receives every replica's runner log (text, debug
+	// level), each line marked with the replica and its incarnation: what
+	// each replica decided, beside the history of what the backend saw.
+	Log io.Writer
 }
 
 // Result is one exploration's history and verdict.

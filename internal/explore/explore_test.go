@@ -1,11 +1,13 @@
 package explore
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -22,12 +24,17 @@ var (
 	first = flag.Uint64("explore.first", 1, "the first seed TestExplore sweeps (replay one: -explore.first=N -explore.seeds=1)")
 	show  = flag.Bool("explore.show", false, "log every seed's plan and verdict")
 	trace = flag.String("explore.trace", "", "write every event of a seed with violations to this directory, one file per claimer and seed (a violation's report shows only the tail of each run)")
+	logs  = flag.Bool("explore.logs", false, "with -explore.trace: also write the replicas' runner logs of a seed with violations, beside its events (TestExplore)")
 )
 
 // explored runs cfg (in the caller's synctest bubble) and fails t with
 // the seed and trace of each violation.
 func explored(t *testing.T, cfg Config) *Result {
 	t.Helper()
+	var runnerLog lockedBuffer
+	if *trace != "" && *logs && cfg.Log == nil {
+		cfg.Log = &runnerLog
+	}
 	res, err := Run(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -35,8 +42,33 @@ func explored(t *testing.T, cfg Config) *Result {
 	if len(res.Violations) > 0 {
 		t.Errorf("seed %d: %d violations\n%s", cfg.Seed, len(res.Violations), res.Report())
 		writeTrace(t, "memory", res)
+		if cfg.Log == &runnerLog {
+			name := filepath.Join(*trace, fmt.Sprintf("memory-%d.log", res.Seed))
+			if err := os.WriteFile(name, runnerLog.Bytes(), 0o644); err != nil {
+				t.Errorf("runner log: %v", err)
+			}
+			t.Logf("runner log: %s", name)
+		}
 	}
 	return res
+}
+
+// lockedBuffer is a bytes.Buffer the replicas' loggers share.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
 }
 
 // writeTrace writes res's whole history to the -explore.trace directory,

@@ -3,6 +3,7 @@ package explore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -59,6 +60,10 @@ func (r *replica) life(ctx context.Context) {
 		opts := runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
 			Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, ShutdownGrace: time.Second,
 			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })}
+		if l := r.w.cfg.Log; l != nil {
+			opts.Logger = slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).
+				With("replica", r.id, "incarnation", gen)
+		}
 		if r.w.cfg.Controls != nil {
 			opts.Controls = control.New(faultyControls{c, r.w.cfg.Controls}, nil)
 		}
