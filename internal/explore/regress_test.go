@@ -117,3 +117,23 @@ func TestAGrantLandingAfterItsSendersRestartIsTakenOverWhilePaused(t *testing.T)
 		})
 	}
 }
+
+// TestAGrantWhoseReplyWasLostWhileRecordingMissedIsWatched pins seed 51737
+// (found by fresh seeds in stop 33): a replica restarts after an instant of
+// a job that only its own config schedules then (a mixed config) went by
+// unclaimed, and start-up claims that instant to record it missed. The
+// grant lands but its reply is lost (a one-way partition), and so is the
+// reply of the retry, a takeover granted once the first lease lapsed, in a
+// stalled backend; the next retry hears "held". Before the fix start-up
+// took "held" for another replica's run and dropped it, though the holder
+// was its own unanswered bid: nobody watched the lease, and the run was
+// abandoned (history.Abandoned) in every run of the seed.
+func TestAGrantWhoseReplyWasLostWhileRecordingMissedIsWatched(t *testing.T) {
+	testenv.CPUHeavy(t)
+	oneProc(t)
+	for i := range 4 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: 51737}) })
+		})
+	}
+}

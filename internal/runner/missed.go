@@ -146,6 +146,14 @@ func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs
 				d.granted(ctx, execCtx, j, cl, origin{takeover: true})
 			case errs[i] == nil:
 				won = append(won, cl)
+			case attempt > 0 && errors.Is(errs[i], claim.ErrHeld):
+				// Held after a bid whose answer was lost: the holder may
+				// be that bid's own grant, which nobody else watches (it
+				// may be on no other replica's schedule). Stand by for it
+				// like start-up's recovery does for a live run: whoever
+				// holds it ends it, or its lease lapses and it is taken
+				// over (explorer seed 51737).
+				d.start(ctx, execCtx, j, runs[i].At, origin{takeover: true}, 0)
 			case errors.Is(errs[i], claim.ErrHeld), errors.Is(errs[i], claim.ErrDone), errors.Is(errs[i], claim.ErrInvalid):
 				// Someone else has it, or it is settled.
 			default:
