@@ -22,11 +22,23 @@ import (
 // count from (a new job, a pruned history) only the latest instant runs,
 // as under run-once: nothing says the earlier ones were missed. A paused
 // job catches nothing up: its latest instant is dispatched, and recorded
-// skipped.
+// skipped, and so are its instants since last that are still on time, as
+// recordMissed does under run-once: a claim of one sent before a crash
+// can land after the restart, and only a replica contending for it
+// watches that grant.
 func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, now time.Time) {
 	r := d.r
 	prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance()))
 	if r.paused(ctx, j.Name) {
+		from := now.Add(-r.lateTolerance() - time.Nanosecond)
+		if last.After(from) {
+			from = last
+		}
+		for at := j.Schedule.Next(from); !at.IsZero() && at.Before(now); at = j.Schedule.Next(at) {
+			if !at.Equal(prev) {
+				d.start(ctx, execCtx, j, at, origin{late: MissedNoReplica}, 0)
+			}
+		}
 		d.start(ctx, execCtx, j, prev, origin{late: MissedNoReplica}, 0)
 		return
 	}
