@@ -184,7 +184,7 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 
 // backfillOne claims run and executes it here if won.
 func (d *dispatcher) backfillOne(ctx context.Context, j *jobState, run claim.Run) (string, error) {
-	cl, err := d.claim(ctx, run)
+	cl, err := d.claimUnwatched(ctx, run)
 	switch {
 	case errors.Is(err, claim.ErrDone):
 		return "done", nil
@@ -194,6 +194,49 @@ func (d *dispatcher) backfillOne(ctx context.Context, j *jobState, run claim.Run
 		return "error", err
 	}
 	return string(d.runToEnd(ctx, j, cl, admitAlways)), nil
+}
+
+// claimUnwatched claims run for work done here and now (a backfill, a
+// trigger) that no replica's schedule watches: a past instant, a manual
+// one.
+//
+// A bid whose answer was lost (a timeout, a dropped reply) may have been
+// granted, and nothing else would ever watch that grant. Left alone, it
+// would stay live until some replica's start-up recovery took it over and
+// ran it, long after this caller reported an error for it. So such a bid
+// is asked again until the backend answers, and a run then found held is
+// asked for again until its holder could no longer be that lost grant (a
+// lease and the clock skew after the last unanswered bid: a lost grant is
+// never renewed): released, it is done; lapsed, it is taken over and
+// granted here. A backend out of reach for three such windows still ends
+// in an error.
+func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run) (*claim.Claim, error) {
+	r := d.r
+	window := r.opts.Lease + 2*r.opts.MaxClockSkew
+	var firstLost, lastLost time.Time
+	for attempt := 0; ; attempt++ {
+		sent := time.Now()
+		cl, err := d.claim(ctx, run)
+		switch {
+		case err == nil, errors.Is(err, claim.ErrDone), errors.Is(err, claim.ErrInvalid), errors.Is(err, errClosing), ctx.Err() != nil:
+			return cl, err
+		case errors.Is(err, claim.ErrHeld):
+			if lastLost.IsZero() || time.Since(lastLost) > window {
+				return nil, err
+			}
+		default:
+			if firstLost.IsZero() {
+				firstLost = sent
+			}
+			lastLost = sent
+			if time.Since(firstLost) > 3*window {
+				return nil, err
+			}
+		}
+		if !sleep(ctx, jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))) {
+			return nil, err
+		}
+	}
 }
 
 // planBackfill decides each instant's action from the job's history.

@@ -2,7 +2,9 @@ package runner_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -117,6 +119,75 @@ func TestBackfillRunsExactlyTheInstantsThatNeverRan(t *testing.T) {
 		}
 		if _, _, err := newRunner("x").Backfill(ctx, "hourly", runner.BackfillOptions{From: from, To: time.Now().Add(time.Hour)}); err == nil {
 			t.Fatal("a backfill into the future was accepted")
+		}
+	})
+}
+
+// replyLost grants the first claim it passes on but answers it with an
+// error, as a reply lost on the way back would.
+type replyLost struct {
+	claim.Claimer
+	lost atomic.Bool
+}
+
+func (c *replyLost) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	cls, errs := c.Claimer.Claim(ctx, runs, lease)
+	if errs[0] == nil && !c.lost.Swap(true) {
+		return make([]*claim.Claim, len(runs)), []error{fmt.Errorf("reply lost: %w", claim.ErrUnavailable)}
+	}
+	return cls, errs
+}
+
+// A backfill whose claim was granted but whose answer was lost asks
+// again, finds the run held by that lost grant, waits for its lease to
+// lapse, takes it over and runs it, once: it neither reports an error for
+// a run it left live nor leaves that run to a later restart's recovery.
+func TestBackfillTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		var ran atomic.Int32
+		jobs := []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 0 * * * *"),
+			Handler: func(ctx context.Context, run job.Run) error { ran.Add(1); return nil }}}
+		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+		time.Sleep(time.Until(from.Add(3 * time.Hour)))
+		r, err := runner.New(runner.Options{Claimer: &replyLost{Claimer: memory.New(store, "b")}, Instance: "b",
+			Lease: 3 * time.Second}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items, sum, err := r.Backfill(context.Background(), "hourly", runner.BackfillOptions{From: from, To: from})
+		if err != nil || sum.Succeeded != 1 || sum.Errors != 0 || len(items) != 1 || items[0].Status != string(claim.Succeeded) {
+			t.Fatalf("backfill: %+v, items %+v, %v; want the one instant succeeded", sum, items, err)
+		}
+		if n := ran.Load(); n != 1 {
+			t.Fatalf("the handler ran %d times, want once", n)
+		}
+		recs, err := memory.New(store, "reader").History(context.Background(), "hourly", 0)
+		if err != nil || len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Attempt != 2 {
+			t.Fatalf("history %+v, %v: want one run, succeeded as attempt 2 (the lost grant's takeover)", recs, err)
+		}
+	})
+}
+
+// So does a trigger: its manual instant is its own, so the run found
+// held after the lost answer can only be its own grant.
+func TestTriggerTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		var ran atomic.Int32
+		jobs := []runner.Job{{Name: "report", Schedule: mustSchedule(t, "0 0 * * * *"),
+			Handler: func(ctx context.Context, run job.Run) error { ran.Add(1); return nil }}}
+		r, err := runner.New(runner.Options{Claimer: &replyLost{Claimer: memory.New(store, "cli")}, Instance: "cli",
+			Lease: 3 * time.Second}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := r.Trigger(context.Background(), "report"); err != nil || st != claim.Succeeded {
+			t.Fatalf("trigger: %q, %v; want succeeded", st, err)
+		}
+		recs, err := memory.New(store, "reader").History(context.Background(), "report", 0)
+		if n := ran.Load(); n != 1 || err != nil || len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Attempt != 2 {
+			t.Fatalf("ran %d times, history %+v, %v: want once, one run succeeded as attempt 2", n, recs, err)
 		}
 	})
 }

@@ -465,7 +465,7 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	d := r.dispatcher(&wg, &wg)
 	// ctx is both the claim's and the execution's: Trigger has no
 	// shutdown grace of its own.
-	cl, err := d.claim(ctx, claim.Run{Job: name, At: at})
+	cl, err := d.claimUnwatched(ctx, claim.Run{Job: name, At: at})
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
