@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -123,16 +124,17 @@ func TestBackfillRunsExactlyTheInstantsThatNeverRan(t *testing.T) {
 	})
 }
 
-// replyLost grants the first claim it passes on but answers it with an
-// error, as a reply lost on the way back would.
+// replyLost passes claims on, but answers the grant numbered lose (1:
+// the first) with an error, as a reply lost on the way back would.
 type replyLost struct {
 	claim.Claimer
-	lost atomic.Bool
+	lose    int32
+	granted atomic.Int32
 }
 
 func (c *replyLost) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	cls, errs := c.Claimer.Claim(ctx, runs, lease)
-	if errs[0] == nil && !c.lost.Swap(true) {
+	if errs[0] == nil && c.granted.Add(1) == max(c.lose, 1) {
 		return make([]*claim.Claim, len(runs)), []error{fmt.Errorf("reply lost: %w", claim.ErrUnavailable)}
 	}
 	return cls, errs
@@ -188,6 +190,34 @@ func TestTriggerTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
 		recs, err := memory.New(store, "reader").History(context.Background(), "report", 0)
 		if n := ran.Load(); n != 1 || err != nil || len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Attempt != 2 {
 			t.Fatalf("ran %d times, history %+v, %v: want once, one run succeeded as attempt 2", n, recs, err)
+		}
+	})
+}
+
+// And so does a trigger's retry: the second attempt's grant, its answer
+// lost, is taken over as the third and run, not left live.
+func TestATriggeredRetryTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		var ran atomic.Int32
+		jobs := []runner.Job{{Name: "report", Schedule: mustSchedule(t, "0 0 * * * *"), MaxAttempts: 5, Backoff: time.Second,
+			Handler: func(ctx context.Context, run job.Run) error {
+				if ran.Add(1) == 1 {
+					return errors.New("first attempt fails")
+				}
+				return nil
+			}}}
+		r, err := runner.New(runner.Options{Claimer: &replyLost{Claimer: memory.New(store, "cli"), lose: 2}, Instance: "cli",
+			Lease: 3 * time.Second}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := r.Trigger(context.Background(), "report"); err != nil || st != claim.Succeeded {
+			t.Fatalf("trigger: %q, %v; want succeeded", st, err)
+		}
+		recs, err := memory.New(store, "reader").History(context.Background(), "report", 0)
+		if n := ran.Load(); n != 2 || err != nil || len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Attempt != 3 {
+			t.Fatalf("ran %d times, history %+v, %v: want twice, one run succeeded as attempt 3", n, recs, err)
 		}
 	})
 }

@@ -484,7 +484,9 @@ func (d *dispatcher) runToEnd(ctx context.Context, j *jobState, cl *claim.Claim,
 			return status
 		}
 		var err error
-		for cl, err = d.claim(ctx, cl.Run); errors.Is(err, claim.ErrHeld); cl, err = d.claim(ctx, cl.Run) {
+		// Asked as the first attempt was (claimUnwatched): a lost answer
+		// must not leave the retry's grant live.
+		for cl, err = d.claimUnwatched(ctx, cl.Run); errors.Is(err, claim.ErrHeld); cl, err = d.claimUnwatched(ctx, cl.Run) {
 			if !sleep(ctx, 20*time.Millisecond) {
 				return status
 			}
