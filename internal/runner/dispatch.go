@@ -675,6 +675,37 @@ func (j *jobState) earlierLive(at time.Time) (n int, watched []time.Time) {
 	return n, watched
 }
 
+// hold records cl, granted at grantedAt on the backend's clock, as
+// executed here until the function it returns is called.
+func (j *jobState) hold(cl *claim.Claim, grantedAt time.Time) (drop func()) {
+	id := cl.ID()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.held[id] = claim.Record{RunID: id, Job: cl.Run.Job, At: cl.Run.At, Status: claim.Running, Holder: cl.Holder,
+		Fence: cl.Fence, Attempt: cl.Attempt, StartedAt: grantedAt}
+	return func() {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		if j.held[id].Fence == cl.Fence {
+			delete(j.held, id)
+		}
+	}
+}
+
+// heldHere returns the runs of j this replica executes (see hold).
+func (j *jobState) heldHere() []claim.Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.held) == 0 {
+		return nil
+	}
+	out := make([]claim.Record, 0, len(j.held))
+	for _, rec := range j.held {
+		out = append(out, rec)
+	}
+	return out
+}
+
 // isLive reports whether j's run at executes or is watched here.
 func (j *jobState) isLive(at time.Time) bool {
 	j.mu.Lock()

@@ -44,6 +44,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	// backend, and miss a takeover granted in between that comes first
 	// (see owners).
 	grantedAt := cl.Deadline.Add(-cl.Lease)
+	defer j.hold(cl, grantedAt)() // counted by this replica's overlap probes until it ends
 	replied := time.Now()
 	backendNow := func() time.Time { return grantedAt.Add(time.Since(replied)) }
 
@@ -294,6 +295,7 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 		recs, err := d.reads.history(pctx, j.Name, limit)
 		cancel()
 		if err == nil {
+			recs = withHeldHere(recs, j, cl)
 			now := backendNow()
 			// Every replica must order two runs alike, so this run's own
 			// record, which they read too, places it where it is found;
@@ -339,6 +341,34 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// withHeldHere adds to recs, a page of j's newest runs, the runs of j
+// this replica executes (other than cl) that the page does not list. The
+// page may miss a live run: a run whose holder died, and whose lease
+// lapsed, does not keep later instants from running, and once taken over
+// it is live again behind runs that ran and ended, deeper than the probe
+// reads (explorer seed 61163: two takeovers on one replica, the older
+// beyond the newer's page, started side by side). Such a run is counted
+// at least where it executes. Its record is the grant's: live until it
+// ends here (a lost lease ends it soon after), placed by its grant.
+func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Record {
+	held := j.heldHere()
+	if len(held) == 0 {
+		return recs
+	}
+	listed := make(map[string]bool, len(recs))
+	for _, rec := range recs {
+		listed[rec.RunID] = true
+	}
+	id := cl.ID()
+	for _, rec := range held {
+		if rec.RunID != id && !listed[rec.RunID] {
+			rec.LeaseUntil = time.Unix(1<<40, 0) // held: renewed until it ends here
+			recs = append(recs, rec)
+		}
+	}
+	return recs
 }
 
 func callHandler(ctx context.Context, h job.Handler, run job.Run) (err error) {

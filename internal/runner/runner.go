@@ -188,6 +188,10 @@ type jobState struct {
 	// misfire decision runs (the look-back instant, run-all's catch-up),
 	// by unix ns (see granted).
 	lateAtStart map[int64]bool
+	// held records, by run id, the runs of j this replica executes (won,
+	// waiting for their turn or running), as the overlap probe must count
+	// them (see owners).
+	held map[string]claim.Record
 }
 
 // New validates the jobs and options and returns a Runner.
@@ -227,7 +231,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 		if j.Backoff > 0 {
 			j.MaxBackoff = max(cmp.Or(j.MaxBackoff, 10*time.Minute), j.Backoff)
 		}
-		r.jobs = append(r.jobs, &jobState{Job: j, live: map[int64][2]int{}})
+		r.jobs = append(r.jobs, &jobState{Job: j, live: map[int64][2]int{}, held: map[string]claim.Record{}})
 	}
 	return r, nil
 }
