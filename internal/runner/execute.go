@@ -322,7 +322,8 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 				}
 			}
 			if len(recs) == limit && limit < maxOwnerProbe {
-				if oldest := recs[len(recs)-1].Status; oldest != claim.Succeeded && oldest != claim.Failed {
+				if oldest := recs[len(recs)-1]; oldest.Status != claim.Succeeded && oldest.Status != claim.Failed ||
+					watchedBeyond(j, cl, oldest.At) {
 					limit *= 8
 					continue
 				}
@@ -348,9 +349,9 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 // page may miss a live run: a run whose holder died, and whose lease
 // lapsed, does not keep later instants from running, and once taken over
 // it is live again behind runs that ran and ended, deeper than the probe
-// reads (explorer seed 61163: two takeovers on one replica, the older
-// beyond the newer's page, started side by side). Such a run is counted
-// at least where it executes. Its record is the grant's: live until it
+// reads (explorer seed 61163: two takeovers, the older beyond the newer's
+// page, started side by side). Such a run is counted where it executes,
+// and found where it is watched (watchedBeyond). Its record is the grant's: live until it
 // ends here (a lost lease ends it soon after), placed by its grant.
 func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Record {
 	held := j.heldHere()
@@ -369,6 +370,24 @@ func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Rec
 		}
 	}
 	return recs
+}
+
+// watchedBeyond reports whether this replica stands by for a run of j
+// before cl's that is older than oldest, the oldest run of the page the
+// probe read: a run held elsewhere that the page does not reach. Behind
+// runs that ran and ended is where a run taken over after its lease
+// lapsed lives on (see withHeldHere); where this replica watches it, the
+// probe reads deeper and finds its record, placed as its holder places
+// it, rather than count it blindly (which could have two runs wait for
+// each other).
+func watchedBeyond(j *jobState, cl *claim.Claim, oldest time.Time) bool {
+	_, watched := j.earlierLive(cl.Run.At)
+	for _, at := range watched {
+		if at.Before(oldest) {
+			return true
+		}
+	}
+	return false
 }
 
 func callHandler(ctx context.Context, h job.Handler, run job.Run) (err error) {
