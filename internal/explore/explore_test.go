@@ -1,13 +1,11 @@
 package explore
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -31,7 +29,7 @@ var (
 // the seed and trace of each violation.
 func explored(t *testing.T, cfg Config) *Result {
 	t.Helper()
-	var runnerLog lockedBuffer
+	var runnerLog testenv.Logs
 	if *trace != "" && *logs && cfg.Log == nil {
 		cfg.Log = &runnerLog
 	}
@@ -44,31 +42,13 @@ func explored(t *testing.T, cfg Config) *Result {
 		writeTrace(t, "memory", res)
 		if cfg.Log == &runnerLog {
 			name := filepath.Join(*trace, fmt.Sprintf("memory-%d.log", res.Seed))
-			if err := os.WriteFile(name, runnerLog.Bytes(), 0o644); err != nil {
+			if err := os.WriteFile(name, []byte(runnerLog.String()), 0o644); err != nil {
 				t.Errorf("runner log: %v", err)
 			}
 			t.Logf("runner log: %s", name)
 		}
 	}
 	return res
-}
-
-// lockedBuffer is a bytes.Buffer the replicas' loggers share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
 }
 
 // writeTrace writes res's whole history to the -explore.trace directory,

@@ -109,11 +109,21 @@ func TestReplaceBesideALateTakeover(t *testing.T) {
 // explorer's goroutines interleave differently from run to run): hence
 // eight runs here, which all passed before the fix one time in 256.
 func TestAGrantLandingAfterItsSendersRestartIsTakenOverWhilePaused(t *testing.T) {
+	replaySeed(t, 41429, 8, false)
+}
+
+// replaySeed runs seed runs times, each a subtest (in parallel with the
+// others if parallel): the explorer's goroutines interleave differently
+// from run to run, so a seed that broke a guarantee did so in some runs.
+func replaySeed(t *testing.T, seed uint64, runs int, parallel bool) {
 	testenv.CPUHeavy(t)
 	oneProc(t)
-	for i := range 8 {
+	for i := range runs {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: 41429}) })
+			if parallel {
+				t.Parallel()
+			}
+			synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed}) })
 		})
 	}
 }
@@ -129,13 +139,7 @@ func TestAGrantLandingAfterItsSendersRestartIsTakenOverWhilePaused(t *testing.T)
 // was its own unanswered bid: nobody watched the lease, and the run was
 // abandoned (history.Abandoned) in every run of the seed.
 func TestAGrantWhoseReplyWasLostWhileRecordingMissedIsWatched(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
-	for i := range 4 {
-		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: 51737}) })
-		})
-	}
+	replaySeed(t, 51737, 4, false)
 }
 
 // TestATakeoverBuriedBehindEndedRunsIsStillSeen pins seed 61163 (found by
@@ -152,12 +156,5 @@ func TestAGrantWhoseReplyWasLostWhileRecordingMissedIsWatched(t *testing.T) {
 // run the page does not reach; forty runs, which all passed before the
 // fix about one time in twenty-three.
 func TestATakeoverBuriedBehindEndedRunsIsStillSeen(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
-	for i := range 40 {
-		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			t.Parallel()
-			synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: 61163}) })
-		})
-	}
+	replaySeed(t, 61163, 40, true)
 }

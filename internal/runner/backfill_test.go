@@ -171,53 +171,43 @@ func TestBackfillTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
 	})
 }
 
-// So does a trigger: its manual instant is its own, so the run found
-// held after the lost answer can only be its own grant.
+// So does a trigger, and a trigger's retry: a trigger's manual instant is
+// its own, so the run found held after the lost answer can only be its
+// own grant, taken over as the next attempt and run, not left live.
 func TestTriggerTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		store := memory.NewStore(nil)
-		var ran atomic.Int32
-		jobs := []runner.Job{{Name: "report", Schedule: mustSchedule(t, "0 0 * * * *"),
-			Handler: func(ctx context.Context, run job.Run) error { ran.Add(1); return nil }}}
-		r, err := runner.New(runner.Options{Claimer: &replyLost{Claimer: memory.New(store, "cli")}, Instance: "cli",
-			Lease: 3 * time.Second}, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st, err := r.Trigger(context.Background(), "report"); err != nil || st != claim.Succeeded {
-			t.Fatalf("trigger: %q, %v; want succeeded", st, err)
-		}
-		recs, err := memory.New(store, "reader").History(context.Background(), "report", 0)
-		if n := ran.Load(); n != 1 || err != nil || len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Attempt != 2 {
-			t.Fatalf("ran %d times, history %+v, %v: want once, one run succeeded as attempt 2", n, recs, err)
-		}
-	})
-}
-
-// And so does a trigger's retry: the second attempt's grant, its answer
-// lost, is taken over as the third and run, not left live.
-func TestATriggeredRetryTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		store := memory.NewStore(nil)
-		var ran atomic.Int32
-		jobs := []runner.Job{{Name: "report", Schedule: mustSchedule(t, "0 0 * * * *"), MaxAttempts: 5, Backoff: time.Second,
-			Handler: func(ctx context.Context, run job.Run) error {
-				if ran.Add(1) == 1 {
-					return errors.New("first attempt fails")
+	for _, tc := range []struct {
+		name         string
+		lose         int32 // which grant's answer is lost
+		failFirst    bool
+		ran, attempt int
+	}{
+		{name: "first attempt", lose: 1, ran: 1, attempt: 2},
+		{name: "retry", lose: 2, failFirst: true, ran: 2, attempt: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memory.NewStore(nil)
+				var ran atomic.Int32
+				jobs := []runner.Job{{Name: "report", Schedule: mustSchedule(t, "0 0 * * * *"), MaxAttempts: 5, Backoff: time.Second,
+					Handler: func(ctx context.Context, run job.Run) error {
+						if ran.Add(1) == 1 && tc.failFirst {
+							return errors.New("first attempt fails")
+						}
+						return nil
+					}}}
+				r, err := runner.New(runner.Options{Claimer: &replyLost{Claimer: memory.New(store, "cli"), lose: tc.lose},
+					Instance: "cli", Lease: 3 * time.Second}, jobs)
+				if err != nil {
+					t.Fatal(err)
 				}
-				return nil
-			}}}
-		r, err := runner.New(runner.Options{Claimer: &replyLost{Claimer: memory.New(store, "cli"), lose: 2}, Instance: "cli",
-			Lease: 3 * time.Second}, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st, err := r.Trigger(context.Background(), "report"); err != nil || st != claim.Succeeded {
-			t.Fatalf("trigger: %q, %v; want succeeded", st, err)
-		}
-		recs, err := memory.New(store, "reader").History(context.Background(), "report", 0)
-		if n := ran.Load(); n != 2 || err != nil || len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Attempt != 3 {
-			t.Fatalf("ran %d times, history %+v, %v: want twice, one run succeeded as attempt 3", n, recs, err)
-		}
-	})
+				if st, err := r.Trigger(context.Background(), "report"); err != nil || st != claim.Succeeded {
+					t.Fatalf("trigger: %q, %v; want succeeded", st, err)
+				}
+				recs, err := memory.New(store, "reader").History(context.Background(), "report", 0)
+				if n := ran.Load(); int(n) != tc.ran || err != nil || len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Attempt != tc.attempt {
+					t.Fatalf("ran %d times, history %+v, %v: want %d, one run succeeded as attempt %d", n, recs, err, tc.ran, tc.attempt)
+				}
+			})
+		})
+	}
 }
