@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -292,6 +293,55 @@ func TestAScheduleWithNoFurtherInstantLeavesTheLoop(t *testing.T) {
 		}
 		if n := strings.Count(logs.String(), `"msg":"schedule exhausted"`); n != 1 {
 			t.Fatalf("%d schedule exhausted warnings, want 1:\n%s", n, logs)
+		}
+	})
+}
+
+// A replica that starts finds a live run behind more than a page of the
+// instants it held back: a long run of a forbid job whose holder died
+// after twenty later instants were recorded skipped, while this replica
+// was down, is taken over and run, not left live for good.
+func TestStartUpFindsALiveRunBehindTheInstantsItHeldBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		ctx := context.Background()
+		start := time.Now().UTC().Truncate(time.Minute).Add(time.Minute)
+		time.Sleep(time.Until(start.Add(500 * time.Millisecond)))
+		long := claim.Run{Job: "sec", At: start}
+		dead := memory.New(store, "dead")
+		if _, err := claim.ClaimOne(ctx, dead, long, 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		other := memory.New(store, "other")
+		for i := 1; i <= 20; i++ {
+			cl, err := claim.ClaimOne(ctx, other, claim.Run{Job: "sec", At: start.Add(time.Duration(i) * time.Second)}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := claim.ReleaseOne(ctx, other, cl, claim.Skipped); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Until(start.Add(21*time.Second + 500*time.Millisecond))) // the holder's lease has lapsed
+		var mu sync.Mutex
+		ran := map[time.Time]int{}
+		jobs := []runner.Job{{Name: "sec", Schedule: mustSchedule(t, "* * * * * *"),
+			Handler: func(ctx context.Context, run job.Run) error {
+				mu.Lock()
+				ran[run.ScheduledAt.UTC()]++
+				mu.Unlock()
+				return nil
+			}}}
+		rs := startReplicas(t, store, newLedger(), jobs, "b")
+		time.Sleep(10 * time.Second)
+		stopAll(rs)
+		mu.Lock()
+		defer mu.Unlock()
+		if n := ran[start]; n != 1 {
+			t.Fatalf("the live run at %s ran %d times after start-up, want once (taken over)", start.Format(time.TimeOnly), n)
+		}
+		if st := statuses(t, store, "sec")[start]; st != claim.Succeeded {
+			t.Fatalf("the live run ended %q, want succeeded", st)
 		}
 	})
 }

@@ -247,8 +247,11 @@ func (d *dispatcher) firstAnswer(ctx, execCtx context.Context, f *firstBid, cl *
 }
 
 // recoverProbe is how many recent runs of each job the start-up recovery
-// reads. A run left live by a holder that died while no replica was up
-// is among its job's latest: nobody dispatched the instants after it.
+// reads first. A run left live by a holder that died while no replica was
+// up is among its job's latest (nobody dispatched the instants after
+// it), or behind the instants it held back while it lived, recorded
+// skipped or missed: recover reads on past those, eight times deeper at
+// a time, up to maxOwnerProbe.
 const recoverProbe = 16
 
 // recover finds, at start-up, the runs the backend still records as live
@@ -276,7 +279,18 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 			hists, err := claim.Histories(hctx, r.opts.Claimer, qs)
 			cancel()
 			if err == nil {
+				var deeper []*jobState
+				var deeperQs []claim.HistoryQuery
 				for i, j := range chunk {
+					if h := hists[i]; len(h) == qs[i].Limit && qs[i].Limit < maxOwnerProbe && !ranAndEnded(h[len(h)-1]) {
+						// A run can stay live behind the instants skipped or
+						// missed while it lived (a long run held them back
+						// while this replica was down): read deeper, as the
+						// overlap probe does, or it is left to nobody.
+						deeper = append(deeper, j)
+						deeperQs = append(deeperQs, claim.HistoryQuery{Job: j.Name, Limit: 8 * qs[i].Limit})
+						continue
+					}
 					d.startupHistory(ctx, execCtx, j, hists[i], now)
 					for _, rec := range hists[i] {
 						if rec.Status.Live() && !rec.At.After(now) {
@@ -284,7 +298,11 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 						}
 					}
 				}
-				break
+				if len(deeper) == 0 {
+					break
+				}
+				chunk, qs = deeper, deeperQs
+				continue
 			}
 			if ctx.Err() != nil {
 				return
@@ -303,6 +321,13 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 			}
 		}
 	}
+}
+
+// ranAndEnded reports whether rec is a run that ran and ended (succeeded
+// or failed): no run older than it can have lived on unseen behind it but
+// a takeover granted after it ended (see withHeldHere).
+func ranAndEnded(rec claim.Record) bool {
+	return rec.Status == claim.Succeeded || rec.Status == claim.Failed
 }
 
 // overlaps reports whether an earlier run of j still holds a claim.

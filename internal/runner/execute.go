@@ -322,8 +322,7 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 				}
 			}
 			if len(recs) == limit && limit < maxOwnerProbe {
-				if oldest := recs[len(recs)-1]; oldest.Status != claim.Succeeded && oldest.Status != claim.Failed ||
-					watchedBeyond(j, cl, oldest.At) {
+				if oldest := recs[len(recs)-1]; !ranAndEnded(oldest) || watchedBeyond(j, cl, oldest.At) {
 					limit *= 8
 					continue
 				}
