@@ -717,16 +717,17 @@ func (j *jobState) hold(cl *claim.Claim, grantedAt time.Time) (drop func()) {
 	}
 }
 
-// heldHere returns the runs of j this replica executes (see hold).
-func (j *jobState) heldHere() []claim.Record {
+// heldHere returns the runs of j this replica executes (see hold) but
+// the one whose id is except; nil, without allocating, when there are
+// none (every probe asks, and most runs are their job's only one here).
+func (j *jobState) heldHere(except string) []claim.Record {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if len(j.held) == 0 {
-		return nil
-	}
-	out := make([]claim.Record, 0, len(j.held))
-	for _, rec := range j.held {
-		out = append(out, rec)
+	var out []claim.Record
+	for id, rec := range j.held {
+		if id != except {
+			out = append(out, rec)
+		}
 	}
 	return out
 }

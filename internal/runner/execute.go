@@ -350,10 +350,11 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 // it is live again behind runs that ran and ended, deeper than the probe
 // reads (explorer seed 61163: two takeovers, the older beyond the newer's
 // page, started side by side). Such a run is counted where it executes,
-// and found where it is watched (watchedBeyond). Its record is the grant's: live until it
-// ends here (a lost lease ends it soon after), placed by its grant.
+// and found where it is watched (watchedBeyond). Its record is the
+// grant's: live until it ends here (a lost lease ends it soon after),
+// placed by its grant.
 func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Record {
-	held := j.heldHere()
+	held := j.heldHere(cl.ID())
 	if len(held) == 0 {
 		return recs
 	}
@@ -361,9 +362,8 @@ func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Rec
 	for _, rec := range recs {
 		listed[rec.RunID] = true
 	}
-	id := cl.ID()
 	for _, rec := range held {
-		if rec.RunID != id && !listed[rec.RunID] {
+		if !listed[rec.RunID] {
 			rec.LeaseUntil = time.Unix(1<<40, 0) // held: renewed until it ends here
 			recs = append(recs, rec)
 		}
