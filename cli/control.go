@@ -338,11 +338,14 @@ func (e *env) backfill(args []string) int {
 		fmt.Fprintf(e.stdout, "%s: %d instants from %s to %s; %s %d, kept %d that ran; %d succeeded, %d failed, %d done or held elsewhere, %d errors\n",
 			name, sum.Instants, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339), verb, sum.Planned, sum.Kept,
 			sum.Succeeded, sum.Failed, sum.Elsewhere, sum.Errors)
+		if sum.Interrupted > 0 {
+			fmt.Fprintf(e.stdout, "%d interrupted mid-run and handed back: run the same backfill again to resume them\n", sum.Interrupted)
+		}
 	}
 	switch {
 	case err != nil:
 		return e.fail("backfill %s: %v", name, err)
-	case sum.Failed > 0 || sum.Errors > 0:
+	case sum.Failed > 0 || sum.Interrupted > 0 || sum.Errors > 0:
 		return ExitRuntime
 	}
 	return ExitOK

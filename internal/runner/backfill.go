@@ -16,6 +16,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/job"
 )
 
 // Rerun policies of a backfill: which instants that have a record it runs
@@ -52,7 +53,13 @@ type BackfillOptions struct {
 const (
 	ActionRun   = "run"   // the instant never started
 	ActionRerun = "rerun" // it did, and the rerun policy runs it again
-	ActionKeep  = "keep"  // it did, or is running: left alone
+	ActionKeep  = "keep"  // it did: left alone
+	// ActionResume: it is recorded live (running, or handed back
+	// interrupted), which no replica watches once its instant is past (a
+	// backfill killed or stopped while it ran it): contended for, taken
+	// over and run here once its holder's lease lapsed, left to a holder
+	// that still renews it.
+	ActionResume = "resume"
 )
 
 // BackfillItem is one instant of a backfill.
@@ -74,10 +81,13 @@ type BackfillSummary struct {
 	Planned   int    `json:"planned"` // to run or rerun
 	Settled   int    `json:"settled"` // planned ones settled so far
 	Succeeded int    `json:"succeeded"`
-	Failed    int    `json:"failed"`    // failed, timed out or lost its lease
-	Elsewhere int    `json:"elsewhere"` // done or held by another process
-	Errors    int    `json:"errors"`
-	Kept      int    `json:"kept"`
+	Failed    int    `json:"failed"` // failed, timed out or lost its lease
+	// Interrupted: stopped here before they ended (the backfill was),
+	// handed back live; a backfill run again resumes them.
+	Interrupted int `json:"interrupted"`
+	Elsewhere   int `json:"elsewhere"` // done or held by another process
+	Errors      int `json:"errors"`
+	Kept        int `json:"kept"`
 }
 
 // Backfill runs the instants of job name between o.From and o.To that the
@@ -139,6 +149,13 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	d := r.dispatcher(&wg, &wg)
+	// A backfill stopped mid-run (SIGTERM, Ctrl-C: ctx ends) hands its
+	// runs back interrupted, as a replica's shutdown does: recorded
+	// failed, a backfill run again would keep them (ActionKeep) though
+	// they never finished; handed back, it resumes them (ActionResume).
+	execCtx, stopExec := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopExec(nil)
+	defer context.AfterFunc(ctx, func() { stopExec(job.ErrShutdown) })()
 	var mu sync.Mutex
 	sem := make(chan struct{}, max(o.MaxConcurrent, 1))
 	var runs sync.WaitGroup
@@ -157,7 +174,7 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 		runs.Go(func() {
 			defer func() { <-sem }()
 			run, _ := claim.ParseID(it.RunID)
-			status, err := d.backfillOne(ctx, j, run)
+			status, err := d.backfillOne(ctx, execCtx, j, run, it.Action == ActionResume)
 			mu.Lock()
 			defer mu.Unlock()
 			it.Status = status
@@ -170,6 +187,8 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 				sum.Succeeded++
 			case status == "done" || status == "held":
 				sum.Elsewhere++
+			case status == string(claim.Interrupted):
+				sum.Interrupted++
 			default:
 				sum.Failed++
 			}
@@ -182,9 +201,11 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 	return plan, sum, ctx.Err()
 }
 
-// backfillOne claims run and executes it here if won.
-func (d *dispatcher) backfillOne(ctx context.Context, j *jobState, run claim.Run) (string, error) {
-	cl, err := d.claimUnwatched(ctx, run)
+// backfillOne claims run and executes it here, under execCtx, if won.
+// live: the run is recorded live (ActionResume), and a holder found is
+// waited out.
+func (d *dispatcher) backfillOne(ctx, execCtx context.Context, j *jobState, run claim.Run, live bool) (string, error) {
+	cl, err := d.claimUnwatched(ctx, run, live)
 	switch {
 	case errors.Is(err, claim.ErrDone):
 		return "done", nil
@@ -193,7 +214,7 @@ func (d *dispatcher) backfillOne(ctx context.Context, j *jobState, run claim.Run
 	case err != nil:
 		return "error", err
 	}
-	return string(d.runToEnd(ctx, j, cl, admitAlways)), nil
+	return string(d.runToEnd(ctx, execCtx, j, cl, admitAlways)), nil
 }
 
 // claimUnwatched claims run for work done here and now (a backfill, a
@@ -210,10 +231,19 @@ func (d *dispatcher) backfillOne(ctx context.Context, j *jobState, run claim.Run
 // never renewed): released, it is done; lapsed, it is taken over and
 // granted here. A backend out of reach for three such windows still ends
 // in an error.
-func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run) (*claim.Claim, error) {
+//
+// held says the run was recorded live before this call: its holder may
+// have died (a backfill killed while it ran it), and nothing else would
+// take it over. It is asked for in the same way from the start, as if a
+// bid had just been lost: a holder that still renews it after the window
+// keeps it (ErrHeld).
+func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held bool) (*claim.Claim, error) {
 	r := d.r
 	window := r.opts.Lease + 2*r.opts.MaxClockSkew
 	var firstLost, lastLost time.Time
+	if held {
+		lastLost = time.Now()
+	}
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
 		cl, err := d.claim(ctx, run)
@@ -277,7 +307,7 @@ func (r *Runner) planBackfill(ctx context.Context, j *jobState, instants []time.
 		case !ok:
 			it.Action = ActionRun
 		case l.status.Live():
-			// Running, or handed back: the fleet takes it over.
+			it.Action = ActionResume
 		case l.status == claim.Missed || rerun == RerunAll ||
 			(rerun == RerunFailed && l.status == claim.Failed):
 			if l.k+1 >= maxReruns {

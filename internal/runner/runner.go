@@ -469,20 +469,22 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	d := r.dispatcher(&wg, &wg)
 	// ctx is both the claim's and the execution's: Trigger has no
 	// shutdown grace of its own.
-	cl, err := d.claimUnwatched(ctx, claim.Run{Job: name, At: at})
+	cl, err := d.claimUnwatched(ctx, claim.Run{Job: name, At: at}, false)
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	return d.runToEnd(ctx, j, cl, admitByPolicy), ctx.Err()
+	return d.runToEnd(ctx, ctx, j, cl, admitByPolicy), ctx.Err()
 }
 
-// runToEnd executes cl here under ctx (as both Run's and the execution's
-// context: Trigger and Backfill have no shutdown grace of their own) and,
+// runToEnd executes cl here, ctx as Run's context and execCtx as the
+// execution's (Trigger and Backfill have no shutdown grace of their own:
+// Trigger passes ctx twice, so its run ends as the handler's error says;
+// Backfill hands its runs back interrupted when ctx ends) and,
 // if the handler failed and the job retries, runs each retry here too once
 // its backoff has passed, so the caller learns how the run ended: nothing
 // else stands by for a run outside the schedule.
-func (d *dispatcher) runToEnd(ctx context.Context, j *jobState, cl *claim.Claim, mode admission) claim.Status {
-	status := d.execute(ctx, ctx, j, cl, mode)
+func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission) claim.Status {
+	status := d.execute(ctx, execCtx, j, cl, mode)
 	for status == claim.Retrying {
 		if !sleep(ctx, j.backoff(cl.Attempt)) {
 			return status
@@ -490,7 +492,7 @@ func (d *dispatcher) runToEnd(ctx context.Context, j *jobState, cl *claim.Claim,
 		var err error
 		// Asked as the first attempt was (claimUnwatched): a lost answer
 		// must not leave the retry's grant live.
-		for cl, err = d.claimUnwatched(ctx, cl.Run); errors.Is(err, claim.ErrHeld); cl, err = d.claimUnwatched(ctx, cl.Run) {
+		for cl, err = d.claimUnwatched(ctx, cl.Run, false); errors.Is(err, claim.ErrHeld); cl, err = d.claimUnwatched(ctx, cl.Run, false) {
 			if !sleep(ctx, 20*time.Millisecond) {
 				return status
 			}
@@ -498,7 +500,7 @@ func (d *dispatcher) runToEnd(ctx context.Context, j *jobState, cl *claim.Claim,
 		if err != nil { // done elsewhere, or the backend is out of reach
 			return status
 		}
-		status = d.execute(ctx, ctx, j, cl, mode)
+		status = d.execute(ctx, execCtx, j, cl, mode)
 	}
 	return status
 }

@@ -1,0 +1,111 @@
+package main_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+)
+
+// A backfill process killed (SIGKILL) or stopped (SIGTERM) while its runs
+// worked leaves past instants live that no replica's schedule watches.
+// Running the same backfill again finishes them: each is taken over (once
+// its dead holder's lease lapsed, or at once when it was handed back) and
+// runs to success as attempt 2, and nothing else runs.
+func TestABackfillRunAgainFinishesWhatAKilledOneLeft(t *testing.T) {
+	testenv.WallClock(t)
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			db := filepath.Join(testenv.FastDir(t), "shared.db")
+			// The first backfill's sleeps last an hour: it is stopped
+			// mid-run. The second runs with sleeps of 100ms.
+			conf := func(name, duration string) string {
+				p := filepath.Join(dir, name+".yaml")
+				body := `instance_id: ${REPLICA:-operator}
+claimer:
+  kind: sqlite
+  sqlite:
+    path: ` + db + `
+  lease: 2s
+` + replicaSettings + `jobs:
+  example.sleep:
+    schedule: "0 * * * * *"
+    params:
+      duration: ` + duration + "\n"
+				if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			to := time.Now().UTC().Truncate(time.Minute).Add(-time.Minute)
+			from := to.Add(-2 * time.Minute)
+			args := func(config string) []string {
+				return []string{"backfill", "example.sleep", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339),
+					"--max-concurrent", "3", "--json", "--config", config}
+			}
+			lf, err := os.Create(filepath.Join(dir, "first.log"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lf.Close()
+			var firstOut bytes.Buffer
+			first := exec.Command(binary, args(conf("slow", "1h"))...)
+			first.Dir, first.Stdout, first.Stderr = dir, &firstOut, lf
+			if err := first.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan struct{})
+			go func() { _ = first.Wait(); close(exited) }()
+			t.Cleanup(func() { _ = first.Process.Kill(); <-exited })
+			started := map[string]bool{}
+			waitFor(t, "the first backfill to start its 3 runs", func() bool {
+				for _, e := range readEvents(t, dir, "first") {
+					if e.Msg == "run started" {
+						started[e.RunID] = true
+					}
+				}
+				return len(started) == 3
+			})
+			_ = first.Process.Signal(sig)
+			<-exited
+			var out struct {
+				Items   []runner.BackfillItem  `json:"items"`
+				Summary runner.BackfillSummary `json:"summary"`
+			}
+			if sig == syscall.SIGTERM {
+				// Stopped, it says what it left: handed back, not failed.
+				if err := json.Unmarshal(firstOut.Bytes(), &out); err != nil || out.Summary.Interrupted != 3 || out.Summary.Failed != 0 {
+					t.Fatalf("the stopped backfill reported %+v (%v), want its 3 runs interrupted, none failed\n%s", out.Summary, err, firstOut.String())
+				}
+			}
+
+			r := run(t, dir, args(conf("fast", "100ms"))...)
+			out.Items, out.Summary = nil, runner.BackfillSummary{}
+			if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || r.code != 0 {
+				t.Fatalf("second backfill: exit %d, %v\n%s\n%s", r.code, err, r.stdout, r.stderr)
+			}
+			if s := out.Summary; s.Instants != 3 || s.Planned != 3 || s.Succeeded != 3 || s.Kept != 0 {
+				t.Fatalf("second backfill: %+v, want the 3 instants the first left resumed and succeeded", s)
+			}
+			for _, it := range out.Items {
+				if it.Action != runner.ActionResume || !started[it.RunID] || it.Status != string(claim.Succeeded) {
+					t.Errorf("%+v: want a run the first backfill started, resumed and succeeded", it)
+				}
+			}
+			for _, rec := range history(t, dir, conf("fast", "100ms")) {
+				if rec.Status != claim.Succeeded || rec.Attempt != 2 || !started[rec.RunID] {
+					t.Errorf("%s: %s attempt %d, want each of the 3 instants succeeded as attempt 2", rec.RunID, rec.Status, rec.Attempt)
+				}
+			}
+		})
+	}
+}
