@@ -80,6 +80,11 @@ type Config struct {
 	Log io.Writer
 }
 
+// BackfillUnsettled is the violation of a backfill that, run again and
+// again until the history ended, never settled every instant of its
+// range (the other invariants are history.Check's).
+const BackfillUnsettled = "backfill-unsettled"
+
 // Result is one exploration's history and verdict.
 type Result struct {
 	Seed       uint64
@@ -91,6 +96,10 @@ type Result struct {
 	Violations []history.Violation
 	// Mixed is the second version of a job some replicas ran; nil: none.
 	Mixed *Mixed
+	// Backfills is how many backfills the operator ran (each until one
+	// run of it settled every instant), BackfillsDone how many settled
+	// before the history ended.
+	Backfills, BackfillsDone int
 }
 
 // Report renders the verdict: the plan, and each violation with its trace.
@@ -99,6 +108,9 @@ func (r *Result) Report() string {
 		r.Plan, r.Replicas, r.Expected, len(r.Events), len(r.Violations))
 	if r.Mixed != nil {
 		s += "\n" + r.Mixed.String()
+	}
+	if r.Backfills > 0 {
+		s += fmt.Sprintf("\nbackfills=%d settled=%d", r.Backfills, r.BackfillsDone)
 	}
 	for _, v := range r.Violations {
 		s += "\n  " + v.Format(r.T0)
@@ -181,6 +193,10 @@ type world struct {
 	// not come back): Run fails with it, since the history then did not
 	// see the faults it was meant to.
 	broken error
+	// backfillNames are the operator's backfill processes (backfill.go);
+	// backfillsDone counts the backfills one of whose runs settled.
+	backfillNames map[string]bool
+	backfillsDone int
 }
 
 // Run explores one seed and checks the history.
@@ -261,6 +277,10 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.Controls != nil {
 		w.wg.Go(func() { w.operate(ctx) })
 	}
+	backfills := w.drawBackfills()
+	for _, b := range backfills {
+		w.wg.Go(func() { w.runBackfill(ctx, b) })
+	}
 	sleepUntil(ctx, end)
 	cancel()
 	w.wg.Wait()
@@ -268,12 +288,14 @@ func Run(cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("seed %d: the plan could not be applied: %w", cfg.Seed, w.broken)
 	}
 
-	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed}
+	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed,
+		Backfills: len(backfills), BackfillsDone: w.backfillsDone}
 	// Every replica is up and healthy from heal on: a run granted before
 	// heal+lease has a holder that finishes, or a lease that lapses and
 	// a standby (or a restarted replica's recovery) that takes over.
 	settled := w.t0.Add(w.plan.Heal() + cfg.Lease)
-	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled}
+	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled,
+		Backfills: w.backfillNames}
 	for _, j := range w.jobs {
 		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
 			spec.Forbid[j.name] = true
@@ -281,6 +303,12 @@ func Run(cfg Config) (*Result, error) {
 	}
 	res.Expected = len(spec.Expected)
 	res.Violations = history.Check(res.Events, spec)
+	if res.BackfillsDone < res.Backfills {
+		// Run again after every fault healed, a backfill settles every
+		// instant of its range: one that could not left runs behind.
+		res.Violations = append(res.Violations, history.Violation{Invariant: BackfillUnsettled,
+			Detail: fmt.Sprintf("%d of %d backfills never settled their range, though run again until the end", res.Backfills-res.BackfillsDone, res.Backfills)})
+	}
 	return res, nil
 }
 

@@ -155,3 +155,42 @@ func TestRunSemanticsAreExplored(t *testing.T) {
 	t.Logf("over %d seeds: %d attempts failed and retried, %d retries started, %d buffer-one runs waited, %d runs replaced",
 		seeds, retries, retried, waited, replaced)
 }
+
+// TestBackfillsAreExplored guards the backfills' part of the sweep: the
+// operator's backfills run instants (and reruns) under the faults, some
+// are killed with their replica's host mid-run, and a backfill run again
+// resumes what one before it left live (a takeover, attempt > 1, by a
+// backfill process). That every backfill settles is each seed's
+// violation to report (BackfillUnsettled).
+func TestBackfillsAreExplored(t *testing.T) {
+	testenv.CPUHeavy(t)
+	oneProc(t)
+	var backfills, started, resumed, killed, seeds int
+	for seed := uint64(1); seed <= 200; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			res := explored(t, Config{Seed: seed})
+			seeds++
+			backfills += res.Backfills
+			for _, e := range res.Events {
+				if !strings.Contains(e.Replica, ".backfill") {
+					continue
+				}
+				switch {
+				case e.Kind == history.Start && e.Attempt > 1:
+					resumed++
+					fallthrough
+				case e.Kind == history.Start:
+					started++
+				case e.Kind == history.Crash:
+					killed++
+				}
+			}
+		})
+	}
+	if backfills < seeds/4 || started < seeds/2 || resumed < 5 || killed < 5 {
+		t.Fatalf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run; backfills are not exercised",
+			seeds, backfills, started, resumed, killed)
+	}
+	t.Logf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run",
+		seeds, backfills, started, resumed, killed)
+}

@@ -21,8 +21,12 @@ type replica struct {
 	idx int
 	id  string
 
-	mu        sync.Mutex
-	gen       int // incarnation
+	mu  sync.Mutex
+	gen int             // incarnation
+	ctx context.Context // the incarnation's: ends when it crashes or terminates
+	// backfills names the operator's backfills running on this replica's
+	// host (backfill.go): a crash of the replica kills them too.
+	backfills map[string]bool
 	deadGen   int // incarnations up to this one crashed
 	stopped   chan struct{}
 	cancel    context.CancelFunc
@@ -45,7 +49,7 @@ func (r *replica) life(ctx context.Context) {
 		stopped := make(chan struct{})
 		r.stopped = stopped
 		rctx, cancel := context.WithCancel(ctx)
-		r.cancel = cancel
+		r.cancel, r.ctx = cancel, rctx
 		r.mu.Unlock()
 
 		inner, err := r.w.cfg.Open(r.id)
@@ -56,7 +60,7 @@ func (r *replica) life(ctx context.Context) {
 			}
 			continue
 		}
-		c := &faulty{r: r, gen: gen, inner: inner}
+		c := &faulty{r: r, gen: gen, inner: inner, name: r.id}
 		opts := runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
 			Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, ShutdownGrace: time.Second,
 			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })}
@@ -114,6 +118,9 @@ func (r *replica) apply(op nemesis.Op, until time.Time) {
 		if op.Kind == nemesis.Crash {
 			r.deadGen = r.gen
 			r.w.log.Add(history.Event{Kind: history.Crash, Replica: r.id})
+			for name := range r.backfills {
+				r.w.log.Add(history.Event{Kind: history.Crash, Replica: name})
+			}
 		}
 		close(r.stopped)
 		r.cancel()
@@ -218,11 +225,13 @@ func (r *replica) healthy(t0, from, to time.Time) bool {
 
 // faulty is one incarnation's claimer: the shared store as the faults
 // let this replica see it. What reaches the store is logged as a fact,
-// whether or not its reply gets back.
+// whether or not its reply gets back, under name: the replica's id, or a
+// backfill's that runs on its host.
 type faulty struct {
 	r     *replica
 	gen   int
 	inner claim.Claimer
+	name  string
 }
 
 // call applies the replica's faults around apply, which reaches the store
@@ -330,7 +339,7 @@ func (f *faulty) Renew(ctx context.Context, c *claim.Claim, lease time.Duration)
 		err := f.inner.Renew(ctx, &r, lease)
 		if err == nil {
 			r.Requested = sent // see Claim
-			f.r.w.log.Renewed(f.r.id, &r)
+			f.r.w.log.Renewed(f.name, &r)
 		}
 		return r, err
 	})
@@ -368,7 +377,7 @@ func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duratio
 				cl.Requested = sent
 			}
 		}
-		f.r.w.log.Claimed(f.r.id, sent, cls, errs)
+		f.r.w.log.Claimed(f.name, sent, cls, errs)
 		return batchReply{cls, errs}, nil
 	})
 	if err != nil {
@@ -385,7 +394,7 @@ func (f *faulty) Release(ctx context.Context, cls []*claim.Claim, outs []claim.S
 	errs, err := call(f, ctx, func(ctx context.Context) ([]error, error) {
 		sent := time.Now()
 		errs := f.inner.Release(ctx, cls, outs)
-		f.r.w.log.Released(f.r.id, sent, cls, outs, errs)
+		f.r.w.log.Released(f.name, sent, cls, outs, errs)
 		return errs, nil
 	})
 	if err != nil {

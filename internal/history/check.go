@@ -46,6 +46,14 @@ type Spec struct {
 	// run id that drifted off its instant (jitter added to it, a zone
 	// applied twice) is caught rather than run beside the real one.
 	Scheduled func(claim.Run) bool
+	// Backfills names the processes that ran backfills. A backfill
+	// ignores the jobs' overlap policy by design (an operator's explicit
+	// request for past instants), and a run it started is a backfilled
+	// run wherever it goes on (a replica's takeover of it included): so
+	// their executions, and those of runs a backfill was granted first,
+	// are left out of job-overlap. Every other invariant holds for them
+	// as for any run.
+	Backfills map[string]bool
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -320,9 +328,16 @@ func (c *checker) executions(events []Event) {
 	done = slices.DeleteFunc(done, func(x *execution) bool { return !x.stop.After(x.start) })
 	slices.SortFunc(done, func(a, b *execution) int { return a.start.Compare(b.start) })
 	c.overlaps(done, func(x *execution) string { return x.run.ID() }, RunOverlap)
+	backfilled := map[string]bool{} // runs a backfill was granted first
+	for _, h := range c.order {
+		id := h.grant.Run.ID()
+		if _, seen := backfilled[id]; !seen {
+			backfilled[id] = c.spec.Backfills[h.grant.Replica]
+		}
+	}
 	var forbidden []*execution
 	for _, x := range done {
-		if c.spec.Forbid[x.run.Job] {
+		if c.spec.Forbid[x.run.Job] && !c.spec.Backfills[x.replica] && !backfilled[x.run.ID()] {
 			forbidden = append(forbidden, x)
 		}
 	}

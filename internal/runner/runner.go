@@ -479,27 +479,37 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 // runToEnd executes cl here, ctx as Run's context and execCtx as the
 // execution's (Trigger and Backfill have no shutdown grace of their own:
 // Trigger passes ctx twice, so its run ends as the handler's error says;
-// Backfill hands its runs back interrupted when ctx ends) and,
-// if the handler failed and the job retries, runs each retry here too once
-// its backoff has passed, so the caller learns how the run ended: nothing
-// else stands by for a run outside the schedule.
+// Backfill hands its runs back interrupted when ctx ends) and, so the
+// caller learns how the run ended, carries it on here when nothing else
+// would: nothing stands by for a run outside the schedule.
+//   - A handler that failed, of a job that retries, is retried here once
+//     its backoff has passed.
+//   - A run whose lease was lost under it (renewals that could not reach
+//     the backend, a paused process) was handed back live, or its lease
+//     lapses: it is asked for again, as after a lost answer, and taken
+//     over and run here as the next attempt, unless it is found done, or
+//     still held after a lease (another process resumed it).
 func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission) claim.Status {
 	status := d.execute(ctx, execCtx, j, cl, mode)
-	for status == claim.Retrying {
-		if !sleep(ctx, j.backoff(cl.Attempt)) {
+	for (status == claim.Retrying || status == claim.LeaseLost) && ctx.Err() == nil && execCtx.Err() == nil {
+		lost := status == claim.LeaseLost
+		if !lost && !sleep(ctx, j.backoff(cl.Attempt)) {
 			return status
 		}
-		var err error
+		next, err := d.claimUnwatched(ctx, cl.Run, lost)
 		// Asked as the first attempt was (claimUnwatched): a lost answer
-		// must not leave the retry's grant live.
-		for cl, err = d.claimUnwatched(ctx, cl.Run, false); errors.Is(err, claim.ErrHeld); cl, err = d.claimUnwatched(ctx, cl.Run, false) {
+		// must not leave the retry's grant live. A retry's run is held
+		// until the failed attempt's release lands: asked again.
+		for !lost && errors.Is(err, claim.ErrHeld) {
 			if !sleep(ctx, 20*time.Millisecond) {
 				return status
 			}
+			next, err = d.claimUnwatched(ctx, cl.Run, false)
 		}
-		if err != nil { // done elsewhere, or the backend is out of reach
+		if err != nil { // done elsewhere, held by a live holder, or the backend is out of reach
 			return status
 		}
+		cl = next
 		status = d.execute(ctx, execCtx, j, cl, mode)
 	}
 	return status

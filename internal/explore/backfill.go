@@ -1,0 +1,157 @@
+package explore
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/history"
+	"github.com/scheduler-dev/scheduler/internal/nemesis"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+)
+
+// backfillPlan is one backfill the operator runs: `scheduler backfill`
+// in a replica's pod (kubectl exec), so it shares that replica's link and
+// host faults and dies with it. Run again until it settles every instant,
+// as an operator would after a killed or failed one: the second run must
+// resume what the first left live (runner.ActionResume).
+type backfillPlan struct {
+	at      time.Duration // when it starts, from t0
+	replica int
+	job     string
+	// from and to are from t0 too: from may be before it (instants no
+	// replica ran, so the backfill has work), to is past at the start.
+	from, to   time.Duration
+	rerun      string
+	concurrent int
+}
+
+// drawBackfills draws the seed's backfills from a stream of their own,
+// so the nemesis plan and the other operator actions stay those the
+// seed drew before backfills were explored. One seed in two has one;
+// half of those start shortly before a fault of their replica's (a
+// crash, a termination, a pause, a partition), so that the faults meet
+// a backfill at work.
+func (w *world) drawBackfills() []backfillPlan {
+	if w.cfg.Plan != nil {
+		return nil // a pinned plan replays the history it pinned
+	}
+	rng := rand.New(rand.NewPCG(w.cfg.Seed, 0xbf))
+	if rng.IntN(2) == 0 {
+		return nil
+	}
+	l := w.cfg.Lease
+	b := backfillPlan{at: l + time.Duration(rng.Int64N(int64(max(w.cfg.Faults-l, time.Second)))),
+		replica: rng.IntN(w.cfg.Replicas), job: w.jobs[rng.IntN(len(w.jobs))].name,
+		rerun: []string{runner.RerunNone, runner.RerunFailed}[rng.IntN(2)], concurrent: 1 + rng.IntN(3)}
+	var hits []nemesis.Op
+	for _, op := range w.plan.Ops {
+		if op.Replica >= 0 && contains([]string{nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay}, op.Kind) &&
+			op.At > l+l/2 {
+			hits = append(hits, op)
+		}
+	}
+	if len(hits) > 0 && rng.IntN(2) == 0 {
+		op := hits[rng.IntN(len(hits))]
+		b.replica, b.at = op.Replica, op.At-time.Duration(rng.Int64N(int64(l/2)))
+	}
+	// Up to 8s of instants, ending 2s before t0 at the earliest and 3s
+	// before the start at the latest (a replica's clock may be stepped
+	// back; the backfill refuses a range reaching into its future, and is
+	// tried again).
+	b.to = -2*time.Second + time.Duration(rng.Int64N(int64(b.at-time.Second)))
+	b.from = b.to - 2*time.Second - time.Duration(rng.Int64N(int64(6*time.Second)))
+	return []backfillPlan{b}
+}
+
+// runBackfill runs b until one run of it settles every instant (no
+// error, none interrupted) or ctx (the history's) ends. Each run is named
+// for the process it is (b1, b2, … on replica rN), so the checker tells
+// its runs, which ignore the overlap policy by design, from the fleet's.
+func (w *world) runBackfill(ctx context.Context, b backfillPlan) {
+	if !sleepUntil(ctx, w.t0.Add(b.at)) {
+		return
+	}
+	r := w.reps[b.replica]
+	from, to := w.t0.Add(b.from).Truncate(time.Second), w.t0.Add(b.to).Truncate(time.Second)
+	for try := 1; ctx.Err() == nil; try++ {
+		name := fmt.Sprintf("%s.backfill%d", r.id, try)
+		sum, err, ok := r.backfill(ctx, name, b, from, to)
+		note := fmt.Sprintf("operator: backfill %s from %.1fs to %.1fs (rerun %s, %d at once) on %s: %d planned, %d succeeded, %d failed, %d interrupted, %d elsewhere, %d errors",
+			b.job, from.Sub(w.t0).Seconds(), to.Sub(w.t0).Seconds(), b.rerun, b.concurrent, name,
+			sum.Planned, sum.Succeeded, sum.Failed, sum.Interrupted, sum.Elsewhere, sum.Errors)
+		if err != nil {
+			note += ": " + err.Error()
+		}
+		w.log.Add(history.Event{Kind: history.Fault, Note: note})
+		if ok && err == nil && sum.Errors == 0 && sum.Interrupted == 0 {
+			w.mu.Lock()
+			w.backfillsDone++
+			w.mu.Unlock()
+			return
+		}
+		if !sleepUntil(ctx, time.Now().Add(w.cfg.Lease/3)) {
+			return
+		}
+	}
+}
+
+// backfill runs one backfill process named name on r's host, in r's
+// current incarnation (waiting for one to be up); ok is false if r
+// crashed or stopped under it.
+func (r *replica) backfill(ctx context.Context, name string, b backfillPlan, from, to time.Time) (sum runner.BackfillSummary, err error, ok bool) {
+	for {
+		r.mu.Lock()
+		gen, rctx, stopped := r.gen, r.ctx, r.stopped
+		r.mu.Unlock()
+		select {
+		case <-stopped:
+			if !sleepUntil(ctx, time.Now().Add(r.w.cfg.Lease/3)) {
+				return sum, ctx.Err(), false
+			}
+			continue
+		default:
+		}
+		inner, err := r.w.cfg.Open(name)
+		if err != nil {
+			return sum, err, false
+		}
+		defer inner.Close()
+		r.mu.Lock()
+		if r.backfills == nil {
+			r.backfills = map[string]bool{}
+		}
+		r.backfills[name] = true
+		r.mu.Unlock()
+		defer func() {
+			r.mu.Lock()
+			delete(r.backfills, name)
+			r.mu.Unlock()
+		}()
+		r.w.noteBackfill(name)
+		opts := runner.Options{Claimer: &faulty{r: r, gen: gen, inner: inner, name: name}, ClaimerName: "memory",
+			Instance: name, Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, Now: r.now,
+			Observe: r.w.log.Observer(name, func() bool { return !r.dead(gen) })}
+		if l := r.w.cfg.Log; l != nil {
+			opts.Logger = slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
+		}
+		run, err := runner.New(opts, r.w.runnerJobs(r, gen))
+		if err != nil {
+			panic(err) // the workload is the harness's own: a bug here is ours
+		}
+		_, sum, err = run.Backfill(rctx, b.job, runner.BackfillOptions{From: from, To: to, Rerun: b.rerun, MaxConcurrent: b.concurrent})
+		return sum, err, rctx.Err() == nil
+	}
+}
+
+// noteBackfill records name as a backfill process, for the checker.
+func (w *world) noteBackfill(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.backfillNames == nil {
+		w.backfillNames = map[string]bool{}
+	}
+	w.backfillNames[name] = true
+}
