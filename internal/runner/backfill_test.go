@@ -16,6 +16,19 @@ import (
 	"github.com/scheduler-dev/scheduler/job"
 )
 
+// countingHourly is an hourly job whose handler counts its runs in ran,
+// by run id, under mu.
+func countingHourly(t *testing.T) ([]runner.Job, *sync.Mutex, map[string]int) {
+	mu, ran := &sync.Mutex{}, map[string]int{}
+	return []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 0 * * * *"),
+		Handler: func(ctx context.Context, run job.Run) error {
+			mu.Lock()
+			defer mu.Unlock()
+			ran[run.ID]++
+			return nil
+		}}}, mu, ran
+}
+
 // A backfill of 100 instants, half of them already run, runs exactly the
 // other half, once, however many backfills race; --rerun failed then
 // reruns the failed ones under their own run ids, and a missed instant
@@ -23,15 +36,7 @@ import (
 func TestBackfillRunsExactlyTheInstantsThatNeverRan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memory.NewStore(nil)
-		var mu sync.Mutex
-		ran := map[string]int{}
-		jobs := []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 0 * * * *"),
-			Handler: func(ctx context.Context, run job.Run) error {
-				mu.Lock()
-				ran[run.ID]++
-				mu.Unlock()
-				return nil
-			}}}
+		jobs, mu, ran := countingHourly(t)
 		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
 		time.Sleep(time.Until(from.Add(200 * time.Hour)))
 		to := from.Add(99 * time.Hour)
@@ -222,15 +227,7 @@ func TestTriggerTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
 func TestBackfillResumesTheLiveInstantsAnEarlierBackfillLeft(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memory.NewStore(nil)
-		var mu sync.Mutex
-		ran := map[string]int{}
-		jobs := []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 0 * * * *"),
-			Handler: func(ctx context.Context, run job.Run) error {
-				mu.Lock()
-				ran[run.ID]++
-				mu.Unlock()
-				return nil
-			}}}
+		jobs, mu, ran := countingHourly(t)
 		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
 		time.Sleep(time.Until(from.Add(40 * time.Hour)))
 		to := from.Add(29 * time.Hour)
