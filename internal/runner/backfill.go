@@ -83,7 +83,8 @@ type BackfillSummary struct {
 	Succeeded int    `json:"succeeded"`
 	Failed    int    `json:"failed"` // failed, timed out or lost its lease
 	// Interrupted: stopped here before they ended (the backfill was),
-	// handed back live; a backfill run again resumes them.
+	// handed back live (a retry not yet made included); a backfill run
+	// again resumes them.
 	Interrupted int `json:"interrupted"`
 	Elsewhere   int `json:"elsewhere"` // done or held by another process
 	Errors      int `json:"errors"`
@@ -187,7 +188,9 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 				sum.Succeeded++
 			case status == "done" || status == "held":
 				sum.Elsewhere++
-			case status == string(claim.Interrupted):
+			case status == string(claim.Interrupted), status == string(claim.Retrying):
+				// Handed back, or waiting for a retry nobody here will
+				// make: live, for a backfill run again to resume.
 				sum.Interrupted++
 			default:
 				sum.Failed++
@@ -214,7 +217,8 @@ func (d *dispatcher) backfillOne(ctx, execCtx context.Context, j *jobState, run 
 	case err != nil:
 		return "error", err
 	}
-	return string(d.runToEnd(ctx, execCtx, j, cl, admitAlways)), nil
+	status, err := d.runToEnd(ctx, execCtx, j, cl, admitAlways)
+	return string(status), err
 }
 
 // claimUnwatched claims run for work done here and now (a backfill, a

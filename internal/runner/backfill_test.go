@@ -353,3 +353,61 @@ func TestBackfillCarriesOnARunWhoseLeaseWasLost(t *testing.T) {
 		}
 	})
 }
+
+// lossyAfter passes every call on, but from the second grant on it loses
+// every claim's answer until the deadline, as a link that drops replies
+// would: grants land, and their holder never hears of them.
+type lossyAfter struct {
+	claim.Claimer
+	until   time.Time
+	granted atomic.Int32
+}
+
+func (c *lossyAfter) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	cls, errs := c.Claimer.Claim(ctx, runs, lease)
+	if errs[0] == nil && c.granted.Add(1) > 1 && time.Now().Before(c.until) {
+		return make([]*claim.Claim, len(runs)), []error{fmt.Errorf("reply lost: %w", claim.ErrUnavailable)}
+	}
+	return cls, errs
+}
+
+// A backfill that cannot carry a run on (its retry's answers lost for
+// longer than it asks) reports an error for that instant, not a failure:
+// the run may be left live. Run again, the backfill resumes it (explorer
+// seed 129172, where the retry's grant was left live and the backfill
+// counted the instant failed, so the operator thought it settled).
+func TestBackfillReportsARunItCouldNotCarryOnAndResumesItLater(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		var calls atomic.Int32
+		jobs := []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 0 * * * *"), MaxAttempts: 3, Backoff: time.Second,
+			Handler: func(ctx context.Context, run job.Run) error {
+				if calls.Add(1) == 1 {
+					return errors.New("first attempt fails")
+				}
+				return nil
+			}}}
+		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+		time.Sleep(time.Until(from.Add(3 * time.Hour)))
+		lossy := &lossyAfter{Claimer: memory.New(store, "b1"), until: time.Now().Add(time.Hour)}
+		newRunner := func(c claim.Claimer, name string) *runner.Runner {
+			r, err := runner.New(runner.Options{Claimer: c, Instance: name, Lease: 3 * time.Second}, jobs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		opts := runner.BackfillOptions{From: from, To: from}
+		items, sum, _ := newRunner(lossy, "b1").Backfill(context.Background(), "hourly", opts)
+		if sum.Errors != 1 || sum.Failed != 0 || len(items) != 1 || items[0].Error == "" {
+			t.Fatalf("first backfill: %+v, items %+v; want the instant reported as an error, not failed", sum, items)
+		}
+		items, sum, err := newRunner(memory.New(store, "b2"), "b2").Backfill(context.Background(), "hourly", opts)
+		if err != nil || sum.Succeeded != 1 || items[0].Action != runner.ActionResume {
+			t.Fatalf("second backfill: %+v, items %+v, %v; want the instant resumed and succeeded", sum, items, err)
+		}
+		if n := calls.Load(); n != 2 {
+			t.Fatalf("the handler ran %d times, want twice (the failed attempt, then the resumed one)", n)
+		}
+	})
+}

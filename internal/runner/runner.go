@@ -473,7 +473,11 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	return d.runToEnd(ctx, ctx, j, cl, admitByPolicy), ctx.Err()
+	status, err := d.runToEnd(ctx, ctx, j, cl, admitByPolicy)
+	if err != nil {
+		return status, fmt.Errorf("trigger %s: %w", name, err)
+	}
+	return status, ctx.Err()
 }
 
 // runToEnd executes cl here, ctx as Run's context and execCtx as the
@@ -489,12 +493,16 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 //     lapses: it is asked for again, as after a lost answer, and taken
 //     over and run here as the next attempt, unless it is found done, or
 //     still held after a lease (another process resumed it).
-func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission) claim.Status {
+//
+// The error says the run could not be carried on because the backend
+// stayed out of reach: it may be left live (a grant whose answer was
+// lost), for the caller to report; run again, a backfill resumes it.
+func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission) (claim.Status, error) {
 	status := d.execute(ctx, execCtx, j, cl, mode)
 	for (status == claim.Retrying || status == claim.LeaseLost) && ctx.Err() == nil && execCtx.Err() == nil {
 		lost := status == claim.LeaseLost
 		if !lost && !sleep(ctx, j.backoff(cl.Attempt)) {
-			return status
+			return status, nil
 		}
 		next, err := d.claimUnwatched(ctx, cl.Run, lost)
 		// Asked as the first attempt was (claimUnwatched): a lost answer
@@ -502,17 +510,21 @@ func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *cla
 		// until the failed attempt's release lands: asked again.
 		for !lost && errors.Is(err, claim.ErrHeld) {
 			if !sleep(ctx, 20*time.Millisecond) {
-				return status
+				return status, nil
 			}
 			next, err = d.claimUnwatched(ctx, cl.Run, false)
 		}
-		if err != nil { // done elsewhere, held by a live holder, or the backend is out of reach
-			return status
+		switch {
+		case err == nil:
+		case errors.Is(err, claim.ErrDone), errors.Is(err, claim.ErrHeld), ctx.Err() != nil:
+			return status, nil // ended elsewhere, or held by a live holder; or the caller stopped
+		default:
+			return status, fmt.Errorf("carry %s on after %s: %w", cl.ID(), status, err)
 		}
 		cl = next
 		status = d.execute(ctx, execCtx, j, cl, mode)
 	}
-	return status
+	return status, nil
 }
 
 // errClosing stops work that would start after shutdown began.
