@@ -35,7 +35,7 @@ type backfillPlan struct {
 // crash, a termination, a pause, a partition), so that the faults meet
 // a backfill at work.
 func (w *world) drawBackfills() []backfillPlan {
-	if w.cfg.Plan != nil {
+	if w.cfg.Plan != nil || w.cfg.NoBackfills {
 		return nil // a pinned plan replays the history it pinned
 	}
 	rng := rand.New(rand.NewPCG(w.cfg.Seed, 0xbf))

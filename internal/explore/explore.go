@@ -74,6 +74,9 @@ type Config struct {
 	// Plan set and Mixed nil, none is drawn: a pinned plan replays the
 	// history it pinned.
 	Mixed *Mixed
+	// NoBackfills leaves the operator's backfills out (a seed found before
+	// they were explored replays as it was found).
+	NoBackfills bool
 	// Log, when set, receives every replica's runner log (text, debug
 	// level), each line marked with the replica and its incarnation: what
 	// each replica decided, beside the history of what the backend saw.

@@ -41,6 +41,10 @@ type dispatcher struct {
 	// drift is the schedule-drift guard while the controls watcher runs
 	// (drift.go): granted() reports the versions it runs to it.
 	drift atomic.Pointer[drift]
+	// adopts: the overlap probe stands by for the live runs it finds
+	// that nobody here watches (adopt). Run's dispatcher only: a
+	// trigger's or a backfill's process must not take the fleet's runs.
+	adopts bool
 }
 
 // dispatcher returns the state one Run (or Trigger) call's goroutines
@@ -738,6 +742,29 @@ func (j *jobState) isLive(at time.Time) bool {
 	defer j.mu.Unlock()
 	_, ok := j.live[at.UnixNano()]
 	return ok
+}
+
+// adopt stands by, like start-up recovery, for each of runs (live runs
+// of j an overlap probe found, older than the run it probed for) that
+// this replica neither executes nor watches. Such a run is watched by
+// nobody when its instant is on no schedule the fleet runs now (a grant
+// that landed after its holder's process exited, for an instant only
+// that process's version named; a backfill's run), and older than what
+// start-up recovery reads (explorer seed 133110: a claim from a stopped
+// incarnation, held in a stalled server's socket, landed after its
+// successor had read the history; its run stayed live for good). A
+// holder that lives keeps it: the standby hears done in the end.
+func (d *dispatcher) adopt(ctx, execCtx context.Context, j *jobState, runs []claim.Record) {
+	if !d.adopts {
+		return
+	}
+	for _, rec := range runs {
+		if !j.isLive(rec.At) {
+			d.r.log.DebugContext(ctx, "standing by for a live run nobody here watched", append(runAttrs(d.r, claim.Run{Job: j.Name, At: rec.At}, nil),
+				"holder", rec.Holder, "attempt", rec.Attempt)...)
+			d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)
+		}
+	}
 }
 
 // isExecuting reports whether j's run at executes here.

@@ -112,7 +112,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	case mode == admitAlways || j.Overlap == OverlapAllow:
 	case mode == admitInTurn || j.Overlap == OverlapBufferOne || j.Overlap == OverlapReplace:
 		byPolicy := mode == admitByPolicy
-		err := d.awaitTurn(ctx, ectx, j, cl, grantedAt, backendNow, byPolicy && j.Overlap == OverlapReplace, byPolicy && j.Overlap == OverlapBufferOne)
+		err := d.awaitTurn(ctx, execCtx, ectx, j, cl, grantedAt, backendNow, byPolicy && j.Overlap == OverlapReplace, byPolicy && j.Overlap == OverlapBufferOne)
 		var replaced errReplaced
 		switch {
 		case errors.As(err, &replaced):
@@ -126,6 +126,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		}
 	default: // forbid
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		d.adopt(ctx, execCtx, j, p.unwatched)
 		switch {
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
@@ -242,6 +243,9 @@ type probe struct {
 	// owner is; otherwise the probing run is skipped, since waiting could
 	// wait forever on a run that waits for it.
 	ahead *claim.Record
+	// unwatched are the live runs before the probing one that this
+	// replica neither executes nor watches, for adopt.
+	unwatched []claim.Record
 }
 
 // firstChance is when a run granted at granted (backend time) could first
@@ -308,6 +312,9 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 			}
 			var p probe
 			for _, rec := range recs {
+				if rec.RunID != cl.ID() && rec.Status.Live() && rec.At.Before(cl.Run.At) && !j.isLive(rec.At) {
+					p.unwatched = append(p.unwatched, rec)
+				}
 				if rec.RunID == cl.ID() || rec.Status != claim.Running || !rec.LeaseUntil.After(now) {
 					continue
 				}

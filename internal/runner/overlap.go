@@ -68,13 +68,15 @@ func (d *dispatcher) bufferFull(ctx, execCtx context.Context, j *jobState, at ti
 // (overlap: replace). It returns nil when cl may start, the lease's cause
 // if the lease was lost or the run revoked while waiting, or errStopped
 // if the replica is shutting down (ctx, Run's, done): the run, not yet
-// started, is handed back. ectx is the execution's context.
-func (d *dispatcher) awaitTurn(ctx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, revoke, bufferOne bool) error {
+// started, is handed back. ectx is the execution's context, execCtx
+// Run's (for the runs adopt stands by for).
+func (d *dispatcher) awaitTurn(ctx, execCtx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, revoke, bufferOne bool) error {
 	r := d.r
 	logged := false
 	revoked := map[string]bool{}
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		d.adopt(ctx, execCtx, j, p.unwatched)
 		owners, newer := p.owners, p.newer
 		if err == nil && revoke && newer != nil {
 			// A later instant is live: it replaces this one, which must

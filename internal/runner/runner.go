@@ -349,6 +349,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancelExec(nil)
 	var standby, exec sync.WaitGroup
 	d := r.dispatcher(&standby, &exec)
+	d.adopts = true
 
 	// Pauses are honoured from the first instant on: read them before
 	// dispatching anything.
