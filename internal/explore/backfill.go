@@ -3,7 +3,6 @@ package explore
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -102,48 +101,43 @@ func (w *world) runBackfill(ctx context.Context, b backfillPlan) {
 // current incarnation (waiting for one to be up); ok is false if r
 // crashed or stopped under it.
 func (r *replica) backfill(ctx context.Context, name string, b backfillPlan, from, to time.Time) (sum runner.BackfillSummary, err error, ok bool) {
+	var gen int
+	var rctx context.Context
 	for {
 		r.mu.Lock()
-		gen, rctx, stopped := r.gen, r.ctx, r.stopped
+		var stopped chan struct{}
+		gen, rctx, stopped = r.gen, r.ctx, r.stopped
 		r.mu.Unlock()
 		select {
-		case <-stopped:
+		case <-stopped: // down: wait for the next incarnation
 			if !sleepUntil(ctx, time.Now().Add(r.w.cfg.Lease/3)) {
 				return sum, ctx.Err(), false
 			}
 			continue
 		default:
 		}
-		inner, err := r.w.cfg.Open(name)
-		if err != nil {
-			return sum, err, false
-		}
-		defer inner.Close()
-		r.mu.Lock()
-		if r.backfills == nil {
-			r.backfills = map[string]bool{}
-		}
-		r.backfills[name] = true
-		r.mu.Unlock()
-		defer func() {
-			r.mu.Lock()
-			delete(r.backfills, name)
-			r.mu.Unlock()
-		}()
-		r.w.noteBackfill(name)
-		opts := runner.Options{Claimer: &faulty{r: r, gen: gen, inner: inner, name: name}, ClaimerName: "memory",
-			Instance: name, Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, Now: r.now,
-			Observe: r.w.log.Observer(name, func() bool { return !r.dead(gen) })}
-		if l := r.w.cfg.Log; l != nil {
-			opts.Logger = slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
-		}
-		run, err := runner.New(opts, r.w.runnerJobs(r, gen))
-		if err != nil {
-			panic(err) // the workload is the harness's own: a bug here is ours
-		}
-		_, sum, err = run.Backfill(rctx, b.job, runner.BackfillOptions{From: from, To: to, Rerun: b.rerun, MaxConcurrent: b.concurrent})
-		return sum, err, rctx.Err() == nil
+		break
 	}
+	inner, err := r.w.cfg.Open(name)
+	if err != nil {
+		return sum, err, false
+	}
+	defer inner.Close()
+	r.mu.Lock()
+	if r.backfills == nil {
+		r.backfills = map[string]bool{}
+	}
+	r.backfills[name] = true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.backfills, name)
+		r.mu.Unlock()
+	}()
+	r.w.noteBackfill(name)
+	run := r.runner(&faulty{r: r, gen: gen, inner: inner, name: name}, nil)
+	_, sum, err = run.Backfill(rctx, b.job, runner.BackfillOptions{From: from, To: to, Rerun: b.rerun, MaxConcurrent: b.concurrent})
+	return sum, err, rctx.Err() == nil
 }
 
 // noteBackfill records name as a backfill process, for the checker.

@@ -61,20 +61,12 @@ func (r *replica) life(ctx context.Context) {
 			continue
 		}
 		c := &faulty{r: r, gen: gen, inner: inner, name: r.id}
-		opts := runner.Options{Claimer: c, ClaimerName: "memory", Instance: r.id,
-			Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew, ShutdownGrace: time.Second,
-			Now: r.now, Observe: r.w.log.Observer(r.id, func() bool { return !r.dead(gen) })}
-		if l := r.w.cfg.Log; l != nil {
-			opts.Logger = slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).
-				With("replica", r.id, "incarnation", gen)
-		}
-		if r.w.cfg.Controls != nil {
-			opts.Controls = control.New(faultyControls{c, r.w.cfg.Controls}, nil)
-		}
-		run, err := runner.New(opts, r.w.runnerJobs(r, gen))
-		if err != nil {
-			panic(err) // the workload is the harness's own: a bug here is ours
-		}
+		run := r.runner(c, func(opts *runner.Options) {
+			opts.ShutdownGrace = time.Second
+			if r.w.cfg.Controls != nil {
+				opts.Controls = control.New(faultyControls{c, r.w.cfg.Controls}, nil)
+			}
+		})
 		exited := make(chan struct{})
 		r.w.wg.Go(func() {
 			defer close(exited)
@@ -101,6 +93,28 @@ func (r *replica) life(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// runner builds a runner of incarnation c.gen of r, over c, named c.name
+// (the replica's, or a process's in its pod), with the incarnation's
+// jobs, clock and observer; tune adds what only some need.
+func (r *replica) runner(c *faulty, tune func(*runner.Options)) *runner.Runner {
+	gen := c.gen
+	opts := runner.Options{Claimer: c, ClaimerName: "memory", Instance: c.name,
+		Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew,
+		Now: r.now, Observe: r.w.log.Observer(c.name, func() bool { return !r.dead(gen) })}
+	if l := r.w.cfg.Log; l != nil {
+		opts.Logger = slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).
+			With("replica", c.name, "incarnation", gen)
+	}
+	if tune != nil {
+		tune(&opts)
+	}
+	run, err := runner.New(opts, r.w.runnerJobs(r, gen))
+	if err != nil {
+		panic(err) // the workload is the harness's own: a bug here is ours
+	}
+	return run
 }
 
 // apply starts op on this replica; until is when it ends.
