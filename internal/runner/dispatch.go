@@ -564,6 +564,15 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 	switch {
 	case d.tooLate(ctx, cl):
 		return false
+	case cl.Attempt == 1 && !o.takeover && o.request == nil && !control.Manual(cl.Run) && r.paused(ctx, j.Name):
+		// A scheduled instant never started, of a job paused: recorded
+		// skipped, whatever path won it. start skips a paused job's
+		// instants before it bids, but a job can be paused after that,
+		// and an overlap probe (liveBefore) can win an instant whose
+		// watcher here was about to end it as paused: it must not run
+		// (a paused job's on-time instants at start-up, under -race).
+		d.skip(ctx, cl.Run, cl, ReasonPaused, slog.LevelInfo)
+		d.release(ctx, cl, claim.Skipped)
 	case late && cl.Attempt == 1 && (notStarted || !j.runsLate(cl.Run.At, now)):
 		// Only a run that never started is missed. A later attempt is a
 		// takeover of a run whose holder died or handed it back: it ran on
