@@ -295,11 +295,22 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 						deeperQs = append(deeperQs, claim.HistoryQuery{Job: j.Name, Limit: 8 * qs[i].Limit})
 						continue
 					}
-					d.startupHistory(ctx, execCtx, j, hists[i], now)
+					// The live runs first: each is watched (live here) before
+					// any later instant is dispatched, so a later instant's
+					// overlap check sees it and stands by for it, or takes
+					// it over itself, instead of starting before its
+					// takeover is granted and making the takeover yield (a
+					// run that started, lost to a crash).
 					for _, rec := range hists[i] {
 						if rec.Status.Live() && !rec.At.After(now) {
 							d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)
 						}
+					}
+					d.startupHistory(ctx, execCtx, j, hists[i], now)
+					if j.Misfire != MisfireRunAll {
+						// The look-back (Run): run-all catches it up in turn
+						// with the instants before it (catchup.go).
+						d.start(ctx, execCtx, j, j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())), origin{late: MissedNoReplica}, r.opts.Spread)
 					}
 				}
 				if len(deeper) == 0 {

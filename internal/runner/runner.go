@@ -359,14 +359,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	h := &dueHeap{}
 	nexts := nextMemo{}
 	for _, j := range r.jobs {
-		// The latest instant before start-up may have been missed while no
-		// replica was up, or may still be running elsewhere: find out by
-		// claiming it like any run.
-		// Under run-all, the start-up recovery catches it up in turn
-		// with the instants before it (catchup.go).
+		// The latest instant before start-up (the look-back) may have been
+		// missed while no replica was up, or may still be running
+		// elsewhere: start-up recovery finds out by claiming it like any
+		// run, once it has read the job's history and stands by for the
+		// runs live there (recover). Under run-all, it catches it up in
+		// turn with the instants before it (catchup.go).
 		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() && j.Misfire != MisfireRunAll {
 			j.runsAtStart(prev)
-			d.dispatch(ctx, execCtx, j, prev, MissedNoReplica)
 		}
 		r.schedule(ctx, h, j, nexts.next(j.Schedule, now))
 	}
