@@ -28,7 +28,7 @@ import (
 // watches that grant.
 func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, now time.Time) {
 	r := d.r
-	prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance()))
+	prev := r.lookBack(j, now)
 	if r.paused(ctx, j.Name) {
 		from := now.Add(-r.lateTolerance() - time.Nanosecond)
 		if last.After(from) {

@@ -310,7 +310,7 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 					if j.Misfire != MisfireRunAll {
 						// The look-back (Run): run-all catches it up in turn
 						// with the instants before it (catchup.go).
-						d.start(ctx, execCtx, j, j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())), origin{late: MissedNoReplica}, r.opts.Spread)
+						d.start(ctx, execCtx, j, r.lookBack(j, now), origin{late: MissedNoReplica}, r.opts.Spread)
 					}
 				}
 				if len(deeper) == 0 {

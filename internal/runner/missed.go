@@ -38,7 +38,7 @@ func (d *dispatcher) startupHistory(ctx, execCtx context.Context, j *jobState, r
 	// dispatches it) or by replicas already up, and their records say
 	// nothing about the outage before them.
 	bound := now.Add(-d.r.lateTolerance())
-	if prev := j.Schedule.Prev(now, max(j.Grace, d.r.lateTolerance())); !prev.IsZero() && prev.Before(bound) {
+	if prev := d.r.lookBack(j, now); !prev.IsZero() && prev.Before(bound) {
 		bound = prev
 	}
 	var last time.Time
@@ -77,7 +77,7 @@ func (d *dispatcher) startupHistory(ctx, execCtx context.Context, j *jobState, r
 func (d *dispatcher) recordMissed(ctx, execCtx context.Context, j *jobState, last, now time.Time) {
 	r := d.r
 	paused := r.paused(ctx, j.Name)
-	prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance()))
+	prev := r.lookBack(j, now)
 	end := now.Add(-r.lateTolerance())
 	var runs []claim.Run
 	beyond := 0
@@ -189,4 +189,12 @@ func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs
 		}
 	}
 	return recorded
+}
+
+// lookBack is j's look-back instant at start-up (now): its latest
+// instant within the grace or the late tolerance, whichever is longer;
+// zero if none. Start-up dispatches it under the misfire policy, and
+// counts the outage's missed instants up to it.
+func (r *Runner) lookBack(j *jobState, now time.Time) time.Time {
+	return j.Schedule.Prev(now, max(j.Grace, r.lateTolerance()))
 }

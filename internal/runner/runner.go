@@ -365,7 +365,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		// run, once it has read the job's history and stands by for the
 		// runs live there (recover). Under run-all, it catches it up in
 		// turn with the instants before it (catchup.go).
-		if prev := j.Schedule.Prev(now, max(j.Grace, r.lateTolerance())); !prev.IsZero() && j.Misfire != MisfireRunAll {
+		if prev := r.lookBack(j, now); !prev.IsZero() && j.Misfire != MisfireRunAll {
 			j.runsAtStart(prev)
 		}
 		r.schedule(ctx, h, j, nexts.next(j.Schedule, now))
