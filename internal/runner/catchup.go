@@ -106,8 +106,9 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 // elsewhere, or false if ctx (Run's) ended first.
 func (d *dispatcher) inTurn(ctx, execCtx context.Context, j *jobState, at time.Time) bool {
 	run := claim.Run{Job: j.Name, At: at.UTC()}
-	j.setLive(at, watching, +1)
-	d.contend(ctx, execCtx, j, run, origin{late: MissedNoReplica, catchup: true}, "")
+	o := origin{late: MissedNoReplica, catchup: true}
+	j.watch(at, o)
+	d.contend(ctx, execCtx, j, run, o, "")
 	j.setLive(at, watching, -1)
 	// Won here, it still executes: wait for it before the next.
 	for j.isLive(at) {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
 )
 
@@ -64,6 +65,42 @@ func (r *Runner) paused(ctx context.Context, job string) bool {
 	return ps.Paused(job)
 }
 
+// setRequests installs reqs as the requests last read.
+func (r *Runner) setRequests(reqs []control.Request) {
+	byRun := make(map[string]*control.Request, len(reqs))
+	for i := range reqs {
+		byRun[reqs[i].Run().ID()] = &reqs[i]
+	}
+	r.requests.Store(&byRun)
+}
+
+// requestOf returns the request that asked for run, a manual run, or nil
+// (a backfill's rerun, a request no longer remembered). A run's takeover
+// or retry is still the request's: it runs beside a live run if the
+// request said so, on whichever replica. A run the requests last read do
+// not name is looked up afresh: start-up recovery may take a request's
+// run over before the first tick, and a replica cut off from the backend
+// when the request was made may come to its run (an overlap probe
+// adopts it) before a tick has read it (explorer seed 4750).
+func (r *Runner) requestOf(ctx context.Context, run claim.Run) *control.Request {
+	if r.opts.Controls == nil || !control.Manual(run) {
+		return nil
+	}
+	if reqs := r.requests.Load(); reqs != nil {
+		if q := (*reqs)[run.ID()]; q != nil {
+			return q
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	got, err := r.opts.Controls.Requests(rctx)
+	cancel()
+	if err != nil {
+		return nil
+	}
+	r.setRequests(got)
+	return (*r.requests.Load())[run.ID()]
+}
+
 // watchControls reads the controls every ControlEvery until ctx (Run's)
 // is done, and dispatches the runs requested of this replica's jobs.
 func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
@@ -99,6 +136,7 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 		r.setMembers(snap.Members)
 		r.setPauses(ctx, snap.Pauses)
 		r.setRevoked(snap.Revoked)
+		r.setRequests(snap.Requests)
 		d.requests(ctx, execCtx, snap.Requests, seen)
 		if schedules {
 			drift.compare(ctx, snap.Schedules)

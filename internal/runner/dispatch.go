@@ -103,9 +103,14 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 		o.late = "" // not late after all
 	}
 	run := claim.Run{Job: j.Name, At: at.UTC()}
-	j.setLive(at, watching, +1)
+	j.watch(at, o)
 	d.standby.Go(func() {
 		defer j.setLive(at, watching, -1)
+		if o.request == nil {
+			// A request's run taken over (start-up recovery, adopt) is
+			// still the request's: its overlap is its own.
+			o.request = d.r.requestOf(ctx, run)
+		}
 		scheduled := !o.takeover && o.request == nil
 		if scheduled && d.r.paused(ctx, j.Name) {
 			// Recorded once, like an overlap: whichever replica wins the
@@ -364,8 +369,13 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		switch {
 		case err == nil:
 			// Its holder died: granted() hands it back as a missed run
-			// (its window has passed) or runs it (then it is live).
-			d.granted(ctx, execCtx, j, cl, origin{})
+			// (its window has passed) or runs it (then it is live), as
+			// its watcher here would have: a takeover, a request with its
+			// own overlap, a catch-up run in its turn. A retry's backoff
+			// is over: its claim was free.
+			o := j.watchedOrigin(prev)
+			o.after = 0
+			d.granted(ctx, execCtx, j, cl, o)
 			if j.isExecuting(prev) {
 				n++
 			}
@@ -572,6 +582,12 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 	if late && o.late == "" {
 		o.late = MissedBehind
 	}
+	if o.request == nil {
+		// A request's run won by a path that did not know the request (a
+		// takeover at start-up, an overlap probe, another replica's
+		// handback) is still the request's.
+		o.request = r.requestOf(ctx, cl.Run)
+	}
 	switch {
 	case d.tooLate(ctx, cl):
 		return false
@@ -601,7 +617,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		endRun(span, claim.Failed, err)
 	default:
 		d.recordSchedule(ctx, j, cl, o) // the version this run is of, in the background (drift.go)
-		if q := o.request; q != nil {
+		if q := o.request; q != nil && cl.Attempt == 1 {
 			// Who asked and why, said once, by the replica that runs it.
 			r.log.InfoContext(ctx, "run requested", append(runAttrs(r, cl.Run, cl),
 				"request_id", q.ID, "by", q.By, "note", q.Note)...)
@@ -618,12 +634,15 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 			// The run was handed back or taken over, or is to be retried,
 			// not finished: stand by for it like any replica, or it may be
 			// left to nobody (the other standbys may have stopped
-			// meanwhile). A retry is due once its backoff has passed.
-			next := origin{takeover: true}
+			// meanwhile). A retry is due once its backoff has passed. A
+			// request's run stays the request's: its overlap is its own
+			// (explorer: a retry of a run requested with overlap allow
+			// was skipped behind the live run it was asked to run beside).
+			next := origin{takeover: true, request: o.request}
 			if status == claim.Retrying {
 				next.after = j.backoff(cl.Attempt)
 			}
-			j.setLive(cl.Run.At, watching, +1)
+			j.watch(cl.Run.At, next)
 			j.setLive(cl.Run.At, executing, -1)
 			defer j.setLive(cl.Run.At, watching, -1)
 			d.contend(ctx, execCtx, j, cl.Run, next, "")
@@ -705,6 +724,31 @@ func (j *jobState) setLive(at time.Time, kind, delta int) {
 	} else {
 		j.live[k] = e
 	}
+	if e[watching] == 0 {
+		delete(j.watchedAs, k)
+	}
+}
+
+// watch makes j's run at live here (watching), dispatched as o, until
+// setLive(at, watching, -1) ends the watch.
+func (j *jobState) watch(at time.Time, o origin) {
+	j.setLive(at, watching, +1)
+	if o == (origin{}) {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.watchedAs == nil {
+		j.watchedAs = map[int64]origin{}
+	}
+	j.watchedAs[at.UnixNano()] = o
+}
+
+// watchedOrigin is why j's run at, watched here, was dispatched.
+func (j *jobState) watchedOrigin(at time.Time) origin {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.watchedAs[at.UnixNano()]
 }
 
 // earlierLive counts the runs of j before at executing here, and lists

@@ -161,6 +161,9 @@ type Runner struct {
 	// pauses is the pause switches as last read (see controls.go); nil
 	// until a read succeeded.
 	pauses atomic.Pointer[control.Pauses]
+	// requests is the operator's requests as last read, by run id (see
+	// controls.go); nil until a read succeeded.
+	requests atomic.Pointer[map[string]*control.Request]
 	// view is the fleet as last read (see members.go); nil until a read
 	// succeeded.
 	view atomic.Pointer[membership]
@@ -184,6 +187,10 @@ type jobState struct {
 	// live counts, per instant (unix ns), the runs executing here or watched
 	// as held elsewhere.
 	live map[int64][2]int
+	// watchedAs holds, per instant watched here, why it was dispatched
+	// (only where that is not a plain on-time instant): an overlap probe
+	// that wins it (liveBefore) hands it on as its watcher would have.
+	watchedAs map[int64]origin
 	// lateAtStart holds the instants past their deadline that start-up's
 	// misfire decision runs (the look-back instant, run-all's catch-up),
 	// by unix ns (see granted).
