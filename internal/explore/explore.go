@@ -103,6 +103,9 @@ type Result struct {
 	// run of it settled every instant), BackfillsDone how many settled
 	// before the history ended.
 	Backfills, BackfillsDone int
+	// Alongside holds the runs the operator requested with overlap allow,
+	// by run id: they may run beside their job's other runs.
+	Alongside map[string]bool
 }
 
 // Report renders the verdict: the plan, and each violation with its trace.
@@ -200,6 +203,9 @@ type world struct {
 	// backfillsDone counts the backfills one of whose runs settled.
 	backfillNames map[string]bool
 	backfillsDone int
+	// alongside are the runs requested with overlap allow (operate),
+	// by run id (noteAlongside).
+	alongside map[string]bool
 }
 
 // Run explores one seed and checks the history.
@@ -287,18 +293,21 @@ func Run(cfg Config) (*Result, error) {
 	sleepUntil(ctx, end)
 	cancel()
 	w.wg.Wait()
+	if cfg.Controls != nil {
+		w.noteAlongside()
+	}
 	if w.broken != nil {
 		return nil, fmt.Errorf("seed %d: the plan could not be applied: %w", cfg.Seed, w.broken)
 	}
 
 	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed,
-		Backfills: len(backfills), BackfillsDone: w.backfillsDone}
+		Backfills: len(backfills), BackfillsDone: w.backfillsDone, Alongside: w.alongside}
 	// Every replica is up and healthy from heal on: a run granted before
 	// heal+lease has a holder that finishes, or a lease that lapses and
 	// a standby (or a restarted replica's recovery) that takes over.
 	settled := w.t0.Add(w.plan.Heal() + cfg.Lease)
 	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled,
-		Backfills: w.backfillNames}
+		Backfills: w.backfillNames, Alongside: w.alongside}
 	for _, j := range w.jobs {
 		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
 			spec.Forbid[j.name] = true
@@ -324,7 +333,7 @@ func (w *world) operate(ctx context.Context) {
 	ctl := control.New(w.cfg.Controls, nil)
 	type action struct {
 		at   time.Duration
-		kind int // 0, 1: request; 2: pause
+		kind int // 0: request; 1: request with overlap allow; 2: pause
 		job  string
 		id   string
 		long time.Duration // how long a pause lasts
@@ -366,10 +375,41 @@ func (w *world) operate(ctx context.Context) {
 				}
 			})
 		default:
-			w.control(fmt.Sprintf("request %s of %s", a.id, a.job), func(c context.Context) error {
-				_, _, err := ctl.Request(c, control.Request{ID: a.id, Job: a.job, By: "explorer"})
+			req, what := control.Request{ID: a.id, Job: a.job, By: "explorer"}, "request"
+			if a.kind == 1 {
+				req.Overlap, what = runner.OverlapAllow, "request (overlap allow)"
+			}
+			w.control(fmt.Sprintf("%s %s of %s", what, a.id, a.job), func(c context.Context) error {
+				_, _, err := ctl.Request(c, req)
 				return err
 			})
+		}
+	}
+}
+
+// noteAlongside records, for the checker, the runs requested with overlap
+// allow: read back from the register once the faults are over, so that a
+// request whose answer a fault lost, but which was recorded, counts too.
+func (w *world) noteAlongside() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*w.cfg.Lease)
+	defer cancel()
+	ctl := control.New(w.cfg.Controls, nil)
+	for {
+		reqs, err := ctl.Requests(ctx)
+		if err == nil {
+			for _, q := range reqs {
+				if q.Overlap == runner.OverlapAllow {
+					if w.alongside == nil {
+						w.alongside = map[string]bool{}
+					}
+					w.alongside[q.Run().ID()] = true
+				}
+			}
+			return
+		}
+		if !sleepUntil(ctx, time.Now().Add(w.cfg.Lease/4)) {
+			w.broken = errors.Join(w.broken, fmt.Errorf("reading the requests back: %w", err))
+			return
 		}
 	}
 }

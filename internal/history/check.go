@@ -25,6 +25,7 @@ const (
 	HandedBackDone  = "handed-back-done" // a handler finished its work, and the run was handed back to run again
 	Unscheduled     = "unscheduled"      // a scheduled run started at an instant no version of its job's schedule names
 	RetryOverlap    = "retry-overlap"    // a retry of a run started before the attempt it retries had returned
+	AlongsideHeld   = "alongside-held"   // a run requested with overlap allow was skipped for overlap
 )
 
 // Spec is what a history is checked against.
@@ -54,6 +55,10 @@ type Spec struct {
 	// are left out of job-overlap. Every other invariant holds for them
 	// as for any run.
 	Backfills map[string]bool
+	// Alongside holds the runs an operator requested with overlap allow
+	// (control.Request.Overlap): each may run beside the job's other
+	// runs by design, so its executions are left out of job-overlap.
+	Alongside map[string]bool
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -337,7 +342,7 @@ func (c *checker) executions(events []Event) {
 	}
 	var forbidden []*execution
 	for _, x := range done {
-		if c.spec.Forbid[x.run.Job] && !c.spec.Backfills[x.replica] && !backfilled[x.run.ID()] {
+		if c.spec.Forbid[x.run.Job] && !c.spec.Backfills[x.replica] && !backfilled[x.run.ID()] && !c.spec.Alongside[x.run.ID()] {
 			forbidden = append(forbidden, x)
 		}
 	}
@@ -405,6 +410,8 @@ func (c *checker) policy(events []Event) {
 		switch {
 		case e.Kind == Skip && e.Reason == "missed" && e.Attempt > 1:
 			c.add(TakeoverMisfire, e.Run.ID(), fmt.Sprintf("%s skipped attempt %d as a misfire", e.Replica, e.Attempt))
+		case e.Kind == Skip && e.Reason == "overlap" && e.Token != "" && c.spec.Alongside[e.Run.ID()]:
+			c.add(AlongsideHeld, e.Run.ID(), fmt.Sprintf("%s skipped a run requested with overlap allow, for overlap", e.Replica))
 		case e.Kind == Return && e.Status == claim.Succeeded:
 			completed[e.Token] = true
 		case (e.Kind == Release || e.Kind == LetGo) && e.Status == claim.Interrupted && completed[e.Token]:

@@ -125,6 +125,22 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		spec: forbid,
 		want: []string{JobOverlap},
 	}, {
+		name: "ARunRequestedAlongsideOverlaps", // --overlap allow
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.grant("r2", "b", runA2, 2, 1).event(Start, "r2", "b", runA2, nil)
+			b.at(700*time.Millisecond).event(Down, "r3", "", claim.Run{}, nil) // the history goes on
+		},
+		spec: Spec{Forbid: forbid.Forbid, Alongside: map[string]bool{runA2.ID(): true}},
+	}, {
+		name: "ARunRequestedAlongsideSkippedForOverlap",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.grant("r2", "b", runA2, 2, 1).event(Skip, "r2", "b", runA2, func(e *Event) { e.Reason = "overlap" })
+		},
+		spec: Spec{Alongside: map[string]bool{runA2.ID(): true}},
+		want: []string{AlongsideHeld},
+	}, {
 		name: "LostAndAbandoned",
 		build: func(b *builder) {
 			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil).event(Crash, "r1", "", claim.Run{}, nil)
