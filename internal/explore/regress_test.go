@@ -172,3 +172,24 @@ func TestATakeoverBuriedBehindEndedRunsIsStillSeen(t *testing.T) {
 func TestAGrantThatLandedAfterItsHolderExitedIsAdopted(t *testing.T) {
 	replaySeed(t, Config{Seed: 133110}, 8, true)
 }
+
+// TestRunsRequestedAlongsideAreNeverSkippedForOverlap pins the seeds that
+// found a run requested with --overlap allow skipped for overlap
+// (history.AlongsideHeld), one per path that decided without the request:
+// a retry on the replica that ran it (5971), a takeover by a replica that
+// had not dispatched it (133), a replica that adopted its run before it
+// had read the request (4750), and the skip decided while the requests
+// could not be read (190145: 1 run in 1 failed before its fix; 193350:
+// 1 in 12).
+func TestRunsRequestedAlongsideAreNeverSkippedForOverlap(t *testing.T) {
+	testenv.CPUHeavy(t)
+	oneProc(t)
+	for _, seed := range []uint64{133, 4750, 5971, 190145, 193350} {
+		for i := range 4 {
+			t.Run(fmt.Sprintf("%d/%d", seed, i), func(t *testing.T) {
+				t.Parallel()
+				synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed}) })
+			})
+		}
+	}
+}

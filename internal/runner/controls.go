@@ -91,7 +91,7 @@ func (r *Runner) requestOf(ctx context.Context, run claim.Run) *control.Request 
 			return q
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/2)
 	got, err := r.opts.Controls.Requests(rctx)
 	cancel()
 	if err != nil {

@@ -476,7 +476,7 @@ type contention struct {
 func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *claim.Claim, err error) bool {
 	r := d.r
 	switch {
-	case err == nil && c.skip != "":
+	case err == nil && c.skip != "" && !d.requestedAlongside(ctx, c):
 		d.skip(ctx, c.run, cl, c.skip, slog.LevelInfo)
 		d.release(ctx, cl, claim.Skipped)
 		return true
@@ -512,6 +512,24 @@ func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *c
 		c.unavailable, c.unreachable = err, true
 	}
 	return false
+}
+
+// requestedAlongside reports whether c, contended for only to record it
+// skipped for overlap, is a run requested with overlap allow after all:
+// its request was not known when the skip was decided (a replica cut off
+// from the backend, or slowed by it, then; explorer seeds 190145 and
+// 193350), and the backend that just granted it answers now. Then it
+// runs as its request asked.
+func (d *dispatcher) requestedAlongside(ctx context.Context, c *contention) bool {
+	if c.skip != ReasonOverlap || c.o.request != nil {
+		return false
+	}
+	q := d.r.requestOf(ctx, c.run)
+	if q == nil || q.Overlap != OverlapAllow {
+		return false
+	}
+	c.o.request = q
+	return true
 }
 
 // wait is how long to stand by after the bid numbered attempt. With
