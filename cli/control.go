@@ -124,7 +124,13 @@ func (e *env) trigger(args []string) int {
 		return ExitUsage
 	}
 	if *here {
-		return e.triggerHere(cfg, *path, name)
+		// --here runs the job in this process, without a request in the
+		// backend: there is nothing for an idempotency key to find.
+		if *reqID != "" {
+			fmt.Fprintf(e.stderr, "scheduler trigger: --request-id %q: a request's key; --here runs the job without a request\n", *reqID)
+			return ExitUsage
+		}
+		return e.triggerHere(cfg, *path, name, runner.TriggerOptions{Overlap: *overlap, By: *by, Note: *note})
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -185,7 +191,7 @@ func waitRun(ctx context.Context, c claim.Claimer, run claim.Run) (claim.Status,
 
 // triggerHere claims and executes one run of name in this process; file is
 // cfg's.
-func (e *env) triggerHere(cfg *config.Config, file, name string) int {
+func (e *env) triggerHere(cfg *config.Config, file, name string, o runner.TriggerOptions) int {
 	jobsList, _, err := e.runnerJobs(cfg, file)
 	if err != nil {
 		e.configError(err)
@@ -198,7 +204,7 @@ func (e *env) triggerHere(cfg *config.Config, file, name string) int {
 		return code
 	}
 	defer closeAll()
-	status, err := r.Trigger(ctx, name)
+	status, err := r.Trigger(ctx, name, o)
 	if err != nil {
 		return e.fail("%v", err)
 	}

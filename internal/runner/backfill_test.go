@@ -205,7 +205,7 @@ func TestTriggerTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if st, err := r.Trigger(context.Background(), "report"); err != nil || st != claim.Succeeded {
+				if st, err := r.Trigger(context.Background(), "report", runner.TriggerOptions{}); err != nil || st != claim.Succeeded {
 					t.Fatalf("trigger: %q, %v; want succeeded", st, err)
 				}
 				recs, err := memory.New(store, "reader").History(context.Background(), "report", 0)

@@ -456,12 +456,23 @@ loop:
 	return nil
 }
 
+// TriggerOptions say who asked for a run Trigger executes, and how it
+// treats a live earlier run of its job.
+type TriggerOptions struct {
+	// Overlap is OverlapAllow to run even while an earlier run of the job
+	// is live; "" obeys the job's overlap policy.
+	Overlap string
+	// By and Note are logged with the run ("run requested"), as a
+	// request's are.
+	By, Note string
+}
+
 // Trigger claims and executes one run of the named job now, outside its
 // schedule, through the same claim path as scheduled runs (batched, timed,
 // counted), and returns its final status. The manual instant
 // (control.ManualInstant) has a sub-second part, so it cannot collide
 // with a scheduled instant (those are whole seconds).
-func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error) {
+func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (claim.Status, error) {
 	var j *jobState
 	for _, x := range r.jobs {
 		if x.Name == name {
@@ -481,7 +492,12 @@ func (r *Runner) Trigger(ctx context.Context, name string) (claim.Status, error)
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
-	status, err := d.runToEnd(ctx, ctx, j, cl, admitByPolicy)
+	r.log.InfoContext(ctx, "run requested", append(runAttrs(r, cl.Run, cl), "by", o.By, "note", o.Note, "here", true)...)
+	mode := admitByPolicy
+	if o.Overlap == OverlapAllow {
+		mode = admitAlways
+	}
+	status, err := d.runToEnd(ctx, ctx, j, cl, mode)
 	if err != nil {
 		return status, fmt.Errorf("trigger %s: %w", name, err)
 	}

@@ -228,7 +228,7 @@ func TestNoTracerNoTrace(t *testing.T) {
 						return nil
 					}}}
 				a := newTraced(t, "a", memory.NewStore(nil), jobs, func(o *runner.Options) { o.Tracer = tr })
-				if st, err := a.r.Trigger(context.Background(), "ok"); err != nil || st != claim.Succeeded {
+				if st, err := a.r.Trigger(context.Background(), "ok", runner.TriggerOptions{}); err != nil || st != claim.Succeeded {
 					t.Fatalf("trigger: %v, %v", st, err)
 				}
 				if <-valid {

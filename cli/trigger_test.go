@@ -1,0 +1,57 @@
+package cli_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/cli"
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
+	"github.com/scheduler-dev/scheduler/internal/config"
+)
+
+// `trigger --here` obeys the job's overlap policy, and runs beside a live
+// earlier run with --overlap allow, as a request to the fleet does (the
+// flag was ignored with --here); --request-id, a request's key, is refused
+// with --here, which makes no request.
+func TestTriggerHereHonoursOverlapAllow(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+filepath.Join(dir, "claims.db")+"\n"+
+		"http:\n  addr: \"\"\nlog:\n  level: error\njobs:\n  example.sleep:\n    schedule: \"@daily\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	b, err := claimers.Open(ctx, cfg.Claimer, "replica-a", claimers.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Today's run is live, held by a replica for the next hour.
+	live := claim.Run{Job: "example.sleep", At: time.Now().UTC().Truncate(24 * time.Hour)}
+	if _, err := claim.ClaimOne(ctx, b, live, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	if code, out, errOut := mainIn(t, dir, "trigger", "--here", "--config", path, "example.sleep"); code != cli.ExitRuntime ||
+		!strings.Contains(out, "example.sleep: skipped") {
+		t.Errorf("trigger --here beside a live run of a forbid job: exit %d, stdout %q, stderr %q; want %d, skipped", code, out, errOut, cli.ExitRuntime)
+	}
+	if code, out, errOut := mainIn(t, dir, "trigger", "--here", "--overlap", "allow", "--config", path, "example.sleep"); code != cli.ExitOK ||
+		!strings.Contains(out, "example.sleep: succeeded") {
+		t.Errorf("trigger --here --overlap allow: exit %d, stdout %q, stderr %q; want 0, succeeded", code, out, errOut)
+	}
+	if code, out, errOut := mainIn(t, dir, "trigger", "--here", "--request-id", "k1", "--config", path, "example.sleep"); code != cli.ExitUsage ||
+		!strings.Contains(errOut, `--request-id "k1"`) || out != "" {
+		t.Errorf("trigger --here --request-id: exit %d, stdout %q, stderr %q; want %d naming the flag", code, out, errOut, cli.ExitUsage)
+	}
+}
