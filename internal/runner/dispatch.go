@@ -732,9 +732,14 @@ func (j *jobState) ranAtStart(at time.Time) bool {
 }
 
 func (j *jobState) setLive(at time.Time, kind, delta int) {
-	k := at.UnixNano()
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	j.setLiveLocked(at.UnixNano(), kind, delta)
+}
+
+// setLiveLocked is setLive for the caller that holds j.mu; k is the
+// instant in unix ns.
+func (j *jobState) setLiveLocked(k int64, kind, delta int) {
 	e := j.live[k]
 	e[kind] += delta
 	if e == [2]int{} {
@@ -748,18 +753,20 @@ func (j *jobState) setLive(at time.Time, kind, delta int) {
 }
 
 // watch makes j's run at live here (watching), dispatched as o, until
-// setLive(at, watching, -1) ends the watch.
+// setLive(at, watching, -1) ends the watch. Both under one lock: an
+// overlap probe never finds the run watched but its origin not yet kept.
 func (j *jobState) watch(at time.Time, o origin) {
-	j.setLive(at, watching, +1)
+	k := at.UnixNano()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.setLiveLocked(k, watching, +1)
 	if o == (origin{}) {
 		return
 	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
 	if j.watchedAs == nil {
 		j.watchedAs = map[int64]origin{}
 	}
-	j.watchedAs[at.UnixNano()] = o
+	j.watchedAs[k] = o
 }
 
 // watchedOrigin is why j's run at, watched here, was dispatched.
