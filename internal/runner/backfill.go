@@ -231,8 +231,10 @@ func (d *dispatcher) backfillOne(ctx, execCtx context.Context, j *jobState, run 
 // ran it, long after this caller reported an error for it. So such a bid
 // is asked again until the backend answers, and a run then found held is
 // asked for again until its holder could no longer be that lost grant (a
-// lease and the clock skew after the last unanswered bid: a lost grant is
-// never renewed): released, it is done; lapsed, it is taken over and
+// lease and the clock skew after the backend answered again, following
+// the last unanswered bid: a lost grant is never renewed, and a server
+// that stalled may grant a queued bid only as it resumes): released, it
+// is done; lapsed, it is taken over and
 // granted here. A backend out of reach for three such windows still ends
 // in an error.
 //
@@ -248,6 +250,7 @@ func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held boo
 	if held {
 		lastLost = time.Now()
 	}
+	lost := false // the last bid's answer was lost
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
 		cl, err := d.claim(ctx, run)
@@ -255,6 +258,17 @@ func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held boo
 		case err == nil, errors.Is(err, claim.ErrDone), errors.Is(err, claim.ErrInvalid), errors.Is(err, errClosing), ctx.Err() != nil:
 			return cl, err
 		case errors.Is(err, claim.ErrHeld):
+			if lost {
+				// The backend answers again. A bid lost before may have
+				// been granted only now, not when it was sent: a stalled
+				// server works off the requests it queued when it
+				// resumes (explorer seed 201206: a backfill's bid, sent
+				// in a 4s stall, granted as it ended; counted from its
+				// send, the window closed while that grant still held
+				// the run, and the backfill left it live for good as
+				// "elsewhere"). So the window counts from this answer.
+				lastLost, lost = time.Now(), false
+			}
 			if lastLost.IsZero() || time.Since(lastLost) > window {
 				return nil, err
 			}
@@ -262,7 +276,7 @@ func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held boo
 			if firstLost.IsZero() {
 				firstLost = sent
 			}
-			lastLost = sent
+			lastLost, lost = sent, true
 			if time.Since(firstLost) > 3*window {
 				return nil, err
 			}
