@@ -20,22 +20,9 @@ import (
 // its start under jitter: in the JSON always, in the table as a note, and
 // one line per failed attempt with --attempts.
 func TestRunsShowAttemptsRetriesAndJitter(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(path, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+filepath.Join(dir, "claims.db")+"\n"+
-		"http:\n  addr: \"\"\nlog:\n  level: error\njobs:\n  example.sleep:\n    schedule: \"@daily\"\n    jitter: 1h\n"+
-		"    retry: {max_attempts: 3, backoff: 30s}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n    jitter: 1h\n"+
+		"    retry: {max_attempts: 3, backoff: 30s}\n")
 	ctx := t.Context()
-	b, err := claimers.Open(ctx, cfg.Claimer, "replica-a", claimers.Options{Migrate: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctl := control.New(b.Controls, nil)
 	now := time.Now().UTC()
 	day := now.Truncate(24 * time.Hour)
@@ -135,4 +122,27 @@ func TestRunsShowAttemptsRetriesAndJitter(t *testing.T) {
 			t.Fatalf("misaligned STATUS column at %d:\n%s", col, out)
 		}
 	}
+}
+
+// sqliteBackend writes config.yaml, on an SQLite file beside it, with
+// the given jobs block, in a fresh directory, and opens its backend
+// (migrated) as the replica "replica-a", for the test to write history
+// the CLI then reads; the caller closes it.
+func sqliteBackend(t *testing.T, jobsYAML string) (dir, path string, b *claimers.Backend) {
+	t.Helper()
+	dir = t.TempDir()
+	path = filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+filepath.Join(dir, "claims.db")+"\n"+
+		"http:\n  addr: \"\"\nlog:\n  level: error\njobs:\n"+jobsYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err = claimers.Open(t.Context(), cfg.Claimer, "replica-a", claimers.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, path, b
 }

@@ -1,16 +1,12 @@
 package cli_test
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/cli"
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
-	"github.com/scheduler-dev/scheduler/internal/config"
 )
 
 // `trigger --here` obeys the job's overlap policy, and runs beside a live
@@ -18,21 +14,8 @@ import (
 // flag was ignored with --here); --request-id, a request's key, is refused
 // with --here, which makes no request.
 func TestTriggerHereHonoursOverlapAllow(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(path, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+filepath.Join(dir, "claims.db")+"\n"+
-		"http:\n  addr: \"\"\nlog:\n  level: error\njobs:\n  example.sleep:\n    schedule: \"@daily\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n")
 	ctx := t.Context()
-	b, err := claimers.Open(ctx, cfg.Claimer, "replica-a", claimers.Options{Migrate: true})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Today's run is live, held by a replica for the next hour.
 	live := claim.Run{Job: "example.sleep", At: time.Now().UTC().Truncate(24 * time.Hour)}
 	if _, err := claim.ClaimOne(ctx, b, live, time.Hour); err != nil {
