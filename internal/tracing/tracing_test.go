@@ -192,7 +192,7 @@ func TestExportToOTLPReceiver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, err := r.Trigger(t.Context(), "report"); err != nil || st != claim.Succeeded {
+	if st, err := r.Trigger(t.Context(), "report", runner.TriggerOptions{}); err != nil || st != claim.Succeeded {
 		t.Fatalf("trigger: %v, %v", st, err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
