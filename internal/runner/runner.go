@@ -144,6 +144,12 @@ type Options struct {
 	// within that.
 	Controls     *control.Store
 	ControlEvery time.Duration
+	// SweepEvery is how often every job's recent history is read again
+	// for live runs nobody watches (default Lease; negative: never): a
+	// `trigger --here` or backfill process killed mid-run leaves its run
+	// to the fleet, which takes it over within SweepEvery plus a lease.
+	// One history read per 1,000 jobs, spread over the period.
+	SweepEvery time.Duration
 	// Tracer, when set, traces every run granted here and every claim and
 	// release batch (see tracing.go); nil: no traces.
 	Tracer trace.Tracer
@@ -211,6 +217,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	opts.MaxClockSkew = cmp.Or(opts.MaxClockSkew, 2*time.Second)
 	opts.Spread = cmp.Or(opts.Spread, min(opts.Lease/10, DefaultSpread))
 	opts.ControlEvery = cmp.Or(opts.ControlEvery, time.Second)
+	opts.SweepEvery = cmp.Or(opts.SweepEvery, opts.Lease)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -379,6 +386,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	started := now
 	standby.Go(func() { d.recover(ctx, execCtx, started) })
+	standby.Go(func() { d.sweep(ctx, execCtx) })
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 loop:
@@ -486,8 +494,6 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	d := r.dispatcher(&wg, &wg)
-	// ctx is both the claim's and the execution's: Trigger has no
-	// shutdown grace of its own.
 	cl, err := d.claimUnwatched(ctx, claim.Run{Job: name, At: at}, false)
 	if err != nil {
 		return "", fmt.Errorf("trigger %s: %w", name, err)
@@ -497,7 +503,15 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	if o.Overlap == OverlapAllow {
 		mode = admitAlways
 	}
-	status, err := d.runToEnd(ctx, ctx, j, cl, mode)
+	// Stopped mid-run (SIGTERM, Ctrl-C: ctx ends), the trigger hands its
+	// run back interrupted, as a replica's shutdown does, and the fleet's
+	// sweep takes it over. Recorded failed, a run that never finished
+	// would be lost to the stop; left running, it would wait for a lease
+	// its holder no longer renews.
+	execCtx, stopExec := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopExec(nil)
+	defer context.AfterFunc(ctx, func() { stopExec(job.ErrShutdown) })()
+	status, err := d.runToEnd(ctx, execCtx, j, cl, mode)
 	if err != nil {
 		return status, fmt.Errorf("trigger %s: %w", name, err)
 	}
@@ -506,10 +520,10 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 
 // runToEnd executes cl here, ctx as Run's context and execCtx as the
 // execution's (Trigger and Backfill have no shutdown grace of their own:
-// Trigger passes ctx twice, so its run ends as the handler's error says;
-// Backfill hands its runs back interrupted when ctx ends) and, so the
-// caller learns how the run ended, carries it on here when nothing else
-// would: nothing stands by for a run outside the schedule.
+// they hand their runs back interrupted when ctx ends) and, so the caller
+// learns how the run ended, carries it on here while it lives: nothing
+// stands by for a run outside the schedule but the fleet's sweep, a
+// SweepEvery away.
 //   - A handler that failed, of a job that retries, is retried here once
 //     its backoff has passed.
 //   - A run whose lease was lost under it (renewals that could not reach

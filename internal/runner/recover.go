@@ -1,0 +1,167 @@
+// This file owns the live runs nobody here dispatched: start-up recovery
+// reads every job's recent history once, and the sweep reads it again, a
+// slice of the jobs at a time, for as long as the replica runs. Each
+// stands by, like a watcher, for a live run this replica neither executes
+// nor watches, and takes it over once its holder is gone.
+
+package runner
+
+import (
+	"context"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// recoverProbe is how many recent runs of each job recovery and the sweep
+// read first. A run left live by a holder that died while no replica
+// watched it is among its job's latest (nobody dispatched the instants
+// after it), or behind the instants it held back while it lived, recorded
+// skipped or missed: readLive reads on past those, eight times deeper at
+// a time, up to maxOwnerProbe.
+const recoverProbe = 16
+
+// liveRead is one job's history read, limit records deep.
+type liveRead struct {
+	j     *jobState
+	limit int
+}
+
+// firstReads are the first reads of jobs' histories.
+func firstReads(jobs []*jobState) []liveRead {
+	ps := make([]liveRead, len(jobs))
+	for i, j := range jobs {
+		ps[i] = liveRead{j: j, limit: recoverProbe}
+	}
+	return ps
+}
+
+// readLive reads the recent history of each of ps's jobs (at most maxBatch
+// of them: claim.Histories, one round trip where the backend reads many
+// jobs at once) and calls each with it, reading deeper where a live run
+// could still hide past what was read (see recoverProbe). On an error it
+// returns the reads not answered yet, for the caller to retry.
+func (d *dispatcher) readLive(ctx context.Context, ps []liveRead, each func(*jobState, []claim.Record)) ([]liveRead, error) {
+	for len(ps) > 0 {
+		qs := make([]claim.HistoryQuery, len(ps))
+		for i, p := range ps {
+			qs[i] = claim.HistoryQuery{Job: p.j.Name, Limit: p.limit}
+		}
+		hctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease)
+		hists, err := claim.Histories(hctx, d.r.opts.Claimer, qs)
+		cancel()
+		if err != nil {
+			return ps, err
+		}
+		var deeper []liveRead
+		for i, p := range ps {
+			if h := hists[i]; len(h) == p.limit && p.limit < maxOwnerProbe && !ranAndEnded(h[len(h)-1]) {
+				// A run can stay live behind the instants skipped or
+				// missed while it lived (a long run held them back while
+				// nobody watched it): read deeper, as the overlap probe
+				// does, or it is left to nobody.
+				deeper = append(deeper, liveRead{j: p.j, limit: 8 * p.limit})
+				continue
+			}
+			each(p.j, hists[i])
+		}
+		ps = deeper
+	}
+	return nil, nil
+}
+
+// recover finds, at start-up, the runs the backend still records as live
+// (running or interrupted) and contends for each like a standby: their
+// holder may have died while no replica stood by for them (a one-replica
+// deployment, or every standby restarted since), and the look-back at the
+// latest instant alone would leave an older one behind for good. A run
+// still held is waited for; one handed back or expired is taken over,
+// attempt+1, however old it is: a takeover is not a misfire. It retries a
+// read until the backend answers or ctx (Run's) ends.
+func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
+	r := d.r
+	warned := false
+	for jobs := r.jobs; len(jobs) > 0; {
+		chunk := jobs[:min(len(jobs), maxBatch)]
+		jobs = jobs[len(chunk):]
+		ps := firstReads(chunk)
+		for attempt := 0; ; attempt++ {
+			var err error
+			ps, err = d.readLive(ctx, ps, func(j *jobState, recs []claim.Record) {
+				// The live runs first: each is watched (live here) before
+				// any later instant is dispatched, so a later instant's
+				// overlap check sees it and stands by for it, or takes it
+				// over itself, instead of starting before its takeover is
+				// granted and making the takeover yield (a run that
+				// started, lost to a crash).
+				for _, rec := range recs {
+					if rec.Status.Live() && !rec.At.After(now) {
+						d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)
+					}
+				}
+				d.startupHistory(ctx, execCtx, j, recs, now)
+				if j.Misfire != MisfireRunAll {
+					// The look-back (Run): run-all catches it up in turn
+					// with the instants before it (catchup.go).
+					d.start(ctx, execCtx, j, r.lookBack(j, now), origin{late: MissedNoReplica}, r.opts.Spread)
+				}
+			})
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if !warned {
+				r.log.WarnContext(ctx, "cannot list live runs to recover; retrying", "instance", r.opts.Instance,
+					"claimer", r.opts.ClaimerName, "job", ps[0].j.Name, "jobs", len(ps), "error", err.Error())
+				warned = true
+			}
+			if !sleep(ctx, jitter(min(r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))) {
+				return
+			}
+		}
+	}
+}
+
+// sweep reads the jobs' recent histories again, maxBatch jobs per
+// SweepEvery/chunks, so that every job is read once per SweepEvery, and
+// stands by for each live run nobody here watches (adopt). Such a run had
+// a holder no replica dispatched it with: a `trigger --here` or a
+// backfill process, killed or stopped mid-run (its run handed back
+// interrupted, or its lease left to lapse). Nothing else would take it
+// over: the overlap probe of a forbid job's next instant adopts it, but
+// only at that instant (tomorrow night, for a nightly job), and an allow
+// job's never. A read that fails is not retried: the next pass reads
+// those jobs again.
+func (d *dispatcher) sweep(ctx, execCtx context.Context) {
+	r := d.r
+	if r.opts.SweepEvery < 0 || len(r.jobs) == 0 {
+		return
+	}
+	chunks := (len(r.jobs) + maxBatch - 1) / maxBatch
+	for next := 0; ; next = (next + 1) % chunks {
+		if !sleep(ctx, jitter(r.opts.SweepEvery/time.Duration(chunks))) {
+			return
+		}
+		chunk := r.jobs[next*maxBatch : min(len(r.jobs), (next+1)*maxBatch)]
+		// A run whose instant the dispatch loop is still due to reach
+		// (its hold, or a clock behind the others) is not yet watched
+		// here, but no orphan: only instants past the late tolerance
+		// count, by when the loop has dispatched them or given them up.
+		before := r.opts.Now().Add(-r.lateTolerance())
+		_, err := d.readLive(ctx, firstReads(chunk), func(j *jobState, recs []claim.Record) {
+			var orphans []claim.Record
+			for _, rec := range recs {
+				if rec.Status.Live() && j.fire(rec.At).Before(before) {
+					orphans = append(orphans, rec)
+				}
+			}
+			d.adopt(ctx, execCtx, j, orphans)
+		})
+		if err != nil && ctx.Err() == nil {
+			r.log.DebugContext(ctx, "cannot read live runs to sweep", "instance", r.opts.Instance,
+				"claimer", r.opts.ClaimerName, "job", chunk[0].Name, "jobs", len(chunk), "error", err.Error())
+		}
+	}
+}
