@@ -205,6 +205,11 @@ func (e *env) triggerHere(cfg *config.Config, file, name string, o runner.Trigge
 	}
 	defer closeAll()
 	status, err := r.Trigger(ctx, name, o)
+	if status == claim.Interrupted && ctx.Err() != nil {
+		// Stopped mid-run: the run was handed back, not failed.
+		fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
+		return e.fail("stopped mid-run: the run was handed back interrupted; a replica of the fleet takes it over")
+	}
 	if err != nil {
 		return e.fail("%v", err)
 	}
