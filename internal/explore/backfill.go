@@ -97,47 +97,16 @@ func (w *world) runBackfill(ctx context.Context, b backfillPlan) {
 	}
 }
 
-// backfill runs one backfill process named name on r's host, in r's
-// current incarnation (waiting for one to be up); ok is false if r
-// crashed or stopped under it.
+// backfill runs one backfill process named name on r's host (inPod);
+// ok is false if r crashed or stopped under it.
 func (r *replica) backfill(ctx context.Context, name string, b backfillPlan, from, to time.Time) (sum runner.BackfillSummary, err error, ok bool) {
-	var gen int
-	var rctx context.Context
-	for {
-		r.mu.Lock()
-		var stopped chan struct{}
-		gen, rctx, stopped = r.gen, r.ctx, r.stopped
-		r.mu.Unlock()
-		select {
-		case <-stopped: // down: wait for the next incarnation
-			if !sleepUntil(ctx, time.Now().Add(r.w.cfg.Lease/3)) {
-				return sum, ctx.Err(), false
-			}
-			continue
-		default:
-		}
-		break
-	}
-	inner, err := r.w.cfg.Open(name)
-	if err != nil {
-		return sum, err, false
-	}
-	defer inner.Close()
-	r.mu.Lock()
-	if r.backfills == nil {
-		r.backfills = map[string]bool{}
-	}
-	r.backfills[name] = true
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		delete(r.backfills, name)
-		r.mu.Unlock()
-	}()
 	r.w.noteBackfill(name)
-	run := r.runner(&faulty{r: r, gen: gen, inner: inner, name: name}, nil)
-	_, sum, err = run.Backfill(rctx, b.job, runner.BackfillOptions{From: from, To: to, Rerun: b.rerun, MaxConcurrent: b.concurrent})
-	return sum, err, rctx.Err() == nil
+	ok, err = r.inPod(ctx, name, func(rctx context.Context, run *runner.Runner) error {
+		var err error
+		_, sum, err = run.Backfill(rctx, b.job, runner.BackfillOptions{From: from, To: to, Rerun: b.rerun, MaxConcurrent: b.concurrent})
+		return err
+	})
+	return sum, err, ok
 }
 
 // noteBackfill records name as a backfill process, for the checker.

@@ -77,6 +77,9 @@ type Config struct {
 	// NoBackfills leaves the operator's backfills out (a seed found before
 	// they were explored replays as it was found).
 	NoBackfills bool
+	// NoHeres leaves the operator's `trigger --here` processes out (a
+	// seed found before they were explored replays as it was found).
+	NoHeres bool
 	// Log, when set, receives every replica's runner log (text, debug
 	// level), each line marked with the replica and its incarnation: what
 	// each replica decided, beside the history of what the backend saw.
@@ -103,6 +106,9 @@ type Result struct {
 	// run of it settled every instant), BackfillsDone how many settled
 	// before the history ended.
 	Backfills, BackfillsDone int
+	// Heres is how many `trigger --here` processes the operator ran,
+	// HeresKilled how many of them died with their replica.
+	Heres, HeresKilled int
 	// Alongside holds the runs the operator requested with overlap allow,
 	// by run id: they may run beside their job's other runs.
 	Alongside map[string]bool
@@ -117,6 +123,9 @@ func (r *Result) Report() string {
 	}
 	if r.Backfills > 0 {
 		s += fmt.Sprintf("\nbackfills=%d settled=%d", r.Backfills, r.BackfillsDone)
+	}
+	if r.Heres > 0 {
+		s += fmt.Sprintf("\ntrigger --here=%d killed=%d", r.Heres, r.HeresKilled)
 	}
 	for _, v := range r.Violations {
 		s += "\n  " + v.Format(r.T0)
@@ -203,6 +212,13 @@ type world struct {
 	// backfillsDone counts the backfills one of whose runs settled.
 	backfillNames map[string]bool
 	backfillsDone int
+	// adhoc is the job only the operator's triggers run, registered on
+	// every replica when the seed has triggers (here.go).
+	adhoc      *jobDef
+	adhocSched *schedule.Schedule
+	// heres counts the operator's `trigger --here` processes that ended,
+	// heresKilled those that died with their replica (here.go).
+	heres, heresKilled int
 	// alongside are the runs requested with overlap allow (operate),
 	// by run id (noteAlongside).
 	alongside map[string]bool
@@ -273,6 +289,14 @@ func Run(cfg Config) (*Result, error) {
 		w.plan = nemesis.New(cfg.Seed, nemesis.Params{Replicas: cfg.Replicas, Lease: cfg.Lease, MaxSkew: cfg.MaxSkew,
 			From: cfg.Lease, To: cfg.Faults, Extra: cfg.Extra, Classes: classes, Nodes: cfg.Nodes})
 	}
+	heres := w.drawHeres()
+	if w.adhoc != nil {
+		s, err := schedule.Parse(w.adhoc.spec, "UTC")
+		if err != nil {
+			return nil, err
+		}
+		w.adhocSched = s
+	}
 	w.t0 = time.Now()
 	end := w.t0.Add(w.plan.Heal() + cfg.Quiet)
 
@@ -290,6 +314,9 @@ func Run(cfg Config) (*Result, error) {
 	for _, b := range backfills {
 		w.wg.Go(func() { w.runBackfill(ctx, b) })
 	}
+	for i, h := range heres {
+		w.wg.Go(func() { w.runHere(ctx, h, i+1) })
+	}
 	sleepUntil(ctx, end)
 	cancel()
 	w.wg.Wait()
@@ -301,7 +328,7 @@ func Run(cfg Config) (*Result, error) {
 	}
 
 	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed,
-		Backfills: len(backfills), BackfillsDone: w.backfillsDone, Alongside: w.alongside}
+		Backfills: len(backfills), BackfillsDone: w.backfillsDone, Heres: w.heres, HeresKilled: w.heresKilled, Alongside: w.alongside}
 	// Every replica is up and healthy from heal on: a run granted before
 	// heal+lease has a holder that finishes, or a lease that lapses and
 	// a standby (or a restarted replica's recovery) that takes over.
@@ -529,6 +556,10 @@ func (w *world) runnerJobs(r *replica, gen int) []runner.Job {
 	for i, j := range w.jobs {
 		out = append(out, runner.Job{Name: j.name, Schedule: w.scheduleOf(r, i), Overlap: j.overlap, Misfire: j.misfire,
 			Grace: j.grace, MaxAttempts: 5, Handler: r.handler(j, gen), Backoff: j.backoff, Jitter: j.jitter, MaxCatchup: j.maxCatchup})
+	}
+	if j := w.adhoc; j != nil {
+		out = append(out, runner.Job{Name: j.name, Schedule: w.adhocSched, Overlap: j.overlap, Misfire: j.misfire,
+			MaxAttempts: 5, Handler: r.handler(*j, gen)})
 	}
 	return out
 }

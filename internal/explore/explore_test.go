@@ -214,3 +214,42 @@ func TestBackfillsAreExplored(t *testing.T) {
 	t.Logf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run",
 		seeds, backfills, started, resumed, killed)
 }
+
+// TestTriggersHereAreExplored guards the `trigger --here` part of the
+// sweep: the operator's triggers start runs under the faults, some die
+// with their replica mid-run, and the fleet takes such a run over (a
+// Start by a replica, attempt > 1, of a run a trigger process started),
+// though no replica dispatched it. That every run ends is each seed's
+// invariant to hold (abandoned).
+func TestTriggersHereAreExplored(t *testing.T) {
+	testenv.CPUHeavy(t)
+	oneProc(t)
+	var heres, killed, started, takenOver, seeds int
+	for seed := uint64(1); seed <= 200; seed++ {
+		synctest.Test(t, func(t *testing.T) {
+			res := explored(t, Config{Seed: seed})
+			seeds++
+			heres += res.Heres
+			killed += res.HeresKilled
+			byHere := map[string]bool{}
+			for _, e := range res.Events {
+				if e.Kind != history.Start {
+					continue
+				}
+				switch {
+				case strings.Contains(e.Replica, ".here"):
+					started++
+					byHere[e.Run.ID()] = true
+				case byHere[e.Run.ID()] && !strings.Contains(e.Replica, "."):
+					takenOver++
+				}
+			}
+		})
+	}
+	if heres < seeds/3 || started < seeds/4 || killed < 10 || takenOver < 20 {
+		t.Fatalf("over %d seeds: %d triggers, %d runs started by them, %d killed with their replica, %d of their runs taken over by the fleet; triggers are not exercised",
+			seeds, heres, started, killed, takenOver)
+	}
+	t.Logf("over %d seeds: %d triggers, %d runs started by them, %d killed with their replica, %d of their runs taken over by the fleet",
+		seeds, heres, started, killed, takenOver)
+}

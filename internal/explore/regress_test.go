@@ -92,7 +92,7 @@ func TestReplaceBesideALateTakeover(t *testing.T) {
 		for i := range 25 {
 			t.Run(fmt.Sprintf("%d/%d", seed, i), func(t *testing.T) {
 				t.Parallel()
-				synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed, NoBackfills: true}) })
+				synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed, NoBackfills: true, NoHeres: true}) })
 			})
 		}
 	}
@@ -109,7 +109,7 @@ func TestReplaceBesideALateTakeover(t *testing.T) {
 // explorer's goroutines interleave differently from run to run): hence
 // eight runs here, which all passed before the fix one time in 256.
 func TestAGrantLandingAfterItsSendersRestartIsTakenOverWhilePaused(t *testing.T) {
-	replaySeed(t, Config{Seed: 41429, NoBackfills: true}, 8, false)
+	replaySeed(t, Config{Seed: 41429, NoBackfills: true, NoHeres: true}, 8, false)
 }
 
 // replaySeed runs cfg's seed runs times (a seed found before backfills
@@ -140,7 +140,7 @@ func replaySeed(t *testing.T, cfg Config, runs int, parallel bool) {
 // was its own unanswered bid: nobody watched the lease, and the run was
 // abandoned (history.Abandoned) in every run of the seed.
 func TestAGrantWhoseReplyWasLostWhileRecordingMissedIsWatched(t *testing.T) {
-	replaySeed(t, Config{Seed: 51737, NoBackfills: true}, 4, false)
+	replaySeed(t, Config{Seed: 51737, NoBackfills: true, NoHeres: true}, 4, false)
 }
 
 // TestATakeoverBuriedBehindEndedRunsIsStillSeen pins seed 61163 (found by
@@ -157,7 +157,7 @@ func TestAGrantWhoseReplyWasLostWhileRecordingMissedIsWatched(t *testing.T) {
 // run the page does not reach; forty runs, which all passed before the
 // fix about one time in twenty-three.
 func TestATakeoverBuriedBehindEndedRunsIsStillSeen(t *testing.T) {
-	replaySeed(t, Config{Seed: 61163, NoBackfills: true}, 40, true)
+	replaySeed(t, Config{Seed: 61163, NoBackfills: true, NoHeres: true}, 40, true)
 }
 
 // TestAGrantThatLandedAfterItsHolderExitedIsAdopted pins seed 133110
@@ -170,7 +170,7 @@ func TestATakeoverBuriedBehindEndedRunsIsStillSeen(t *testing.T) {
 // around it: abandoned in about three runs in five. Now a probe stands by
 // for the live runs it finds that nobody on its replica watches.
 func TestAGrantThatLandedAfterItsHolderExitedIsAdopted(t *testing.T) {
-	replaySeed(t, Config{Seed: 133110}, 8, true)
+	replaySeed(t, Config{Seed: 133110, NoHeres: true}, 8, true)
 }
 
 // TestRunsRequestedAlongsideAreNeverSkippedForOverlap pins the seeds that
@@ -188,7 +188,7 @@ func TestRunsRequestedAlongsideAreNeverSkippedForOverlap(t *testing.T) {
 		for i := range 4 {
 			t.Run(fmt.Sprintf("%d/%d", seed, i), func(t *testing.T) {
 				t.Parallel()
-				synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed}) })
+				synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed, NoHeres: true}) })
 			})
 		}
 	}
@@ -204,5 +204,5 @@ func TestRunsRequestedAlongsideAreNeverSkippedForOverlap(t *testing.T) {
 // 4 runs of the seed in 57 alone; 3 to 6 of these 40 in each of four
 // tries). Now the window counts from the backend's next answer.
 func TestABackfillOutwaitsItsOwnGrantFromAStalledServer(t *testing.T) {
-	replaySeed(t, Config{Seed: 201206}, 40, true)
+	replaySeed(t, Config{Seed: 201206, NoHeres: true}, 40, true)
 }

@@ -24,9 +24,10 @@ type replica struct {
 	mu  sync.Mutex
 	gen int             // incarnation
 	ctx context.Context // the incarnation's: ends when it crashes or terminates
-	// backfills names the operator's backfills running on this replica's
-	// host (backfill.go): a crash of the replica kills them too.
-	backfills map[string]bool
+	// execs names the operator's processes running on this replica's
+	// host (inPod: backfills, triggers): a crash of the replica kills
+	// them too.
+	execs     map[string]bool
 	deadGen   int // incarnations up to this one crashed
 	stopped   chan struct{}
 	cancel    context.CancelFunc
@@ -132,7 +133,7 @@ func (r *replica) apply(op nemesis.Op, until time.Time) {
 		if op.Kind == nemesis.Crash {
 			r.deadGen = r.gen
 			r.w.log.Add(history.Event{Kind: history.Crash, Replica: r.id})
-			for name := range r.backfills {
+			for name := range r.execs {
 				r.w.log.Add(history.Event{Kind: history.Crash, Replica: name})
 			}
 		}
@@ -431,4 +432,46 @@ func (f *faulty) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]cl
 	return call(f, ctx, func(ctx context.Context) ([][]claim.Record, error) {
 		return claim.Histories(ctx, f.inner, qs)
 	})
+}
+
+// inPod runs do as one process named name on r's host (kubectl exec), in
+// r's current incarnation (waiting for one to be up), with a runner of its
+// own over r's link: it shares r's link and host faults and dies with r.
+// do's context ends when r crashes or stops; ok is false if it did.
+func (r *replica) inPod(ctx context.Context, name string, do func(context.Context, *runner.Runner) error) (ok bool, err error) {
+	var gen int
+	var rctx context.Context
+	for {
+		r.mu.Lock()
+		var stopped chan struct{}
+		gen, rctx, stopped = r.gen, r.ctx, r.stopped
+		r.mu.Unlock()
+		select {
+		case <-stopped: // down: wait for the next incarnation
+			if !sleepUntil(ctx, time.Now().Add(r.w.cfg.Lease/3)) {
+				return false, ctx.Err()
+			}
+			continue
+		default:
+		}
+		break
+	}
+	inner, err := r.w.cfg.Open(name)
+	if err != nil {
+		return false, err
+	}
+	defer inner.Close()
+	r.mu.Lock()
+	if r.execs == nil {
+		r.execs = map[string]bool{}
+	}
+	r.execs[name] = true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.execs, name)
+		r.mu.Unlock()
+	}()
+	err = do(rctx, r.runner(&faulty{r: r, gen: gen, inner: inner, name: name}, nil))
+	return rctx.Err() == nil, err
 }
