@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os/signal"
 	"slices"
@@ -109,6 +110,15 @@ func (e *env) trigger(args []string) int {
 	}
 	if *overlap != "" && *overlap != runner.OverlapAllow {
 		fmt.Fprintf(e.stderr, "scheduler trigger: --overlap %q: want allow\n", *overlap)
+		return ExitUsage
+	}
+	// --timeout bounds --wait's following of a request; said without it
+	// (or with --here, which runs the job to its end), it would be
+	// dropped without a word.
+	timed := false
+	fs.Visit(func(f *flag.Flag) { timed = timed || f.Name == "timeout" })
+	if timed && (!*wait || *here) {
+		fmt.Fprintf(e.stderr, "scheduler trigger: --timeout %s: only with --wait, and not with --here\n", *timeout)
 		return ExitUsage
 	}
 	cfg, ok := e.load(*path)

@@ -38,3 +38,20 @@ func TestTriggerHereHonoursOverlapAllow(t *testing.T) {
 		t.Errorf("trigger --here --request-id: exit %d, stdout %q, stderr %q; want %d naming the flag", code, out, errOut, cli.ExitUsage)
 	}
 }
+
+// --timeout bounds --wait: said without it, or with --here (which runs
+// the job to its end), it is refused rather than dropped without a word.
+func TestTriggerTimeoutNeedsWait(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"trigger", "--timeout", "5s", "--config", path, "example.sleep"},
+		{"trigger", "--here", "--wait", "--timeout", "5s", "--config", path, "example.sleep"},
+	} {
+		if code, out, errOut := mainIn(t, dir, args...); code != cli.ExitUsage || !strings.Contains(errOut, "--timeout 5s") || out != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d naming the flag", args, code, out, errOut, cli.ExitUsage)
+		}
+	}
+}
