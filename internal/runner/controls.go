@@ -91,6 +91,12 @@ func (r *Runner) requestOf(ctx context.Context, run claim.Run) *control.Request 
 			return q
 		}
 	}
+	r.mu.Lock()
+	known := r.unrequested[run.ID()]
+	r.mu.Unlock()
+	if known {
+		return nil
+	}
 	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/2)
 	got, err := r.opts.Controls.Requests(rctx)
 	cancel()
@@ -98,8 +104,25 @@ func (r *Runner) requestOf(ctx context.Context, run claim.Run) *control.Request 
 		return nil
 	}
 	r.setRequests(got)
-	return (*r.requests.Load())[run.ID()]
+	q := (*r.requests.Load())[run.ID()]
+	if q == nil {
+		// A request is written before any claim of its run, so a run a
+		// fresh read does not name never becomes one (a trigger --here
+		// run, a backfill's rerun): the sweep, the overlap probe and the
+		// grant that come to it need not read the register again.
+		r.mu.Lock()
+		if len(r.unrequested) >= maxUnrequested {
+			clear(r.unrequested)
+		}
+		r.unrequested[run.ID()] = true
+		r.mu.Unlock()
+	}
+	return q
 }
+
+// maxUnrequested bounds Runner.unrequested: past it, the runs it names
+// are read afresh again, once each.
+const maxUnrequested = 10_000
 
 // watchControls reads the controls every ControlEvery until ctx (Run's)
 // is done, and dispatches the runs requested of this replica's jobs.

@@ -2,7 +2,9 @@ package runner
 
 import (
 	"context"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -88,4 +90,54 @@ func TestAProbeThatWinsAWatchedRequestRunsItAsRequested(t *testing.T) {
 		standby.Wait()
 		exec.Wait()
 	})
+}
+
+// countedControls counts the register's reads of requests.
+type countedControls struct {
+	claim.Controls
+	reads atomic.Int32
+}
+
+func (c *countedControls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	if strings.HasPrefix(prefix, "request") {
+		c.reads.Add(1)
+	}
+	return c.Controls.List(ctx, prefix)
+}
+
+// A manual run no request names (a trigger --here run the sweep adopts,
+// a backfill's rerun) is looked up in the register once: a request is
+// written before any claim of its run, so the answer cannot change, and
+// start, the grant and the overlap skip's re-check would each read it
+// again. A request's run is still found, from the register or the last
+// read.
+func TestAManualRunNoRequestNamesIsLookedUpOnce(t *testing.T) {
+	ctx := t.Context()
+	store := memory.NewStore(time.Now)
+	reg := &countedControls{Controls: store.Controls()}
+	sched, err := schedule.Parse("* * * * *", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Options{Claimer: memory.New(store, "r1"), Instance: "r1", Controls: control.New(reg, nil)},
+		[]Job{{Name: "sync", Schedule: sched, Handler: func(context.Context, job.Run) error { return nil }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	here := claim.Run{Job: "sync", At: control.ManualInstant(time.Now())}
+	for range 3 {
+		if q := r.requestOf(ctx, here); q != nil {
+			t.Fatalf("requestOf(%s) = %+v, want none", here.ID(), q)
+		}
+	}
+	if n := reg.reads.Load(); n != 1 {
+		t.Errorf("the register was read %d times for one run no request names, want once", n)
+	}
+	req, _, err := control.New(store.Controls(), nil).Request(ctx, control.Request{Job: "sync", By: "ops", Overlap: OverlapAllow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := r.requestOf(ctx, req.Run()); q == nil || q.ID != req.ID || q.Overlap != OverlapAllow {
+		t.Errorf("requestOf(%s) = %+v, want request %s", req.Run().ID(), q, req.ID)
+	}
 }

@@ -185,6 +185,9 @@ type Runner struct {
 	// see overlap.go.
 	running map[string]context.CancelCauseFunc
 	revoked map[string]string
+	// unrequested holds the manual runs a fresh read of the requests did
+	// not name, by run id (see requestOf).
+	unrequested map[string]bool
 }
 
 type jobState struct {
@@ -227,7 +230,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	if opts.RenewEvery >= opts.Lease {
 		return nil, fmt.Errorf("runner: renew_every %v must be shorter than lease %v", opts.RenewEvery, opts.Lease)
 	}
-	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}}
+	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}, unrequested: map[string]bool{}}
 	seen := map[string]bool{}
 	for _, j := range jobs {
 		switch {
