@@ -15,6 +15,25 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
+// sqliteConfig writes dir/name.yaml: the replicas' settings on the SQLite
+// file db, lease 2s, instance REPLICA (default operator), and jobs (the
+// YAML under jobs:).
+func sqliteConfig(t *testing.T, dir, db, name, jobs string) string {
+	t.Helper()
+	p := filepath.Join(dir, name+".yaml")
+	body := `instance_id: ${REPLICA:-operator}
+claimer:
+  kind: sqlite
+  sqlite:
+    path: ` + db + `
+  lease: 2s
+` + replicaSettings + "jobs:\n" + jobs
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // A backfill process killed (SIGKILL) or stopped (SIGTERM) while its runs
 // worked leaves past instants live that no replica's schedule watches.
 // Running the same backfill again finishes them: each is taken over (once
@@ -29,22 +48,10 @@ func TestABackfillRunAgainFinishesWhatAKilledOneLeft(t *testing.T) {
 			// The first backfill's sleeps last an hour: it is stopped
 			// mid-run. The second runs with sleeps of 100ms.
 			conf := func(name, duration string) string {
-				p := filepath.Join(dir, name+".yaml")
-				body := `instance_id: ${REPLICA:-operator}
-claimer:
-  kind: sqlite
-  sqlite:
-    path: ` + db + `
-  lease: 2s
-` + replicaSettings + `jobs:
-  example.sleep:
+				return sqliteConfig(t, dir, db, name, `  example.sleep:
     schedule: "0 * * * * *"
     params:
-      duration: ` + duration + "\n"
-				if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-					t.Fatal(err)
-				}
-				return p
+      duration: `+duration+"\n")
 			}
 			to := time.Now().UTC().Truncate(time.Minute).Add(-time.Minute)
 			from := to.Add(-2 * time.Minute)

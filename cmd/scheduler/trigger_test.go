@@ -28,23 +28,11 @@ func TestAReplicaTakesOverARunATriggerHereLeft(t *testing.T) {
 			// The trigger's sleep lasts an hour: it is stopped mid-run.
 			// The replica's lasts 100ms.
 			conf := func(name, duration string) string {
-				p := filepath.Join(dir, name+".yaml")
-				body := `instance_id: ${REPLICA:-operator}
-claimer:
-  kind: sqlite
-  sqlite:
-    path: ` + db + `
-  lease: 2s
-` + replicaSettings + `jobs:
-  example.sleep:
+				return sqliteConfig(t, dir, db, name, `  example.sleep:
     schedule: "0 0 0 29 2 *"
     overlap: allow
     params:
-      duration: ` + duration + "\n"
-				if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-					t.Fatal(err)
-				}
-				return p
+      duration: `+duration+"\n")
 			}
 			fast := conf("fast", "100ms")
 			startReplica(t, dir, fast, "r1")

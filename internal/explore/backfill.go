@@ -45,14 +45,7 @@ func (w *world) drawBackfills() []backfillPlan {
 	b := backfillPlan{at: l + time.Duration(rng.Int64N(int64(max(w.cfg.Faults-l, time.Second)))),
 		replica: rng.IntN(w.cfg.Replicas), job: w.jobs[rng.IntN(len(w.jobs))].name,
 		rerun: []string{runner.RerunNone, runner.RerunFailed}[rng.IntN(2)], concurrent: 1 + rng.IntN(3)}
-	var hits []nemesis.Op
-	for _, op := range w.plan.Ops {
-		if op.Replica >= 0 && contains([]string{nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay}, op.Kind) &&
-			op.At > l+l/2 {
-			hits = append(hits, op)
-		}
-	}
-	if len(hits) > 0 && rng.IntN(2) == 0 {
+	if hits := w.podFaults(); len(hits) > 0 && rng.IntN(2) == 0 {
 		op := hits[rng.IntN(len(hits))]
 		b.replica, b.at = op.Replica, op.At-time.Duration(rng.Int64N(int64(l/2)))
 	}
@@ -107,6 +100,21 @@ func (r *replica) backfill(ctx context.Context, name string, b backfillPlan, fro
 		return err
 	})
 	return sum, err, ok
+}
+
+// podFaults are the plan's faults of one replica that a process in its
+// pod meets (a crash, a termination, a pause, a partition), from a lease
+// and a half on: a backfill or a trigger drawn to start just before one.
+func (w *world) podFaults() []nemesis.Op {
+	l := w.cfg.Lease
+	var hits []nemesis.Op
+	for _, op := range w.plan.Ops {
+		if op.Replica >= 0 && contains([]string{nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay}, op.Kind) &&
+			op.At > l+l/2 {
+			hits = append(hits, op)
+		}
+	}
+	return hits
 }
 
 // noteBackfill records name as a backfill process, for the checker.

@@ -8,7 +8,6 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/history"
-	"github.com/scheduler-dev/scheduler/internal/nemesis"
 	"github.com/scheduler-dev/scheduler/internal/runner"
 )
 
@@ -45,13 +44,7 @@ func (w *world) drawHeres() []herePlan {
 		return nil
 	}
 	l := w.cfg.Lease
-	var hits []nemesis.Op
-	for _, op := range w.plan.Ops {
-		if op.Replica >= 0 && contains([]string{nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay}, op.Kind) &&
-			op.At > l+l/2 {
-			hits = append(hits, op)
-		}
-	}
+	hits := w.podFaults()
 	w.adhoc = &jobDef{name: "adhoc", spec: "0 0 29 2 *", overlap: runner.OverlapAllow, misfire: runner.MisfireSkip,
 		work: func(h uint64) time.Duration { return l/2 + time.Duration(h%uint64(3*l/2)) }}
 	var hs []herePlan
