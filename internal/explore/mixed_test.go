@@ -29,7 +29,7 @@ func TestMixedConfigsAreExplored(t *testing.T) {
 	var seeds, specSeeds, bothSpecs, zoneSeeds, bothZones int
 	for seed := uint64(1); seed <= 40; seed++ {
 		synctest.Test(t, func(t *testing.T) {
-			res := explored(t, Config{Seed: seed})
+			res := exploredSeed(t, seed)
 			seeds++
 			m := res.Mixed
 			if m == nil {
