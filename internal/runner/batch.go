@@ -93,6 +93,13 @@ func (q *queue[T]) idle() bool {
 	return false
 }
 
+// active reports whether calls wait or a sender is at work.
+func (q *queue[T]) active() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.busy || len(q.pending) > 0
+}
+
 // batcher coalesces one Run's claim calls into batches: a bid that finds
 // no batch in flight goes out at once, alone; bids that arrive while one is
 // in flight wait for it and go out together in the next (group commit). So

@@ -144,6 +144,16 @@ func (d *dispatcher) sweep(ctx, execCtx context.Context) {
 		if !sleep(ctx, jitter(r.opts.SweepEvery/time.Duration(chunks))) {
 			return
 		}
+		// Runs falling due come first: a read of 1,000 jobs' histories
+		// in the middle of thousands of claims would cost them lag
+		// (measured: redis lag p99 at 10,000 × 3 up by a quarter). It
+		// waits for a moment with no claim, release or probe in flight,
+		// for up to SweepEvery.
+		for quiet := time.Now().Add(r.opts.SweepEvery); d.busy() && time.Now().Before(quiet); {
+			if !sleep(ctx, jitter(50*time.Millisecond)) {
+				return
+			}
+		}
 		chunk := r.jobs[next*maxBatch : min(len(r.jobs), (next+1)*maxBatch)]
 		// A run whose instant the dispatch loop is still due to reach
 		// (its hold, or a clock behind the others) is not yet watched
@@ -164,4 +174,10 @@ func (d *dispatcher) sweep(ctx, execCtx context.Context) {
 				"claimer", r.opts.ClaimerName, "job", chunk[0].Name, "jobs", len(chunk), "error", err.Error())
 		}
 	}
+}
+
+// busy reports whether this Run's claims, releases or overlap probes are
+// in flight or waiting: runs are falling due.
+func (d *dispatcher) busy() bool {
+	return d.batch.q.active() || d.ends.q.active() || d.reads.q.active()
 }
