@@ -94,7 +94,7 @@ func (w *world) runBackfill(ctx context.Context, b backfillPlan) {
 // ok is false if r crashed or stopped under it.
 func (r *replica) backfill(ctx context.Context, name string, b backfillPlan, from, to time.Time) (sum runner.BackfillSummary, err error, ok bool) {
 	r.w.noteBackfill(name)
-	ok, err = r.inPod(ctx, name, func(rctx context.Context, run *runner.Runner) error {
+	ok, err = r.inPod(ctx, name, func(rctx context.Context, run *runner.Runner, _ func()) error {
 		var err error
 		_, sum, err = run.Backfill(rctx, b.job, runner.BackfillOptions{From: from, To: to, Rerun: b.rerun, MaxConcurrent: b.concurrent})
 		return err

@@ -107,8 +107,9 @@ type Result struct {
 	// before the history ended.
 	Backfills, BackfillsDone int
 	// Heres is how many `trigger --here` processes the operator ran,
-	// HeresKilled how many of them died with their replica.
-	Heres, HeresKilled int
+	// HeresKilled how many of them died with their replica (a crash or a
+	// stop), HeresKilledAlone how many were killed alone, their pod up.
+	Heres, HeresKilled, HeresKilledAlone int
 	// Alongside holds the runs the operator requested with overlap allow,
 	// by run id: they may run beside their job's other runs.
 	Alongside map[string]bool
@@ -125,7 +126,7 @@ func (r *Result) Report() string {
 		s += fmt.Sprintf("\nbackfills=%d settled=%d", r.Backfills, r.BackfillsDone)
 	}
 	if r.Heres > 0 {
-		s += fmt.Sprintf("\ntrigger --here=%d killed=%d", r.Heres, r.HeresKilled)
+		s += fmt.Sprintf("\ntrigger --here=%d died with their replica=%d killed alone=%d", r.Heres, r.HeresKilled, r.HeresKilledAlone)
 	}
 	for _, v := range r.Violations {
 		s += "\n  " + v.Format(r.T0)
@@ -217,8 +218,9 @@ type world struct {
 	adhoc      *jobDef
 	adhocSched *schedule.Schedule
 	// heres counts the operator's `trigger --here` processes that ended,
-	// heresKilled those that died with their replica (here.go).
-	heres, heresKilled int
+	// heresKilled those that died with their replica, heresAlone those
+	// killed alone (here.go).
+	heres, heresKilled, heresAlone int
 	// alongside are the runs requested with overlap allow (operate),
 	// by run id (noteAlongside).
 	alongside map[string]bool
@@ -328,7 +330,7 @@ func Run(cfg Config) (*Result, error) {
 	}
 
 	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed,
-		Backfills: len(backfills), BackfillsDone: w.backfillsDone, Heres: w.heres, HeresKilled: w.heresKilled, Alongside: w.alongside}
+		Backfills: len(backfills), BackfillsDone: w.backfillsDone, Heres: w.heres, HeresKilled: w.heresKilled, HeresKilledAlone: w.heresAlone, Alongside: w.alongside}
 	// Every replica is up and healthy from heal on: a run granted before
 	// heal+lease has a holder that finishes, or a lease that lapses and
 	// a standby (or a restarted replica's recovery) that takes over.
@@ -551,15 +553,15 @@ func (w *world) hash(runID string) uint64 {
 	return h.Sum64()
 }
 
-func (w *world) runnerJobs(r *replica, gen int) []runner.Job {
+func (w *world) runnerJobs(r *replica, c *faulty) []runner.Job {
 	var out []runner.Job
 	for i, j := range w.jobs {
 		out = append(out, runner.Job{Name: j.name, Schedule: w.scheduleOf(r, i), Overlap: j.overlap, Misfire: j.misfire,
-			Grace: j.grace, MaxAttempts: 5, Handler: r.handler(j, gen), Backoff: j.backoff, Jitter: j.jitter, MaxCatchup: j.maxCatchup})
+			Grace: j.grace, MaxAttempts: 5, Handler: r.handler(j, c), Backoff: j.backoff, Jitter: j.jitter, MaxCatchup: j.maxCatchup})
 	}
 	if j := w.adhoc; j != nil {
 		out = append(out, runner.Job{Name: j.name, Schedule: w.adhocSched, Overlap: j.overlap, Misfire: j.misfire,
-			MaxAttempts: 5, Handler: r.handler(*j, gen)})
+			MaxAttempts: 5, Handler: r.handler(*j, c)})
 	}
 	return out
 }
@@ -567,12 +569,12 @@ func (w *world) runnerJobs(r *replica, gen int) []runner.Job {
 // handler works for the run's drawn time in small steps, frozen while its
 // replica is paused, gone when it crashes, and (unless stubborn) stopping
 // when its context is done.
-func (r *replica) handler(j jobDef, gen int) job.Handler {
+func (r *replica) handler(j jobDef, c *faulty) job.Handler {
 	return func(ctx context.Context, run job.Run) error {
 		end := time.Now().Add(j.work(r.w.hash(run.ID)))
 		for {
 			r.gate()
-			if r.dead(gen) {
+			if c.dead() {
 				return errCrashed
 			}
 			left := time.Until(end)

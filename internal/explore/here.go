@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -22,8 +23,11 @@ type herePlan struct {
 	replica int
 	job     string
 	// stop is when the operator stops it (Ctrl-C), from its start; 0:
-	// never. Stopped mid-run, it hands its run back interrupted.
+	// never. Stopped mid-run, it hands its run back interrupted. With
+	// kill, it is killed instead (kill -9, its pod up): its run's lease
+	// lapses.
 	stop time.Duration
+	kill bool
 }
 
 // drawHeres draws the seed's triggers from a stream of their own, so the
@@ -31,8 +35,8 @@ type herePlan struct {
 // before triggers were explored. One seed in two has one or two; half of
 // them start shortly before a fault of their replica's (a crash, a
 // termination, a pause, a partition), so that the faults meet a trigger
-// at work, and the operator stops half of them (Ctrl-C) a moment after
-// they start. Half of them run a job of their own, adhoc: no schedule
+// at work, and the operator stops half of them a moment after they start:
+// Ctrl-C, or kill -9 of the process alone. Half of them run a job of their own, adhoc: no schedule
 // instant of it falls in the history, and it allows overlap, so no overlap
 // probe adopts a run of it either; only the sweep finds one left live.
 func (w *world) drawHeres() []herePlan {
@@ -56,6 +60,7 @@ func (w *world) drawHeres() []herePlan {
 		}
 		if rng.IntN(2) == 0 {
 			h.stop = l/4 + time.Duration(rng.Int64N(int64(l)))
+			h.kill = rng.IntN(2) == 0
 		}
 		if len(hits) > 0 && rng.IntN(2) == 0 {
 			op := hits[rng.IntN(len(hits))]
@@ -75,18 +80,27 @@ func (w *world) runHere(ctx context.Context, h herePlan, n int) {
 	r := w.reps[h.replica]
 	name := fmt.Sprintf("%s.here%d", r.id, n)
 	var status claim.Status
-	ok, err := r.inPod(ctx, name, func(rctx context.Context, run *runner.Runner) error {
+	var alone atomic.Bool // killed alone, while its run went on
+	ok, err := r.inPod(ctx, name, func(rctx context.Context, run *runner.Runner, kill func()) error {
 		if h.stop > 0 {
 			var cancel context.CancelFunc
-			rctx, cancel = context.WithTimeout(rctx, h.stop)
+			rctx, cancel = context.WithCancel(rctx)
 			defer cancel()
+			stop := cancel
+			if h.kill {
+				stop = func() { alone.Store(true); kill() }
+			}
+			defer time.AfterFunc(h.stop, stop).Stop()
 		}
 		var err error
 		status, err = run.Trigger(rctx, h.job, runner.TriggerOptions{By: "explorer"})
 		return err
 	})
 	note := fmt.Sprintf("operator: trigger --here %s on %s: %s", h.job, name, status)
-	if h.stop > 0 {
+	switch {
+	case h.stop > 0 && h.kill:
+		note += fmt.Sprintf(" (killed after %.1fs, its pod up)", h.stop.Seconds())
+	case h.stop > 0:
 		note += fmt.Sprintf(" (stopped after %.1fs)", h.stop.Seconds())
 	}
 	if !ok {
@@ -100,6 +114,8 @@ func (w *world) runHere(ctx context.Context, h herePlan, n int) {
 	w.heres++
 	if !ok {
 		w.heresKilled++
+	} else if alone.Load() {
+		w.heresAlone++
 	}
 	w.mu.Unlock()
 }

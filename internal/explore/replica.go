@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -103,7 +104,7 @@ func (r *replica) runner(c *faulty, tune func(*runner.Options)) *runner.Runner {
 	gen := c.gen
 	opts := runner.Options{Claimer: c, ClaimerName: "memory", Instance: c.name,
 		Lease: r.w.cfg.Lease, MaxClockSkew: r.w.cfg.MaxSkew,
-		Now: r.now, Observe: r.w.log.Observer(c.name, func() bool { return !r.dead(gen) })}
+		Now: r.now, Observe: r.w.log.Observer(c.name, func() bool { return !c.dead() })}
 	if l := r.w.cfg.Log; l != nil {
 		opts.Logger = slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).
 			With("replica", c.name, "incarnation", gen)
@@ -111,7 +112,7 @@ func (r *replica) runner(c *faulty, tune func(*runner.Options)) *runner.Runner {
 	if tune != nil {
 		tune(&opts)
 	}
-	run, err := runner.New(opts, r.w.runnerJobs(r, gen))
+	run, err := runner.New(opts, r.w.runnerJobs(r, c))
 	if err != nil {
 		panic(err) // the workload is the harness's own: a bug here is ours
 	}
@@ -247,6 +248,14 @@ type faulty struct {
 	gen   int
 	inner claim.Claimer
 	name  string
+	// killed, for a process in r's pod (inPod), is set when the process
+	// alone is killed (kill -9): it dies as a crash of r would kill it.
+	killed *atomic.Bool
+}
+
+// dead reports whether the process behind f crashed or was killed.
+func (f *faulty) dead() bool {
+	return f.r.dead(f.gen) || f.killed != nil && f.killed.Load()
 }
 
 // call applies the replica's faults around apply, which reaches the store
@@ -255,11 +264,11 @@ type faulty struct {
 func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context) (T, error)) (T, error) {
 	var none T
 	r := f.r
-	if r.dead(f.gen) {
+	if f.dead() {
 		return none, errCrashed
 	}
 	r.gate()
-	if r.dead(f.gen) {
+	if f.dead() {
 		return none, errCrashed
 	}
 	r.mu.Lock()
@@ -437,8 +446,10 @@ func (f *faulty) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]cl
 // inPod runs do as one process named name on r's host (kubectl exec), in
 // r's current incarnation (waiting for one to be up), with a runner of its
 // own over r's link: it shares r's link and host faults and dies with r.
-// do's context ends when r crashes or stops; ok is false if it did.
-func (r *replica) inPod(ctx context.Context, name string, do func(context.Context, *runner.Runner) error) (ok bool, err error) {
+// do's context ends when r crashes or stops; ok is false if it did. kill
+// kills the process alone (kill -9, its pod stays up): its calls and
+// handlers die as in a crash of r, and do's context ends.
+func (r *replica) inPod(ctx context.Context, name string, do func(ctx context.Context, run *runner.Runner, kill func()) error) (ok bool, err error) {
 	var gen int
 	var rctx context.Context
 	for {
@@ -472,6 +483,15 @@ func (r *replica) inPod(ctx context.Context, name string, do func(context.Contex
 		delete(r.execs, name)
 		r.mu.Unlock()
 	}()
-	err = do(rctx, r.runner(&faulty{r: r, gen: gen, inner: inner, name: name}, nil))
+	pctx, cancel := context.WithCancel(rctx)
+	defer cancel()
+	c := &faulty{r: r, gen: gen, inner: inner, name: name, killed: new(atomic.Bool)}
+	kill := func() {
+		if !c.killed.Swap(true) {
+			r.w.log.Add(history.Event{Kind: history.Crash, Replica: name})
+		}
+		cancel()
+	}
+	err = do(pctx, r.runner(c, nil), kill)
 	return rctx.Err() == nil, err
 }
