@@ -16,7 +16,6 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
-	"github.com/scheduler-dev/scheduler/job"
 )
 
 // Rerun policies of a backfill: which instants that have a record it runs
@@ -154,9 +153,8 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 	// runs back interrupted, as a replica's shutdown does: recorded
 	// failed, a backfill run again would keep them (ActionKeep) though
 	// they never finished; handed back, it resumes them (ActionResume).
-	execCtx, stopExec := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer stopExec(nil)
-	defer context.AfterFunc(ctx, func() { stopExec(job.ErrShutdown) })()
+	execCtx, done := handBackOnStop(ctx)
+	defer done()
 	var mu sync.Mutex
 	sem := make(chan struct{}, max(o.MaxConcurrent, 1))
 	var runs sync.WaitGroup

@@ -511,14 +511,24 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	// sweep takes it over. Recorded failed, a run that never finished
 	// would be lost to the stop; left running, it would wait for a lease
 	// its holder no longer renews.
-	execCtx, stopExec := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer stopExec(nil)
-	defer context.AfterFunc(ctx, func() { stopExec(job.ErrShutdown) })()
+	execCtx, done := handBackOnStop(ctx)
+	defer done()
 	status, err := d.runToEnd(ctx, execCtx, j, cl, mode)
 	if err != nil {
 		return status, fmt.Errorf("trigger %s: %w", name, err)
 	}
 	return status, ctx.Err()
+}
+
+// handBackOnStop returns the execution context of work a CLI process
+// runs here (Trigger, Backfill): cancelled with job.ErrShutdown as soon
+// as ctx ends, so its handlers stop and their runs are handed back
+// interrupted, as a replica's shutdown hands them back (without its
+// grace). done releases it.
+func handBackOnStop(ctx context.Context) (execCtx context.Context, done func()) {
+	execCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { cancel(job.ErrShutdown) })
+	return execCtx, func() { stop(); cancel(nil) }
 }
 
 // runToEnd executes cl here, ctx as Run's context and execCtx as the
