@@ -34,6 +34,27 @@ claimer:
 	return p
 }
 
+// startOperator starts an operator's command (backfill, trigger --here)
+// in dir, its log in dir/name.log, and returns it, its stdout and a
+// channel closed once it exited. It is killed at the test's end.
+func startOperator(t *testing.T, dir, name string, args ...string) (*exec.Cmd, *bytes.Buffer, <-chan struct{}) {
+	t.Helper()
+	lf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &bytes.Buffer{}
+	cmd := exec.Command(binary, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, out, lf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited; _ = lf.Close() })
+	return cmd, out, exited
+}
+
 // A backfill process killed (SIGKILL) or stopped (SIGTERM) while its runs
 // worked leaves past instants live that no replica's schedule watches.
 // Running the same backfill again finishes them: each is taken over (once
@@ -59,20 +80,7 @@ func TestABackfillRunAgainFinishesWhatAKilledOneLeft(t *testing.T) {
 				return []string{"backfill", "example.sleep", "--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339),
 					"--max-concurrent", "3", "--json", "--config", config}
 			}
-			lf, err := os.Create(filepath.Join(dir, "first.log"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lf.Close()
-			var firstOut bytes.Buffer
-			first := exec.Command(binary, args(conf("slow", "1h"))...)
-			first.Dir, first.Stdout, first.Stderr = dir, &firstOut, lf
-			if err := first.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan struct{})
-			go func() { _ = first.Wait(); close(exited) }()
-			t.Cleanup(func() { _ = first.Process.Kill(); <-exited })
+			first, firstOut, exited := startOperator(t, dir, "first", args(conf("slow", "1h"))...)
 			started := map[string]bool{}
 			waitFor(t, "the first backfill to start its 3 runs", func() bool {
 				for _, e := range readEvents(t, dir, "first") {

@@ -1,9 +1,6 @@
 package main_test
 
 import (
-	"bytes"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -42,20 +39,7 @@ func TestAReplicaTakesOverARunATriggerHereLeft(t *testing.T) {
 				}
 			})
 
-			lf, err := os.Create(filepath.Join(dir, "trigger.log"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lf.Close()
-			var out bytes.Buffer
-			trig := exec.Command(binary, "trigger", "--here", "example.sleep", "--config", conf("slow", "1h"))
-			trig.Dir, trig.Stdout, trig.Stderr = dir, &out, lf
-			if err := trig.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan struct{})
-			go func() { _ = trig.Wait(); close(exited) }()
-			t.Cleanup(func() { _ = trig.Process.Kill(); <-exited })
+			trig, out, exited := startOperator(t, dir, "trigger", "trigger", "--here", "example.sleep", "--config", conf("slow", "1h"))
 			var left event
 			waitFor(t, "the trigger to start its run", func() bool {
 				for _, e := range readEvents(t, dir, "trigger") {
