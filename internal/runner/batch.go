@@ -139,7 +139,7 @@ const (
 func (b *batcher) claim(ctx context.Context, run claim.Run) (*claim.Claim, error) {
 	x := &bid{run: run, done: make(chan struct{})}
 	if b.q.add(x) {
-		b.d.standby.Go(func() { b.send(ctx) })
+		b.d.goStandby(func() { b.send(ctx) })
 	}
 	select {
 	case <-x.done:
@@ -159,7 +159,7 @@ func (b *batcher) claim(ctx context.Context, run claim.Run) (*claim.Claim, error
 func (b *batcher) bidFor(ctx context.Context, run claim.Run, answers chan<- *bid) *bid {
 	x := &bid{run: run, answers: answers}
 	if b.q.add(x) {
-		b.d.standby.Go(func() { b.send(ctx) })
+		b.d.goStandby(func() { b.send(ctx) })
 	}
 	return x
 }

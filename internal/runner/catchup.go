@@ -92,7 +92,7 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 			r.log.InfoContext(ctx, "catching up missed runs", "job", j.Name, "instance", r.opts.Instance,
 				"count", len(catch), "from", catch[0].UTC().Format(time.RFC3339Nano))
 		}
-		d.standby.Go(func() {
+		d.goStandby(func() {
 			for _, at := range catch {
 				if !d.inTurn(ctx, execCtx, j, at) {
 					return

@@ -45,6 +45,37 @@ type dispatcher struct {
 	// that nobody here watches (adopt). Run's dispatcher only: a
 	// trigger's or a backfill's process must not take the fleet's runs.
 	adopts bool
+	// standbyMu guards standbyClosed: set once Run's shutdown waits for
+	// the standby group (see goStandby).
+	standbyMu     sync.Mutex
+	standbyClosed bool
+}
+
+// goStandby runs f on the standby group. Executions call it too (an
+// overlap probe that adopts a live run, a run handed back and contended
+// for again), and Run's shutdown waits for the standby group while they
+// still run, within the grace: a goroutine added to that group then,
+// from outside it, would race the wait (found by the race detector in
+// the real-backend nemesis) and could outlive Run. So once the shutdown
+// waits, f runs on the execution group, which the shutdown waits for
+// next: its callers are executions (counted there) or standbys still
+// counted in the group the shutdown waits for first.
+func (d *dispatcher) goStandby(f func()) {
+	d.standbyMu.Lock()
+	defer d.standbyMu.Unlock()
+	if d.standbyClosed {
+		d.exec.Go(f)
+		return
+	}
+	d.standby.Go(f)
+}
+
+// closeStandby sends every later goStandby to the execution group; Run
+// calls it before it waits for the standby group.
+func (d *dispatcher) closeStandby() {
+	d.standbyMu.Lock()
+	defer d.standbyMu.Unlock()
+	d.standbyClosed = true
 }
 
 // dispatcher returns the state one Run (or Trigger) call's goroutines
@@ -104,7 +135,7 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 	}
 	run := claim.Run{Job: j.Name, At: at.UTC()}
 	j.watch(at, o)
-	d.standby.Go(func() {
+	d.goStandby(func() {
 		defer j.setLive(at, watching, -1)
 		if o.request == nil {
 			// A request's run taken over (start-up recovery, adopt) is
@@ -185,7 +216,7 @@ type firstBid struct {
 // hold gives them up, and bids not answered yet are abandoned.
 func (d *dispatcher) bidTogether(ctx, execCtx context.Context, runs []*firstBid) {
 	slices.SortStableFunc(runs, func(a, b *firstBid) int { return a.holdEnd.Compare(b.holdEnd) })
-	d.standby.Go(func() {
+	d.goStandby(func() {
 		answers := make(chan *bid, len(runs))
 		waiting := map[*bid]*firstBid{}
 		hold := time.NewTimer(time.Hour)
@@ -237,7 +268,7 @@ func (d *dispatcher) firstAnswer(ctx, execCtx context.Context, f *firstBid, cl *
 	c := &contention{j: f.j, run: f.run}
 	at := f.run.At
 	if err == nil {
-		d.standby.Go(func() {
+		d.goStandby(func() {
 			defer f.j.setLive(at, watching, -1)
 			if !d.answered(ctx, execCtx, c, cl, nil) {
 				d.standBy(ctx, execCtx, c)
@@ -249,7 +280,7 @@ func (d *dispatcher) firstAnswer(ctx, execCtx context.Context, f *firstBid, cl *
 		f.j.setLive(at, watching, -1)
 		return
 	}
-	d.standby.Go(func() {
+	d.goStandby(func() {
 		defer f.j.setLive(at, watching, -1)
 		d.standBy(ctx, execCtx, c)
 	})

@@ -452,6 +452,7 @@ loop:
 	}
 
 	r.closing.Store(true)
+	d.closeStandby()
 	standby.Wait()
 	done := make(chan struct{})
 	go func() { exec.Wait(); close(done) }()
