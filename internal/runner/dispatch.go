@@ -308,7 +308,7 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		if n >= enough {
 			break
 		}
-		cl, err := d.claim(ctx, claim.Run{Job: j.Name, At: prev})
+		cl, err := d.probeClaim(ctx, claim.Run{Job: j.Name, At: prev})
 		switch {
 		case err == nil:
 			// Its holder died: granted() hands it back as a missed run
@@ -323,11 +323,32 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 				n++
 			}
 		case errors.Is(err, claim.ErrDone):
-		default: // held, or unknown because the backend is unreachable
+		default: // held; or Run is stopping
 			n++
 		}
 	}
 	return n
+}
+
+// probeClaim bids for run, an earlier instant an overlap probe asks
+// about, until the backend answers: granted, done, held or invalid (or
+// ctx, Run's, ends). An unanswered bid says nothing of the run, and
+// counted as live it would cost the later instant a skip, recorded for
+// good, when the run had just ended (an outside review: connections
+// dropped by pg_terminate_backend skipped instants as overlap with
+// nothing live, and they never ran). The skip could not be recorded
+// before the backend answers anyway.
+func (d *dispatcher) probeClaim(ctx context.Context, run claim.Run) (*claim.Claim, error) {
+	for attempt := 0; ; attempt++ {
+		cl, err := d.claim(ctx, run)
+		if err == nil || errors.Is(err, claim.ErrDone) || errors.Is(err, claim.ErrHeld) || errors.Is(err, claim.ErrInvalid) ||
+			errors.Is(err, errClosing) || ctx.Err() != nil {
+			return cl, err
+		}
+		if !sleep(ctx, jitter(min(d.r.opts.RenewEvery, time.Duration(1<<min(attempt, 6))*50*time.Millisecond))) {
+			return nil, err
+		}
+	}
 }
 
 // hold waits until this replica's share of spread past run's start (its

@@ -2,11 +2,14 @@ package runner_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/runner"
@@ -60,5 +63,92 @@ func TestForbidHoldsBehindManyRecordedSkips(t *testing.T) {
 			t.Fatal("the marathon never ran")
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"marathon": true}})
+	})
+}
+
+// failWhile passes claims on, but answers each claim of run made while
+// armed with an error, as connections the server dropped would
+// (PostgreSQL's pg_terminate_backend: SQLSTATE 57P01).
+type failWhile struct {
+	claim.Claimer
+	run   claim.Run
+	armed atomic.Bool
+	spent atomic.Bool // one was answered so
+}
+
+func (c *failWhile) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	for i, r := range runs {
+		if r.ID() == c.run.ID() && c.armed.Load() {
+			c.spent.Store(true)
+			cls, errs := c.Claimer.Claim(ctx, slices.Delete(slices.Clone(runs), i, i+1), lease)
+			cls = slices.Insert(cls, i, nil)
+			errs = slices.Insert(errs, i, error(fmt.Errorf("connection terminated: %w", claim.ErrUnavailable)))
+			return cls, errs
+		}
+	}
+	return c.Claimer.Claim(ctx, runs, lease)
+}
+
+// An instant of a forbid job whose earlier run ended just before it is
+// not skipped for an overlap because the probe of that earlier run met
+// dropped connections: the probe asks again, hears done, and the instant
+// runs (found by an outside review: repeated pg_terminate_backend on the
+// replicas' connections skipped instants as overlap with nothing live,
+// and they never ran).
+func TestAProbeThatCannotReachTheBackendAsksAgainBeforeItSkips(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store := memory.NewStore(nil)
+		start := time.Now().Truncate(10 * time.Second).Add(10 * time.Second)
+		a, b := start.Add(10*time.Second), start.Add(20*time.Second)
+		time.Sleep(time.Until(start))
+		fc := &failWhile{Claimer: memory.New(store, "r1"), run: claim.Run{Job: "tick", At: a}}
+		ran := make(chan time.Time, 10)
+		r, err := runner.New(runner.Options{Claimer: fc, Instance: "r1", Lease: 6 * time.Second},
+			[]runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/10 * * * * *"), Overlap: runner.OverlapForbid,
+				Handler: func(ctx context.Context, run job.Run) error {
+					if run.ScheduledAt.After(a) {
+						ran <- run.ScheduledAt
+					}
+					return nil
+				}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		// Another process takes a just before r1 bids: r1 stands by for it.
+		time.Sleep(time.Until(a.Add(-time.Millisecond)))
+		other := memory.New(store, "other")
+		cl, err := claim.ClaimOne(ctx, other, claim.Run{Job: "tick", At: a}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// a's holder finishes a moment before b; then the connection r1
+		// probes a on drops once.
+		time.Sleep(time.Until(b.Add(-50 * time.Millisecond)))
+		fc.armed.Store(true)
+		if errs := other.Release(ctx, []*claim.Claim{cl}, []claim.Status{claim.Succeeded}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		time.Sleep(100 * time.Millisecond) // the connections are back
+		fc.armed.Store(false)
+		select {
+		case at := <-ran:
+			if !at.Equal(b) {
+				t.Fatalf("ran %v, want %v", at, b)
+			}
+		case <-time.After(9 * time.Second):
+			recs, _ := other.History(ctx, "tick", 3)
+			t.Fatalf("%v did not run: history %+v", b, recs)
+		}
+		if !fc.spent.Load() {
+			t.Fatal("the probe of the earlier run never met the dropped connection: the test shows nothing")
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	})
 }
