@@ -40,9 +40,9 @@ const RequestTTL = 7 * 24 * time.Hour
 type Store struct {
 	reg claim.Controls
 	now func() time.Time
-	// announced is the version of the last member entry written here
-	// (member.go).
-	announced atomic.Int64
+	// version is the version of the last member or unwatched entry
+	// written here (nextVersion).
+	version atomic.Int64
 }
 
 // New returns a Store over reg, stamping writes with now (default
@@ -113,6 +113,9 @@ type Snapshot struct {
 	// Members are the replicas up, by instance name, sorted (see
 	// Announce).
 	Members []string
+	// Unwatched are the runs processes carry outside the schedule (see
+	// Carry), by run id.
+	Unwatched []Unwatched
 }
 
 // tickPrefixes are the kinds of entry a replica honours every tick. The
@@ -120,10 +123,10 @@ type Snapshot struct {
 // requests reserved, the failed attempts of retried runs, which a
 // flapping job adds by the thousand over their week, and the schedule
 // entries, one per job, which the drift guard reads every few ticks.
-var tickPrefixes = []string{pausePrefix, requestPrefix, revokePrefix, memberPrefix}
+var tickPrefixes = []string{pausePrefix, requestPrefix, revokePrefix, memberPrefix, unwatchedPrefix}
 
 // Snapshot reads the pause switches, the requests, the revocations, the
-// members and, with schedules, the schedule entries (nil without), as a
+// members, the unwatched runs and, with schedules, the schedule entries (nil without), as a
 // replica does every tick: in one read (claim.ListPrefixes), so a tick
 // costs one round trip of latency, and one walk of the register where the
 // backend walks it whole. The schedule entries are most of the register
@@ -154,6 +157,7 @@ func decode(cs []claim.Control) (Snapshot, error) {
 	scheds := Schedules{}
 	revoked := map[string]string{}
 	var members []string
+	var unwatched []Unwatched
 	for _, c := range cs {
 		var err error
 		switch {
@@ -179,6 +183,11 @@ func decode(cs []claim.Control) (Snapshot, error) {
 			}
 		case strings.HasPrefix(c.Key, memberPrefix):
 			members = append(members, strings.TrimPrefix(c.Key, memberPrefix))
+		case strings.HasPrefix(c.Key, unwatchedPrefix):
+			var u Unwatched
+			if err = json.Unmarshal(c.Value, &u); err == nil {
+				unwatched = append(unwatched, u)
+			}
 		}
 		if err != nil {
 			return Snapshot{}, fmt.Errorf("control %s: %w", c.Key, err)
@@ -186,7 +195,7 @@ func decode(cs []claim.Control) (Snapshot, error) {
 	}
 	slices.SortFunc(reqs, func(a, b Request) int { return a.Created.Compare(b.Created) })
 	slices.Sort(members)
-	return Snapshot{Pauses: ps, Requests: reqs, Schedules: scheds, Revoked: revoked, Members: members}, nil
+	return Snapshot{Pauses: ps, Requests: reqs, Schedules: scheds, Revoked: revoked, Members: members, Unwatched: unwatched}, nil
 }
 
 // Of returns the switch that governs job: the later of its own and the

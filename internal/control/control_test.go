@@ -241,3 +241,59 @@ func TestMembersAreTheReplicasWhoseAnnouncementIsLiveUntilTheyLeave(t *testing.T
 	announce("replica-a", 5*time.Second)
 	members("replica-a", "replica-b", "replica-c")
 }
+
+// A run a process carries outside the schedule is in the tick's snapshot
+// while its holder renews the entry, marked ended once it ended there
+// (a renewal sent before that, landing after, does not bring it back),
+// and gone when its entry expired: a killed holder's run is named for
+// as long as the entry's ttl, no longer.
+func TestUnwatchedRunsAreNamedWhileCarriedAndMarkedWhenEnded(t *testing.T) {
+	ctx := context.Background()
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	reg := memory.NewStore(clock).Controls()
+	holder := control.New(reg, clock)
+	unwatched := func() []control.Unwatched {
+		t.Helper()
+		snap, err := control.New(reg, clock).Snapshot(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap.Unwatched
+	}
+	old := control.Unwatched{Job: "report", At: now.Add(-30 * 24 * time.Hour), Holder: "cli"}
+	killed := control.Unwatched{Job: "report", At: now.Add(-29 * 24 * time.Hour), Holder: "cli"}
+	for _, u := range []control.Unwatched{old, killed} {
+		if err := holder.Carry(ctx, u, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := unwatched(); len(got) != 2 || got[0].Ends || got[1].Ends || !got[0].At.Equal(old.At) || got[0].Holder != "cli" {
+		t.Fatalf("carried: %+v, want both runs, neither ended", got)
+	}
+	// old's run ends; a renewal written before, from a clock a second
+	// behind (a write that raced the end), lands after it.
+	now = now.Add(4 * time.Second)
+	if err := holder.Ended(ctx, old, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := control.New(reg, func() time.Time { return now.Add(-time.Second) }).Carry(ctx, old, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	got := unwatched()
+	if len(got) != 2 || !got[0].Ends || got[1].Ends {
+		t.Fatalf("after the end of the first: %+v, want it marked ended and the other carried", got)
+	}
+	// killed's holder renews no more: its entry is named until it expires.
+	now = now.Add(7 * time.Second)
+	if got := unwatched(); len(got) != 1 || !got[0].Ends {
+		t.Fatalf("11s after the last renewal of the killed holder's run: %+v, want only the ended one (it expires 14s in)", got)
+	}
+	now = now.Add(4 * time.Second)
+	if got := unwatched(); len(got) != 0 {
+		t.Fatalf("%+v, want every entry expired", got)
+	}
+	if err := holder.Carry(ctx, control.Unwatched{Job: "report"}, time.Second); !errors.Is(err, claim.ErrInvalid) {
+		t.Errorf("a run without an instant: %v, want ErrInvalid", err)
+	}
+}

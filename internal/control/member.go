@@ -38,25 +38,32 @@ func (s *Store) Leave(ctx context.Context, instance string) error {
 	return s.putMember(ctx, instance, s.now(), time.Unix(1, 0))
 }
 
-// putMember writes instance's entry, stamped at now, expiring at expires.
-// Its version is now, or one above the last this Store wrote if that is
-// later, so that versions only grow: a wall clock stepped back must not
-// make a replica's renewal (or its leave) lose to its own older entry.
+// putMember writes instance's entry, stamped at now, expiring at expires,
+// at a version above the last this Store wrote (nextVersion): a
+// replica's renewal (or its leave) never loses to its own older entry.
 func (s *Store) putMember(ctx context.Context, instance string, now, expires time.Time) error {
 	v, err := json.Marshal(Member{Instance: instance, At: now.UTC()})
 	if err != nil {
 		return err
 	}
+	_, err = s.reg.Put(ctx, claim.Control{Key: memberPrefix + instance, Value: v, Version: s.nextVersion(now), Expires: expires})
+	return err
+}
+
+// nextVersion returns the version of an entry this Store rewrites as its
+// writer's state changes (its member entry, its unwatched runs): now, or
+// one above the last it returned if that is later, so that versions only
+// grow: a wall clock stepped back must not make a later write lose to an
+// earlier one.
+func (s *Store) nextVersion(now time.Time) int64 {
 	version := now.UnixNano()
 	for {
-		last := s.announced.Load()
+		last := s.version.Load()
 		version = max(version, last+1)
-		if s.announced.CompareAndSwap(last, version) {
-			break
+		if s.version.CompareAndSwap(last, version) {
+			return version
 		}
 	}
-	_, err = s.reg.Put(ctx, claim.Control{Key: memberPrefix + instance, Value: v, Version: version, Expires: expires})
-	return err
 }
 
 // Members lists the replicas whose announcement has not expired, by

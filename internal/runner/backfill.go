@@ -206,16 +206,20 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 // live: the run is recorded live (ActionResume), and a holder found is
 // waited out.
 func (d *dispatcher) backfillOne(ctx, execCtx context.Context, j *jobState, run claim.Run, live bool) (string, error) {
+	c := d.carry(ctx, run)
 	cl, err := d.claimUnwatched(ctx, run, live)
 	switch {
 	case errors.Is(err, claim.ErrDone):
+		c.done(true)
 		return "done", nil
 	case errors.Is(err, claim.ErrHeld):
+		c.done(false)
 		return "held", nil
 	case err != nil:
+		c.done(false) // a grant whose answer was lost is the fleet's
 		return "error", err
 	}
-	status, err := d.runToEnd(ctx, execCtx, j, cl, admitAlways)
+	status, err := d.runToEnd(ctx, execCtx, j, cl, admitAlways, c)
 	return string(status), err
 }
 

@@ -209,6 +209,8 @@ func (b *batcher) send(ctx context.Context) {
 // handBack releases a grant nobody waits for any more as interrupted, so
 // that another replica can take the run at once. The call is detached
 // from ctx (its bidder left because ctx ended) and bounded by Lease/3.
+// (A process outside the fleet named the run in the register before it
+// bid: see carrier.)
 func (b *batcher) handBack(ctx context.Context, cl *claim.Claim) {
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.d.r.opts.Lease/3)
 	defer cancel()

@@ -161,6 +161,7 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 		r.setRevoked(snap.Revoked)
 		r.setRequests(snap.Requests)
 		d.requests(ctx, execCtx, snap.Requests, seen)
+		d.unwatched(ctx, execCtx, snap.Unwatched)
 		if schedules {
 			drift.compare(ctx, snap.Schedules)
 		}

@@ -1,6 +1,8 @@
 // This file owns the live runs nobody here dispatched: start-up recovery
 // reads every job's recent history once, and the sweep reads it again, a
-// slice of the jobs at a time, for as long as the replica runs. Each
+// slice of the jobs at a time, for as long as the replica runs; the
+// processes that carry runs outside the schedule name them in the
+// register, which every replica reads each tick. Each
 // stands by, like a watcher, for a live run this replica neither executes
 // nor watches, and takes it over once its holder is gone.
 
@@ -8,9 +10,11 @@ package runner
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
 )
 
 // recoverProbe is how many recent runs of each job recovery and the sweep
@@ -180,4 +184,134 @@ func (d *dispatcher) sweep(ctx, execCtx context.Context) {
 // in flight or waiting: runs are falling due.
 func (d *dispatcher) busy() bool {
 	return d.batch.q.active() || d.ends.q.active() || d.reads.q.active()
+}
+
+// carrier names one run a process outside the fleet (a backfill, a
+// trigger) bids for and executes in the register (control.Carry), from
+// before its first bid until it ends here, renewing the entry every
+// RenewEvery. Every replica reads the entries every tick (unwatched),
+// so a run this process leaves is taken over however deep its instant
+// sits in its job's history; the sweep finds only those among their
+// job's latest records.
+//
+// The entry goes in before the bid: a bid sent just before the process
+// died may still be granted (the server had it), with nobody left to
+// name the run. A replica leaves an entry whose grant is not confirmed
+// to its process for as long as that bid could still be answered (see
+// unwatched): a process alive by then carries its run on itself.
+type carrier struct {
+	d       *dispatcher
+	ctx     context.Context
+	ttl     time.Duration
+	mu      sync.Mutex
+	u       control.Unwatched
+	stop    chan struct{}
+	renewed chan struct{}
+}
+
+// carry starts naming run in the register as bid for here; nil if this
+// Runner has no register.
+func (d *dispatcher) carry(ctx context.Context, run claim.Run) *carrier {
+	r := d.r
+	if r.opts.Controls == nil {
+		return nil
+	}
+	c := &carrier{d: d, ctx: ctx, ttl: r.unwatchedTTL(), stop: make(chan struct{}), renewed: make(chan struct{}),
+		u: control.Unwatched{Job: run.Job, At: run.At, Holder: r.opts.Instance, Since: r.opts.Now()}}
+	// The bid waits for the first write: a process killed at once
+	// leaves its entry, and the bid a server may still grant it.
+	c.put(r.opts.Lease / 6)
+	go func() {
+		defer close(c.renewed)
+		for {
+			select {
+			case <-c.stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-time.After(jitter(r.opts.RenewEvery)):
+			}
+			c.put(r.opts.Lease / 3)
+		}
+	}()
+	return c
+}
+
+// put writes the entry as it stands, even once ctx ended: a run stopped
+// as soon as it started is handed back, and its entry is what leads the
+// fleet to it. A write that fails is tried again at the next renewal.
+func (c *carrier) put(timeout time.Duration) {
+	c.mu.Lock()
+	u := c.u
+	c.mu.Unlock()
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), timeout)
+	defer cancel()
+	_ = c.d.r.opts.Controls.Carry(wctx, u, c.ttl)
+}
+
+// granted says the run was granted here: replicas may stand by for it at
+// once. Written before the run executes (the lease runs meanwhile, and
+// its first renewal comes a RenewEvery after the execution starts: the
+// write waits a sixth of the lease at most).
+func (c *carrier) granted() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	c.u.Granted = true
+	c.mu.Unlock()
+	c.put(c.d.r.opts.Lease / 6)
+}
+
+// done stops the renewals. ended: the run ended here (or was found
+// done), and its entry is withdrawn; otherwise (handed back, left to
+// lapse, held by another, a bid whose answer was lost) it is left to
+// expire, so that the replicas that read it stand by for the run.
+func (c *carrier) done(ended bool) {
+	if c == nil {
+		return
+	}
+	close(c.stop)
+	<-c.renewed
+	if ended {
+		c.mu.Lock()
+		u := c.u
+		c.mu.Unlock()
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), c.d.r.opts.Lease/3)
+		defer cancel()
+		_ = c.d.r.opts.Controls.Ended(wctx, u, c.ttl) // else the entry expires, and a replica's standby hears done
+	}
+}
+
+// unwatchedTTL is how long an entry of carry outlives its last renewal:
+// past the run's lease, and past the late tolerance and a few ticks, by
+// when every replica has read it and may stand by for its run (see
+// unwatched).
+func (r *Runner) unwatchedTTL() time.Duration {
+	return 2*r.opts.Lease + r.lateTolerance() + 3*r.opts.ControlEvery
+}
+
+// unwatched stands by (adopt) for each run the register names as carried
+// by a process outside the schedule (carry) that this replica neither
+// executes nor watches. While its holder lives, the standby hears done
+// in the end; once it is gone, the run is taken over here. As with the
+// sweep, an instant the dispatch loop may still reach is left to it until
+// it is past the late tolerance: the entry outlives that (unwatchedTTL).
+func (d *dispatcher) unwatched(ctx, execCtx context.Context, us []control.Unwatched) {
+	r := d.r
+	now := r.opts.Now()
+	before := now.Add(-r.lateTolerance())
+	for _, u := range us {
+		j := r.job(u.Job)
+		if u.Ends || j == nil || !j.fire(u.At).Before(before) {
+			continue
+		}
+		if !u.Granted && now.Sub(u.Since) <= r.opts.Lease+2*r.opts.MaxClockSkew {
+			// Its process may still be granted the bid it sent, and run
+			// the run itself: a standby here would bid too, and might
+			// win an instant the process was asked to run.
+			continue
+		}
+		d.adopt(ctx, execCtx, j, []claim.Record{{RunID: u.Run().ID(), Job: u.Job, At: u.At, Status: claim.Running, Holder: u.Holder}})
+	}
 }

@@ -498,8 +498,11 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	d := r.dispatcher(&wg, &wg)
-	cl, err := d.claimUnwatched(ctx, claim.Run{Job: name, At: at}, false)
+	run := claim.Run{Job: name, At: at}
+	c := d.carry(ctx, run)
+	cl, err := d.claimUnwatched(ctx, run, false)
 	if err != nil {
+		c.done(errors.Is(err, claim.ErrDone))
 		return "", fmt.Errorf("trigger %s: %w", name, err)
 	}
 	r.log.InfoContext(ctx, "run requested", append(runAttrs(r, cl.Run, cl), "by", o.By, "note", o.Note, "here", true)...)
@@ -514,7 +517,7 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	// its holder no longer renews.
 	execCtx, done := handBackOnStop(ctx)
 	defer done()
-	status, err := d.runToEnd(ctx, execCtx, j, cl, mode)
+	status, err := d.runToEnd(ctx, execCtx, j, cl, mode, c)
 	if err != nil {
 		return status, fmt.Errorf("trigger %s: %w", name, err)
 	}
@@ -536,8 +539,9 @@ func handBackOnStop(ctx context.Context) (execCtx context.Context, done func()) 
 // execution's (Trigger and Backfill have no shutdown grace of their own:
 // they hand their runs back interrupted when ctx ends) and, so the caller
 // learns how the run ended, carries it on here while it lives: nothing
-// stands by for a run outside the schedule but the fleet's sweep, a
-// SweepEvery away.
+// stands by for a run outside the schedule but the replicas that read
+// its entry in the register (c, which runToEnd marks granted, and ends)
+// and the fleet's sweep.
 //   - A handler that failed, of a job that retries, is retried here once
 //     its backoff has passed.
 //   - A run whose lease was lost under it (renewals that could not reach
@@ -549,8 +553,10 @@ func handBackOnStop(ctx context.Context) (execCtx context.Context, done func()) 
 // The error says the run could not be carried on because the backend
 // stayed out of reach: it may be left live (a grant whose answer was
 // lost), for the caller to report; run again, a backfill resumes it.
-func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission) (claim.Status, error) {
-	status := d.execute(ctx, execCtx, j, cl, mode)
+func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission, c *carrier) (status claim.Status, err error) {
+	c.granted()
+	defer func() { c.done(status.Terminal() || status == claim.Timeout) }()
+	status = d.execute(ctx, execCtx, j, cl, mode)
 	for (status == claim.Retrying || status == claim.LeaseLost) && ctx.Err() == nil && execCtx.Err() == nil {
 		lost := status == claim.LeaseLost
 		if !lost && !sleep(ctx, j.backoff(cl.Attempt)) {

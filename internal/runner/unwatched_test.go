@@ -1,0 +1,165 @@
+package runner_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
+	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
+	"github.com/scheduler-dev/scheduler/job"
+)
+
+// A backfill's run sits at an old instant, behind every later run of its
+// job: deeper in the history than the sweep reads (a minutely job, twenty
+// runs since). Left by its process, it is taken over all the same,
+// because the process named it in the register (control.Carry) and every
+// replica reads that each tick. Three ways to leave it:
+//   - a process killed after it named its run (its grant, one entry, then
+//     nothing): taken over;
+//   - a backfill stopped mid-run, which hands its run back: taken over;
+//   - a process killed before it named its run: still live two minutes
+//     later, which is what shows the entry did it (the sweep alone does
+//     not reach that deep).
+func TestAReplicaTakesOverAnOldBackfillRunItsProcessLeft(t *testing.T) {
+	sched, err := schedule.Parse("* * * * *", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 2 * time.Second
+	for _, tc := range []struct {
+		name  string
+		leave func(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run) *claim.Claim
+		want  bool
+	}{
+		{name: "killed after naming its run", want: true, leave: func(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run) *claim.Claim {
+			carry(t, ctx, store, run, false)
+			cl := grant(t, ctx, store, run, lease)
+			carry(t, ctx, store, run, true)
+			return cl
+		}},
+		{name: "killed as its bid went out", want: true, leave: func(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run) *claim.Claim {
+			carry(t, ctx, store, run, false)
+			return grant(t, ctx, store, run, lease) // granted, but its answer never reached the process
+		}},
+		{name: "a backfill stopped mid-run", want: true, leave: func(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run) *claim.Claim {
+			started := make(chan int64, 1)
+			bf, err := runner.New(runner.Options{Claimer: memory.New(store, "cli"), Instance: "cli", Lease: lease,
+				Controls: control.New(store.Controls(), nil)},
+				[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapAllow,
+					Handler: func(ctx context.Context, r job.Run) error { started <- r.Fence; <-ctx.Done(); return ctx.Err() }}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bctx, stop := context.WithCancel(ctx)
+			done := make(chan runner.BackfillSummary, 1)
+			go func() {
+				_, sum, _ := bf.Backfill(bctx, "report", runner.BackfillOptions{From: run.At, To: run.At})
+				done <- sum
+			}()
+			fence := <-started
+			stop()
+			if sum := <-done; sum.Interrupted != 1 {
+				t.Fatalf("the stopped backfill: %+v, want its run handed back", sum)
+			}
+			return &claim.Claim{Run: run, Fence: fence}
+		}},
+		{name: "killed before naming its run", leave: func(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run) *claim.Claim {
+			return grant(t, ctx, store, run, lease)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				store := memory.NewStore(time.Now)
+				start := time.Now()
+				run := claim.Run{Job: "report", At: start.Truncate(time.Hour).Add(-time.Hour)}
+				ran := make(chan job.Run, 100)
+				r, err := runner.New(runner.Options{Claimer: memory.New(store, "r1"), Instance: "r1", Lease: lease,
+					Controls: control.New(store.Controls(), nil)},
+					[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapAllow,
+						Handler: func(ctx context.Context, r job.Run) error {
+							if r.ScheduledAt.Equal(run.At) {
+								ran <- r
+							}
+							return nil
+						}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- r.Run(ctx) }()
+				time.Sleep(20 * time.Minute) // twenty runs of the job, each later than the backfill's instant
+
+				cl := tc.leave(t, ctx, store, run)
+				select {
+				case got := <-ran:
+					if !tc.want {
+						t.Fatalf("run %s was taken over", got.ID)
+					}
+					if got.Attempt != 2 || got.Fence <= cl.Fence {
+						t.Fatalf("ran %s attempt %d fence %d, want the left run taken over (attempt 2, fence above %d)",
+							got.ID, got.Attempt, got.Fence, cl.Fence)
+					}
+				case <-time.After(2 * time.Minute):
+					if tc.want {
+						t.Fatal("the left run was not taken over within two minutes")
+					}
+				}
+				synctest.Wait()
+				want := claim.Running
+				if tc.want {
+					want = claim.Succeeded
+				}
+				if got := statusOf(t, ctx, store, run); got != want {
+					t.Errorf("the left run is %s, want %s", got, want)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
+}
+
+// carry names run in the register as a process outside the fleet
+// ("cli") does, before its bid and, granted, after it.
+func carry(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run, granted bool) {
+	t.Helper()
+	u := control.Unwatched{Job: run.Job, At: run.At, Holder: "cli", Since: time.Now(), Granted: granted}
+	if err := control.New(store.Controls(), nil).Carry(ctx, u, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// grant claims run as a process outside the fleet ("cli") would.
+func grant(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run, lease time.Duration) *claim.Claim {
+	t.Helper()
+	cl, err := claim.ClaimOne(ctx, memory.New(store, "cli"), run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// statusOf reads run's status from the history.
+func statusOf(t *testing.T, ctx context.Context, store *memory.Store, run claim.Run) claim.Status {
+	t.Helper()
+	recs, err := memory.New(store, "reader").History(ctx, run.Job, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range recs {
+		if rec.RunID == run.ID() {
+			return rec.Status
+		}
+	}
+	t.Fatalf("%s is not in the history", run.ID())
+	return ""
+}
