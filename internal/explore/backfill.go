@@ -6,9 +6,11 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
 	"github.com/scheduler-dev/scheduler/internal/runner"
+	"github.com/scheduler-dev/scheduler/internal/schedule"
 )
 
 // backfillPlan is one backfill the operator runs: `scheduler backfill`
@@ -25,6 +27,11 @@ type backfillPlan struct {
 	from, to   time.Duration
 	rerun      string
 	concurrent int
+	// once: the operator runs it once and gives up, whatever becomes of
+	// it, and its range lies behind a prehistory of ended runs of its job
+	// (deeper than the sweep reads): a run it leaves is the fleet's to
+	// take over, or nobody's.
+	once bool
 }
 
 // drawBackfills draws the seed's backfills from a stream of their own,
@@ -55,7 +62,55 @@ func (w *world) drawBackfills() []backfillPlan {
 	// tried again).
 	b.to = -2*time.Second + time.Duration(rng.Int64N(int64(b.at-time.Second)))
 	b.from = b.to - 2*time.Second - time.Duration(rng.Int64N(int64(6*time.Second)))
+	// From a stream of its own, so the draws above stay those seeds drew
+	// before given-up backfills were explored.
+	b.once = !w.cfg.NoOnce && rand.New(rand.NewPCG(w.cfg.Seed, 0xbf1)).IntN(2) == 0
 	return []backfillPlan{b}
+}
+
+// prehistoryRuns is how many ended runs of its job a given-up backfill's
+// range lies behind: more than the sweep's first read of a history
+// (runner's recoverProbe, 16), none of them skipped or missed, so it
+// reads no deeper.
+const prehistoryRuns = 20
+
+// prehistory records, before any replica starts, the latest
+// prehistoryRuns instants of b's job before t0 as run and succeeded, by
+// a fleet of the past, and moves b's range behind them: the job has run
+// for a while, and the operator backfills older instants.
+func (w *world) prehistory(b *backfillPlan) error {
+	var sched *schedule.Schedule
+	for i, j := range w.jobs {
+		if j.name == b.job {
+			sched = w.scheds[i]
+		}
+	}
+	var ats []time.Time
+	for at := sched.Next(w.t0.Add(-time.Hour)); at.Before(w.t0.Add(-time.Second)); at = sched.Next(at) {
+		ats = append(ats, at)
+	}
+	ats = ats[max(0, len(ats)-prehistoryRuns):]
+	if shift := w.t0.Add(b.to).Sub(ats[0].Add(-time.Second)); shift > 0 {
+		b.to -= shift
+		b.from -= shift
+	}
+	c, err := w.cfg.Open("past")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, at := range ats {
+		cl, err := claim.ClaimOne(ctx, c, claim.Run{Job: b.job, At: at}, w.cfg.Lease)
+		if err != nil {
+			return fmt.Errorf("prehistory %s: %w", claim.Run{Job: b.job, At: at}.ID(), err)
+		}
+		if errs := c.Release(ctx, []*claim.Claim{cl}, []claim.Status{claim.Succeeded}); errs[0] != nil {
+			return fmt.Errorf("prehistory %s: %w", cl.ID(), errs[0])
+		}
+	}
+	return nil
 }
 
 // runBackfill runs b until one run of it settles every instant (no
@@ -78,6 +133,17 @@ func (w *world) runBackfill(ctx context.Context, b backfillPlan) {
 			note += ": " + err.Error()
 		}
 		w.log.Add(history.Event{Kind: history.Fault, Note: note})
+		if b.once {
+			// Given up: the runs it left are the fleet's (abandoned, else).
+			w.log.Add(history.Event{Kind: history.Fault, Note: "operator: gives the backfill up"})
+			w.mu.Lock()
+			w.backfillsDone++
+			if !ok || err != nil || sum.Errors > 0 || sum.Interrupted > 0 {
+				w.backfillsLeft++
+			}
+			w.mu.Unlock()
+			return
+		}
 		if ok && err == nil && sum.Errors == 0 && sum.Interrupted == 0 {
 			w.mu.Lock()
 			w.backfillsDone++

@@ -80,6 +80,9 @@ type Config struct {
 	// NoHeres leaves the operator's `trigger --here` processes out (a
 	// seed found before they were explored replays as it was found).
 	NoHeres bool
+	// NoOnce runs every backfill until it settles (a seed found before
+	// given-up backfills were explored replays as it was found).
+	NoOnce bool
 	// Log, when set, receives every replica's runner log (text, debug
 	// level), each line marked with the replica and its incarnation: what
 	// each replica decided, beside the history of what the backend saw.
@@ -104,8 +107,10 @@ type Result struct {
 	Mixed *Mixed
 	// Backfills is how many backfills the operator ran (each until one
 	// run of it settled every instant), BackfillsDone how many settled
-	// before the history ended.
-	Backfills, BackfillsDone int
+	// before the history ended (a given-up one counts as settled),
+	// BackfillsLeft how many the operator gave up after a run that left
+	// instants unsettled (killed, stopped, or out of reach).
+	Backfills, BackfillsDone, BackfillsLeft int
 	// Heres is how many `trigger --here` processes the operator ran,
 	// HeresKilled how many of them died with their replica (a crash or a
 	// stop), HeresKilledAlone how many were killed alone, their pod up.
@@ -123,7 +128,7 @@ func (r *Result) Report() string {
 		s += "\n" + r.Mixed.String()
 	}
 	if r.Backfills > 0 {
-		s += fmt.Sprintf("\nbackfills=%d settled=%d", r.Backfills, r.BackfillsDone)
+		s += fmt.Sprintf("\nbackfills=%d settled=%d given up unsettled=%d", r.Backfills, r.BackfillsDone, r.BackfillsLeft)
 	}
 	if r.Heres > 0 {
 		s += fmt.Sprintf("\ntrigger --here=%d died with their replica=%d killed alone=%d", r.Heres, r.HeresKilled, r.HeresKilledAlone)
@@ -213,6 +218,7 @@ type world struct {
 	// backfillsDone counts the backfills one of whose runs settled.
 	backfillNames map[string]bool
 	backfillsDone int
+	backfillsLeft int
 	// adhoc is the job only the operator's triggers run, registered on
 	// every replica when the seed has triggers (here.go).
 	adhoc      *jobDef
@@ -301,6 +307,14 @@ func Run(cfg Config) (*Result, error) {
 	}
 	w.t0 = time.Now()
 	end := w.t0.Add(w.plan.Heal() + cfg.Quiet)
+	backfills := w.drawBackfills()
+	for i := range backfills {
+		if backfills[i].once {
+			if err := w.prehistory(&backfills[i]); err != nil {
+				return nil, fmt.Errorf("seed %d: %w", cfg.Seed, err)
+			}
+		}
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	for i := range cfg.Replicas {
@@ -312,7 +326,6 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.Controls != nil {
 		w.wg.Go(func() { w.operate(ctx) })
 	}
-	backfills := w.drawBackfills()
 	for _, b := range backfills {
 		w.wg.Go(func() { w.runBackfill(ctx, b) })
 	}
@@ -330,7 +343,7 @@ func Run(cfg Config) (*Result, error) {
 	}
 
 	res := &Result{Seed: cfg.Seed, Plan: w.plan, Replicas: cfg.Replicas, T0: w.t0, Events: w.log.Events(), Mixed: w.mixed,
-		Backfills: len(backfills), BackfillsDone: w.backfillsDone, Heres: w.heres, HeresKilled: w.heresKilled, HeresKilledAlone: w.heresAlone, Alongside: w.alongside}
+		Backfills: len(backfills), BackfillsDone: w.backfillsDone, BackfillsLeft: w.backfillsLeft, Heres: w.heres, HeresKilled: w.heresKilled, HeresKilledAlone: w.heresAlone, Alongside: w.alongside}
 	// Every replica is up and healthy from heal on: a run granted before
 	// heal+lease has a holder that finishes, or a lease that lapses and
 	// a standby (or a restarted replica's recovery) that takes over.

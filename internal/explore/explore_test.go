@@ -211,15 +211,23 @@ func TestRunSemanticsAreExplored(t *testing.T) {
 func TestBackfillsAreExplored(t *testing.T) {
 	testenv.CPUHeavy(t)
 	oneProc(t)
-	var backfills, started, resumed, killed, seeds int
+	var backfills, started, resumed, killed, givenUp, fleetTook, seeds int
 	for seed := uint64(1); seed <= 200; seed++ {
 		synctest.Test(t, func(t *testing.T) {
 			res := exploredSeed(t, seed)
 			seeds++
 			backfills += res.Backfills
+			givenUp += res.BackfillsLeft
+			byBackfill := map[string]bool{}
 			for _, e := range res.Events {
 				if !strings.Contains(e.Replica, ".backfill") {
+					if e.Kind == history.Start && e.Attempt > 1 && byBackfill[e.Run.ID()] && !strings.Contains(e.Replica, ".") {
+						fleetTook++
+					}
 					continue
+				}
+				if e.Kind == history.Grant {
+					byBackfill[e.Run.ID()] = true
 				}
 				switch {
 				case e.Kind == history.Start && e.Attempt > 1:
@@ -233,12 +241,12 @@ func TestBackfillsAreExplored(t *testing.T) {
 			}
 		})
 	}
-	if backfills < seeds/4 || started < seeds/2 || resumed < 5 || killed < 5 {
-		t.Fatalf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run; backfills are not exercised",
-			seeds, backfills, started, resumed, killed)
+	if backfills < seeds/4 || started < seeds/2 || resumed < 5 || killed < 5 || givenUp < 5 || fleetTook < 5 {
+		t.Fatalf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run, %d given up with runs left, %d of their runs taken over by the fleet; backfills are not exercised",
+			seeds, backfills, started, resumed, killed, givenUp, fleetTook)
 	}
-	t.Logf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run",
-		seeds, backfills, started, resumed, killed)
+	t.Logf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run, %d given up with runs left, %d of their runs taken over by the fleet",
+		seeds, backfills, started, resumed, killed, givenUp, fleetTook)
 }
 
 // TestTriggersHereAreExplored guards the `trigger --here` part of the

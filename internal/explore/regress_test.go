@@ -170,7 +170,7 @@ func TestATakeoverBuriedBehindEndedRunsIsStillSeen(t *testing.T) {
 // around it: abandoned in about three runs in five. Now a probe stands by
 // for the live runs it finds that nobody on its replica watches.
 func TestAGrantThatLandedAfterItsHolderExitedIsAdopted(t *testing.T) {
-	replaySeed(t, Config{Seed: 133110, NoHeres: true}, 8, true)
+	replaySeed(t, Config{Seed: 133110, NoHeres: true, NoOnce: true}, 8, true)
 }
 
 // TestRunsRequestedAlongsideAreNeverSkippedForOverlap pins the seeds that
@@ -188,7 +188,7 @@ func TestRunsRequestedAlongsideAreNeverSkippedForOverlap(t *testing.T) {
 		for i := range 4 {
 			t.Run(fmt.Sprintf("%d/%d", seed, i), func(t *testing.T) {
 				t.Parallel()
-				synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed, NoHeres: true}) })
+				synctest.Test(t, func(t *testing.T) { explored(t, Config{Seed: seed, NoHeres: true, NoOnce: true}) })
 			})
 		}
 	}
@@ -204,5 +204,5 @@ func TestRunsRequestedAlongsideAreNeverSkippedForOverlap(t *testing.T) {
 // 4 runs of the seed in 57 alone; 3 to 6 of these 40 in each of four
 // tries). Now the window counts from the backend's next answer.
 func TestABackfillOutwaitsItsOwnGrantFromAStalledServer(t *testing.T) {
-	replaySeed(t, Config{Seed: 201206, NoHeres: true}, 40, true)
+	replaySeed(t, Config{Seed: 201206, NoHeres: true, NoOnce: true}, 40, true)
 }

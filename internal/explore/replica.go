@@ -492,6 +492,12 @@ func (r *replica) inPod(ctx context.Context, name string, do func(ctx context.Co
 		}
 		cancel()
 	}
-	err = do(pctx, r.runner(c, nil), kill)
+	// The process reads and writes the register as the CLI's does (it
+	// names the runs it carries there), across the pod's link.
+	err = do(pctx, r.runner(c, func(opts *runner.Options) {
+		if r.w.cfg.Controls != nil {
+			opts.Controls = control.New(faultyControls{c, r.w.cfg.Controls}, nil)
+		}
+	}), kill)
 	return rctx.Err() == nil, err
 }
