@@ -27,7 +27,7 @@ const controlTimeout = 30 * time.Second
 
 // openControls opens cfg's backend for a control command.
 func (e *env) openControls(ctx context.Context, cfg *config.Config) (*claimers.Backend, *control.Store, bool) {
-	b, err := openBackend(ctx, cfg, true)
+	b, err := openForCommand(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "scheduler: cannot open claimer %s: %v\n", cfg.Claimer.Kind, err)
 		return nil, nil, false
@@ -236,7 +236,7 @@ func (e *env) triggerHere(cfg *config.Config, file, name string, o runner.Trigge
 // could not.
 func (e *env) localRunner(ctx context.Context, cfg *config.Config, jobsList []runner.Job, name string, openJob bool) (*runner.Runner, func(), int) {
 	log := newLogger(cfg, e.stderr)
-	b, err := openBackend(ctx, cfg, true)
+	b, err := openForCommand(ctx, cfg)
 	if err != nil {
 		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
 		return nil, nil, ExitRuntime

@@ -34,7 +34,7 @@ func (e *env) prune(args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	b, err := openBackend(ctx, cfg, true)
+	b, err := openForCommand(ctx, cfg)
 	if err != nil {
 		return e.fail("%v", err)
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/tracing"
+	"github.com/scheduler-dev/scheduler/migrations"
 )
 
 // openBackend opens the configured claimer through the one opener that
@@ -19,6 +21,39 @@ import (
 // configured).
 func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*claimers.Backend, error) {
 	return claimers.Open(ctx, cfg.Claimer, cfg.InstanceID, claimers.Options{Migrate: migrate})
+}
+
+// errSchemaBehind says a command other than run found the SQL schema
+// short of this binary's migrations.
+var errSchemaBehind = errors.New("the database schema lacks this version's migrations: run `scheduler migrate up`, " +
+	"or start a replica (`scheduler run` applies them when claimer.postgres.migrate is set)")
+
+// openForCommand opens cfg's backend for an operator's command (runs,
+// pause, trigger, backfill, prune…). It never changes the schema: only
+// `scheduler run` and `scheduler migrate up` do. A newer binary's
+// `scheduler runs` applying its migrations under a fleet of older
+// replicas (one of them copies the whole runs table while claims wait,
+// and makes the older replicas fail closed) was found by an outside
+// review. A schema behind the binary is an error that says what to do.
+// (The embedded SQLite file is migrated by every command that opens it,
+// as it always was: it is the one process's own.)
+func openForCommand(ctx context.Context, cfg *config.Config) (*claimers.Backend, error) {
+	b, err := openBackend(ctx, cfg, false)
+	if err != nil || b.DB == nil {
+		return b, err
+	}
+	current, err := migrations.Current(ctx, b.DB, b.Dialect)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("migration status: %w", err)
+	case !current:
+		err = errSchemaBehind
+	}
+	if err != nil {
+		_ = b.Close()
+		return nil, err
+	}
+	return b, nil
 }
 
 // newLogger builds the process logger from log.level and log.format. It

@@ -585,6 +585,25 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 	if r := run(t, dir, "migrate", "--config", pg, "down"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
 		t.Fatalf("migrate down: %+v", r)
 	}
+	// An operator's commands never change the schema, migrate: true or
+	// not (only run and migrate up do): each says what to do instead,
+	// and the migration stays pending.
+	pgAuto := writeConfig(t, dir, "claimer:\n  kind: postgres\n  postgres:\n    dsn: \""+pgSchema(t)+"\"\n    migrate: true\nhttp:\n  addr: \"\"\n"+sleepJob)
+	if r := run(t, dir, "migrate", "--config", pgAuto, "up"); r.code != 0 {
+		t.Fatalf("migrate up: %+v", r)
+	}
+	if r := run(t, dir, "migrate", "--config", pgAuto, "down"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
+		t.Fatalf("migrate down: %+v", r)
+	}
+	for _, args := range [][]string{{"runs"}, {"pause", "example.sleep"}, {"trigger", "--here", "example.sleep"}, {"prune", "--older-than", "720h"}} {
+		r := run(t, dir, append(args, "--config", pgAuto)...)
+		if r.code != 1 || !strings.Contains(r.stderr, "scheduler migrate up") {
+			t.Errorf("%s on a schema a migration behind: exit %d, stderr %q; want 1 and what to do", args[0], r.code, r.stderr)
+		}
+	}
+	if r := run(t, dir, "migrate", "--config", pgAuto, "status"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
+		t.Fatalf("an operator's command migrated the schema: %+v", r)
+	}
 
 	rd := filepath.Join(dir, "redis.yaml")
 	if err := os.WriteFile(rd, []byte("claimer:\n  kind: redis\n  redis:\n    addr: "+testenv.RedisAddr(t)+
