@@ -103,6 +103,10 @@ func (e *env) dispatch(cmd string, rest []string) int {
 	case "completion":
 		return e.completion(rest)
 	case "version", "--version":
+		if len(rest) > 0 {
+			fmt.Fprintf(e.stderr, "scheduler version: unexpected argument %q\n", rest[0])
+			return ExitUsage
+		}
 		fmt.Fprintln(e.stdout, "scheduler", version())
 		return ExitOK
 	case "help", "-h", "--help":
@@ -167,7 +171,34 @@ func (e *env) parse(fs *flag.FlagSet, args []string) (int, bool) {
 		}
 		return ExitUsage, false
 	}
+	// --config "" is a templated --config "$CONFIG" whose variable is not
+	// set: the built-in default in its place would start a replica of
+	// its own on ./scheduler.db, beside the fleet it was meant to join.
+	if f := fs.Lookup("config"); f != nil && f.Value.String() == "" && visited(fs, "config") {
+		fmt.Fprintf(e.stderr, "scheduler %s: --config is empty (an unset variable?); leave it out for the built-in default\n", fs.Name())
+		return ExitUsage, false
+	}
 	return 0, true
+}
+
+// parseNoArgs is parse for a command that takes flags only: an argument
+// is an error (\`scheduler runs billing\` meant --job billing), not
+// ignored.
+func (e *env) parseNoArgs(fs *flag.FlagSet, args []string) (int, bool) {
+	code, ok := e.parse(fs, args)
+	if ok && fs.NArg() > 0 {
+		fmt.Fprintf(e.stderr, "scheduler %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		fs.Usage()
+		return ExitUsage, false
+	}
+	return code, ok
+}
+
+// visited reports whether the flag name was set on the command line.
+func visited(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // interspersed moves the flags among args ahead of the arguments, so that
@@ -299,7 +330,7 @@ type jobView struct {
 func (e *env) jobs(args []string) int {
 	fs, path := e.flags("jobs", "[--config FILE] [--json]")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := e.parse(fs, args); !ok {
+	if code, ok := e.parseNoArgs(fs, args); !ok {
 		return code
 	}
 	cfg, ok := e.load(*path)
@@ -325,8 +356,15 @@ func (e *env) jobs(args []string) int {
 		}
 		views = append(views, v)
 	}
+	// Without the pause switches the listing is only half an answer: it
+	// is printed, and the exit status says so (a script reading "PAUSED
+	// ?" as a success would be misled).
+	incomplete := ExitOK
+	if pauses == nil {
+		incomplete = ExitRuntime
+	}
 	if *asJSON {
-		return e.printJSON(views)
+		return max(e.printJSON(views), incomplete)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tSCHEDULE\tTIMEZONE\tENABLED\tPAUSED\tNEXT")
@@ -345,7 +383,7 @@ func (e *env) jobs(args []string) int {
 			v.Next[0].Format(time.RFC3339), v.Next[1].Format(time.RFC3339), v.Next[2].Format(time.RFC3339))
 	}
 	_ = tw.Flush()
-	return ExitOK
+	return incomplete
 }
 
 // readPauses reads the pause switches from cfg's backend for `jobs`; nil,

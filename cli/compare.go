@@ -51,12 +51,8 @@ func (e *env) compare(args []string) int {
 	redlockAddrs := fs.String("redlock-addrs", "", "Redis node `ADDRS` for redlock, comma-separated (none: 3 private nodes per cell)")
 	etcdEndpoints := fs.String("etcd-endpoints", "", "etcd member `ADDRS` for etcd cells, comma-separated (none: a private 3-member cluster per cell)")
 	tempDir := fs.String("temp-dir", "", "`DIR` for the cells' SQLite files and private PostgreSQL cluster (none: the system's temp dir); SQLite syncs every commit, so put it on the disk you would deploy on")
-	if code, ok := e.parse(fs, args); !ok {
+	if code, ok := e.parseNoArgs(fs, args); !ok {
 		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(e.stderr, "scheduler compare: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
 	}
 	scenarios, err := compare.ParseScenarios(*faults)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -35,16 +36,20 @@ func (e *env) openControls(ctx context.Context, cfg *config.Config) (*claimers.B
 	return b, control.New(b.Controls, nil), true
 }
 
-// jobArg checks the one JOB argument (or --all) against cfg.
-func (e *env) jobArg(cmd string, cfg *config.Config, args []string, all bool) (string, bool) {
+// jobArg checks the one JOB argument against cfg; all is the command's
+// --all flag, nil if it has none.
+func (e *env) jobArg(cmd string, cfg *config.Config, args []string, all *bool) (string, bool) {
 	switch {
-	case all && len(args) == 0:
+	case all != nil && *all && len(args) == 0:
 		return control.AllJobs, true
-	case all:
+	case all != nil && *all:
 		fmt.Fprintf(e.stderr, "scheduler %s: give a JOB or --all, not both\n", cmd)
 		return "", false
-	case len(args) != 1:
+	case len(args) != 1 && all != nil:
 		fmt.Fprintf(e.stderr, "scheduler %s: want exactly one JOB (or --all)\n", cmd)
+		return "", false
+	case len(args) != 1:
+		fmt.Fprintf(e.stderr, "scheduler %s: want exactly one JOB\n", cmd)
 		return "", false
 	}
 	if _, ok := cfg.Jobs[args[0]]; !ok {
@@ -66,11 +71,15 @@ func (e *env) setPause(cmd string, args []string, paused bool) int {
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
+	if err := control.CheckTexts(*note, *by, ""); err != nil {
+		fmt.Fprintf(e.stderr, "scheduler %s: --%v\n", cmd, err)
+		return ExitUsage
+	}
 	cfg, ok := e.load(*path)
 	if !ok {
 		return ExitUsage
 	}
-	job, ok := e.jobArg(cmd, cfg, fs.Args(), *all)
+	job, ok := e.jobArg(cmd, cfg, fs.Args(), all)
 	if !ok {
 		return ExitUsage
 	}
@@ -112,6 +121,10 @@ func (e *env) trigger(args []string) int {
 		fmt.Fprintf(e.stderr, "scheduler trigger: --overlap %q: want allow\n", *overlap)
 		return ExitUsage
 	}
+	if err := control.CheckTexts(*note, *by, *reqID); err != nil {
+		fmt.Fprintf(e.stderr, "scheduler trigger: --%s\n", strings.Replace(err.Error(), "request_id", "request-id", 1))
+		return ExitUsage
+	}
 	// --timeout bounds --wait's following of a request; said without it
 	// (or with --here, which runs the job to its end), it would be
 	// dropped without a word.
@@ -125,7 +138,7 @@ func (e *env) trigger(args []string) int {
 	if !ok {
 		return ExitUsage
 	}
-	name, ok := e.jobArg("trigger", cfg, fs.Args(), false)
+	name, ok := e.jobArg("trigger", cfg, fs.Args(), nil)
 	if !ok {
 		return ExitUsage
 	}
@@ -274,7 +287,7 @@ func (e *env) backfill(args []string) int {
 	if !ok {
 		return ExitUsage
 	}
-	name, ok := e.jobArg("backfill", cfg, fs.Args(), false)
+	name, ok := e.jobArg("backfill", cfg, fs.Args(), nil)
 	if !ok {
 		return ExitUsage
 	}
@@ -286,6 +299,15 @@ func (e *env) backfill(args []string) int {
 	}
 	if o.To, err = parseInstant(*to); err != nil {
 		fmt.Fprintf(e.stderr, "scheduler backfill: --to %q: %v\n", *to, err)
+		return ExitUsage
+	}
+	switch now := time.Now(); {
+	case o.To.Before(o.From):
+		fmt.Fprintf(e.stderr, "scheduler backfill: --to %s is before --from %s\n", *to, *from)
+		return ExitUsage
+	case o.To.After(now):
+		fmt.Fprintf(e.stderr, "scheduler backfill: --to %s is in the future (now %s); the replicas run what falls due\n",
+			*to, now.UTC().Format(time.RFC3339))
 		return ExitUsage
 	}
 	if !slices.Contains([]string{runner.RerunNone, runner.RerunFailed, runner.RerunAll}, *rerun) {

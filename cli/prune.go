@@ -21,7 +21,7 @@ func (e *env) prune(args []string) int {
 	fs, path := e.flags("prune", "[--config FILE] [--older-than DURATION]")
 	older := fs.Duration("older-than", 30*24*time.Hour,
 		"delete finished runs older than `DURATION` (at least 48h, and every job's claim window)")
-	if code, ok := e.parse(fs, args); !ok {
+	if code, ok := e.parseNoArgs(fs, args); !ok {
 		return code
 	}
 	cfg, ok := e.load(*path)

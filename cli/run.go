@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/signal"
 	"slices"
 	"syscall"
@@ -99,12 +100,8 @@ func runnerOptions(cfg *config.Config, b *claimers.Backend, log *slog.Logger, m 
 func (e *env) run(args []string) int {
 	fs, path := e.flags("run", "[--config FILE] [--check]")
 	check := fs.Bool("check", false, "validate the configuration and exit")
-	if code, ok := e.parse(fs, args); !ok {
+	if code, ok := e.parseNoArgs(fs, args); !ok {
 		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(e.stderr, "scheduler run: unexpected argument %q\n", fs.Arg(0))
-		return ExitUsage
 	}
 	cfg, ok := e.load(*path)
 	if !ok {
@@ -134,13 +131,23 @@ func (e *env) run(args []string) int {
 		}
 	}()
 
-	// The first SIGTERM/SIGINT starts a graceful shutdown; a second one
-	// exits at once.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// The first SIGTERM, SIGINT or SIGHUP (a terminal or ssh session
+	// that closed) starts a graceful shutdown, said in the log; a second
+	// one exits at once.
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	go func() {
-		<-ctx.Done()
-		stop() // restore default handling: the next signal kills the process
+		select {
+		case sig := <-sigs:
+			signal.Stop(sigs) // restore default handling: the next signal kills the process
+			log.Info("shutdown requested: no new runs; the runs in flight finish or are handed back",
+				"signal", sig.String(), "shutdown_grace", cfg.ShutdownGrace.Duration().String(), "again", "a second signal exits at once")
+			stop()
+		case <-ctx.Done():
+		}
 	}()
 
 	openCtx, cancelOpen := context.WithTimeout(ctx, 30*time.Second)

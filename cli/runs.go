@@ -23,7 +23,7 @@ func (e *env) runs(args []string) int {
 	limit := fs.Int("limit", 20, "at most `N` runs, newest first")
 	attempts := fs.Bool("attempts", false, "list each run's recorded failed attempts under it (--json always has them)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, ok := e.parse(fs, args); !ok {
+	if code, ok := e.parseNoArgs(fs, args); !ok {
 		return code
 	}
 	if *limit < 1 {

@@ -626,6 +626,66 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 	}
 }
 
+// shutdownLogged reports whether name's log says a shutdown was
+// requested by signal sig (its name: "terminated", "hangup").
+func shutdownLogged(t *testing.T, dir, name, sig string) bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		var e struct {
+			Msg, Signal string
+		}
+		if json.Unmarshal([]byte(line), &e) == nil && strings.HasPrefix(e.Msg, "shutdown requested") && e.Signal == sig {
+			return true
+		}
+	}
+	return false
+}
+
+// A SIGHUP (the terminal or ssh session a replica ran in closed) is a
+// graceful shutdown, as SIGTERM is: logged, the run in flight handed back
+// interrupted, exit 0. It used to kill the process at once (exit 129),
+// leaving its run to a lease's expiry.
+func TestSIGHUPShutsDownGracefully(t *testing.T) {
+	dir := t.TempDir()
+	config := writeConfig(t, dir, `instance_id: hup-1
+http:
+  addr: ""
+log:
+  format: json
+shutdown_grace: 200ms
+jobs:
+  example.sleep:
+    schedule: "* * * * * *"
+    params:
+      duration: 1m
+`)
+	p := startReplica(t, dir, config, "hup-1")
+	waitFor(t, "a run in flight", func() bool { _, ok := openRun(t, dir, "hup-1"); return ok })
+	_ = p.cmd.Process.Signal(syscall.SIGHUP)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("SIGHUP did not stop the replica")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit %d after SIGHUP, want 0", code)
+	}
+	if !shutdownLogged(t, dir, "hup-1", "hangup") {
+		t.Error("the SIGHUP was not logged")
+	}
+	handedBack := false
+	for _, e := range readEvents(t, dir, "hup-1") {
+		handedBack = handedBack || e.Msg == "run finished" && e.Status == "interrupted"
+	}
+	if !handedBack {
+		t.Error("the run in flight was not handed back interrupted")
+	}
+}
+
 // TestSecondSignalExitsAtOnce: the first SIGTERM starts a graceful shutdown
 // that waits for a long handler; the second ends the process immediately.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
@@ -649,6 +709,9 @@ jobs:
 	case <-p.done:
 		t.Fatal("exited on the first signal although a handler had a minute of grace left")
 	case <-time.After(time.Second):
+	}
+	if !shutdownLogged(t, dir, "sig-1", "terminated") {
+		t.Error("the first SIGTERM was not logged")
 	}
 	start := time.Now()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)

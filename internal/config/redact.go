@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Redact returns dsn with every password replaced by "xxxxx": the password
@@ -213,10 +214,12 @@ func isSpace(c byte) bool {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'
 }
 
-// checkPostgresDSN parses dsn as pgx would and explains a failure without
-// repeating the DSN or any part of its password.
+// checkPostgresDSN parses dsn as the claimer's pool will (its pool_*
+// settings too: pool_max_conns=abc passed the check, then failed the
+// replica at start-up, exit 1) and explains a failure without repeating
+// the DSN or any part of its password.
 func checkPostgresDSN(dsn string) error {
-	_, err := pgconn.ParseConfig(dsn)
+	_, err := pgxpool.ParseConfig(dsn)
 	return RedactError(err, dsn)
 }
 

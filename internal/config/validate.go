@@ -71,8 +71,14 @@ func (p *problems) at(line int, key, value, format string, args ...any) {
 // block and parses DSNs, but connects to nothing.
 func (c *Config) Validate(registered func(job string) bool) error {
 	p := &problems{file: c.file}
-	if strings.TrimSpace(c.InstanceID) == "" {
+	switch {
+	case strings.TrimSpace(c.InstanceID) == "":
 		p.add("instance_id", "", "missing")
+	case strings.ContainsFunc(c.InstanceID, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }):
+		// It names the replica in claims, logs, metrics and tables.
+		p.add("instance_id", c.InstanceID, "contains a space or a control character")
+	case len(c.InstanceID) > 253:
+		p.add("instance_id", c.InstanceID[:32]+"…", "longer than 253 bytes (a host name's limit)")
 	}
 	c.validateClaimer(p)
 	c.validateDatabase(p)

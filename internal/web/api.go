@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
@@ -28,9 +27,6 @@ import (
 // Limits of the API.
 const (
 	maxBody              = 64 << 10
-	maxNote              = 1024
-	maxBy                = 256
-	maxRequestID         = 200
 	defaultRunsLimit     = 50
 	maxRunsLimit         = 1000
 	maxBackfillsKept     = 100 // finished backfills remembered
@@ -265,14 +261,9 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, c *call, anyJob
 		return err
 	}
 	id := firstSet(cm.RequestID, c.id)
-	for _, f := range []struct {
-		name, v string
-		max     int
-	}{{"note", cm.Note, maxNote}, {"by", cm.By, maxBy}, {"request_id", id, maxRequestID}} {
-		if e := checkText(f.name, f.v, f.max, f.name == "note"); e != nil {
-			c.id = claim.NewToken()
-			return e
-		}
+	if err := control.CheckTexts(cm.Note, cm.By, id); err != nil {
+		c.id = claim.NewToken()
+		return errorf(http.StatusBadRequest, "%v", err)
 	}
 	c.note, c.by, c.id = cm.Note, firstSet(cm.By, c.by), firstSet(id, claim.NewToken())
 	if !s.knownJob(c.job) && (!anyJob || c.job != control.AllJobs) {
@@ -302,17 +293,6 @@ func idHeader(r *http.Request, action string) string {
 	return r.Header.Get("X-Request-Id")
 }
 
-func checkText(field, v string, max int, multiline bool) *apiError {
-	if len(v) > max {
-		return errorf(http.StatusBadRequest, "%s: longer than %d bytes", field, max)
-	}
-	for _, r := range v {
-		if unicode.IsControl(r) && !(multiline && (r == '\n' || r == '\t')) {
-			return errorf(http.StatusBadRequest, "%s: contains a control character", field)
-		}
-	}
-	return nil
-}
 
 // authorize checks the bearer token in constant time.
 func (s *Server) authorize(r *http.Request) *apiError {

@@ -1,0 +1,45 @@
+package control
+
+import (
+	"fmt"
+	"unicode"
+)
+
+// Limits of the operator's free text, wherever it is typed (the CLI, the
+// HTTP API, the status page): it is stored in the register, shown in
+// tables and logged, so a note of a megabyte or with a line break in a
+// name would break them.
+const (
+	MaxNote      = 1024
+	MaxBy        = 256
+	MaxRequestID = 200
+)
+
+// CheckText checks an operator's free text: at most max bytes, no
+// control characters (but line breaks and tabs where multiline).
+func CheckText(field, v string, max int, multiline bool) error {
+	if len(v) > max {
+		return fmt.Errorf("%s: longer than %d bytes", field, max)
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) && !(multiline && (r == '\n' || r == '\t')) {
+			return fmt.Errorf("%s: contains a control character", field)
+		}
+	}
+	return nil
+}
+
+// CheckTexts checks a control's note, who set it and its request id
+// (any may be empty).
+func CheckTexts(note, by, requestID string) error {
+	for _, f := range []struct {
+		name, v   string
+		max       int
+		multiline bool
+	}{{"note", note, MaxNote, true}, {"by", by, MaxBy, false}, {"request_id", requestID, MaxRequestID, false}} {
+		if err := CheckText(f.name, f.v, f.max, f.multiline); err != nil {
+			return err
+		}
+	}
+	return nil
+}
