@@ -308,7 +308,19 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		if n >= enough {
 			break
 		}
-		cl, err := d.probeClaim(ctx, claim.Run{Job: j.Name, At: prev})
+		run := claim.Run{Job: j.Name, At: prev}
+		cl, err := d.probeClaim(ctx, run)
+		for wait := 100 * time.Millisecond; errors.Is(err, claim.ErrHeld) && wait <= 400*time.Millisecond; wait *= 2 {
+			// A claim may hold it a moment only to record it missed or
+			// skipped (replicas starting together after an outage, a
+			// record a restarted Redis lost): asked again over most of a
+			// second before it is called live, or this instant would be
+			// skipped for good for a run that never ran (outside review).
+			if !sleep(ctx, jitter(wait)) {
+				break
+			}
+			cl, err = d.probeClaim(ctx, run)
+		}
 		switch {
 		case err == nil:
 			// Its holder died: granted() hands it back as a missed run
