@@ -603,7 +603,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		d.missed(ctx, cl.Run, cl, o.late)
 		d.release(ctx, cl, claim.Missed)
 		endRun(span, claim.Missed, nil)
-	case cl.Attempt > j.MaxAttempts:
+	case !d.withinAttempts(ctx, j, cl):
 		ctx, _, span := r.startRun(ctx, ctx, cl)
 		err := fmt.Errorf("attempt %d exceeds max_attempts %d", cl.Attempt, j.MaxAttempts)
 		d.finished(ctx, cl, claim.Failed, 0, err)

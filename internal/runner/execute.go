@@ -212,6 +212,9 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 // whatever its handler did: another replica may run it again, and only
 // one of them may report success. ctx is Run's (see release).
 func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status, o claim.Status, err error) (claim.Status, error) {
+	if status == claim.Interrupted {
+		d.recordHandBack(ctx, cl)
+	}
 	rerr := d.release(ctx, cl, o)
 	switch {
 	case rerr == nil:

@@ -22,6 +22,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/job"
 )
 
 // retries reports whether a failed attempt of j is retried.
@@ -58,6 +59,55 @@ func (d *dispatcher) recordAttempt(ctx context.Context, j *jobState, cl *claim.C
 	if err := r.opts.Controls.RecordAttempt(wctx, a); err != nil {
 		r.log.WarnContext(ctx, "cannot record the failed attempt", append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
 	}
+}
+
+// recordHandBack remembers that cl's attempt was handed back at a
+// shutdown (status interrupted), for handBacks: a run's takeovers count
+// against max_attempts (a run that kills its process every time must not
+// loop for good), but an attempt a deploy stopped did not fail and did
+// not crash (an outside review: three rolling restarts during a long run
+// failed it, "attempt 4 exceeds max_attempts 3"). Best effort: an attempt
+// not recorded counts as a crash.
+func (d *dispatcher) recordHandBack(ctx context.Context, cl *claim.Claim) {
+	r := d.r
+	if r.opts.Controls == nil {
+		return
+	}
+	now := r.opts.Now().UTC()
+	a := control.Attempt{RunID: cl.ID(), Attempt: cl.Attempt, Fence: cl.Fence, Holder: r.opts.Instance,
+		Status: claim.Interrupted, Started: now, Ended: now, Error: job.ErrShutdown.Error()}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease/3)
+	defer cancel()
+	if err := r.opts.Controls.RecordAttempt(wctx, a); err != nil {
+		r.log.WarnContext(ctx, "cannot record the handed-back attempt", append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
+	}
+}
+
+// withinAttempts reports whether cl's attempt is within j's max_attempts
+// once the attempts handed back at a shutdown before it are not counted
+// (recordHandBack). Read only for an attempt past max_attempts: a
+// register read per such takeover. A read that fails counts them all.
+func (d *dispatcher) withinAttempts(ctx context.Context, j *jobState, cl *claim.Claim) bool {
+	if cl.Attempt <= j.MaxAttempts {
+		return true
+	}
+	r := d.r
+	if r.opts.Controls == nil {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	defer cancel()
+	atts, err := r.opts.Controls.Attempts(rctx, cl.ID()+"/")
+	if err != nil {
+		return false
+	}
+	handedBack := 0
+	for _, a := range atts {
+		if a.RunID == cl.ID() && a.Status == claim.Interrupted && a.Attempt < cl.Attempt {
+			handedBack++
+		}
+	}
+	return cl.Attempt-handedBack <= j.MaxAttempts
 }
 
 // retryLater ends a failed attempt by cutting cl's lease to the backoff

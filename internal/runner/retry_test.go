@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -167,4 +168,148 @@ func TestRetriesAndTakeoversShareMaxAttempts(t *testing.T) {
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"shared": true}})
 	})
+}
+
+// A run handed back at a shutdown (a rolling deploy) is taken over as the
+// next attempt, but that attempt does not count against max_attempts: it
+// did not fail and did not crash. With max_attempts 2, a run whose first
+// two attempts were stopped by deploys runs a third time and succeeds,
+// and the hand-backs show among its attempts (found by an outside review:
+// three rolling restarts during a long run ended it failed, "attempt 4
+// exceeds max_attempts 3"). A takeover after a crash still counts.
+func TestAttemptsHandedBackAtAShutdownDoNotCountAgainstMaxAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		crashes []bool // whether the replica of attempt 1, 2 crashes, not stopped
+		want    claim.Status
+	}{
+		{name: "two deploys", crashes: []bool{false, false}, want: claim.Succeeded},
+		{name: "a crash, then a deploy", crashes: []bool{true, false}, want: claim.Succeeded},
+		{name: "two crashes", crashes: []bool{true, true}, want: claim.Failed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memory.NewStore(nil)
+				at := time.Now().Truncate(time.Hour).Add(time.Hour)
+				ran := make(chan int, 3)
+				replica := func(name string, c *cutOff) (stop func()) {
+					ctx, cancel := context.WithCancel(t.Context())
+					r, err := runner.New(runner.Options{Claimer: c, Instance: name, Lease: 2 * time.Second,
+						ShutdownGrace: 100 * time.Millisecond, Controls: control.New(store.Controls(), nil)},
+						[]runner.Job{{Name: "long", Schedule: mustSchedule(t, "0 * * * *"), MaxAttempts: 2,
+							Handler: func(ctx context.Context, run job.Run) error {
+								ran <- run.Attempt
+								if run.Attempt < 3 {
+									<-ctx.Done()
+									return context.Cause(ctx)
+								}
+								return nil
+							}}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					done := make(chan error, 1)
+					go func() { done <- r.Run(ctx) }()
+					return func() {
+						cancel()
+						if err := <-done; err != nil {
+							t.Error(err)
+						}
+					}
+				}
+				time.Sleep(time.Until(at.Add(-30 * time.Minute)))
+				for i, crashes := range tc.crashes {
+					c := &cutOff{Claimer: memory.New(store, fmt.Sprintf("r%d", i+1))}
+					stop := replica(fmt.Sprintf("r%d", i+1), c)
+					if i == 0 {
+						time.Sleep(time.Until(at.Add(time.Second)))
+					}
+					if got := <-ran; got != i+1 {
+						t.Fatalf("attempt %d, want %d", got, i+1)
+					}
+					if crashes {
+						// Cut off from the backend as a crashed process
+						// is: it renews nothing, hands nothing back, and
+						// its lease lapses.
+						c.off.Store(true)
+						time.Sleep(3 * time.Second)
+					}
+					stop()
+				}
+				defer replica("r3", &cutOff{Claimer: memory.New(store, "r3")})()
+				time.Sleep(10 * time.Second)
+				synctest.Wait()
+				recs, err := memory.New(store, "reader").History(t.Context(), "long", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				id := claim.Run{Job: "long", At: at}.ID()
+				for _, rec := range recs {
+					if rec.RunID == id && (rec.Status != tc.want || rec.Attempt != 3) {
+						t.Errorf("the run ended %s at attempt %d, want %s at attempt 3", rec.Status, rec.Attempt, tc.want)
+					}
+				}
+				atts, err := control.New(store.Controls(), nil).Attempts(t.Context(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				handedBack := 0
+				for _, a := range atts {
+					if a.Status == claim.Interrupted {
+						handedBack++
+					}
+				}
+				if deploys := len(tc.crashes) - count(tc.crashes, true); handedBack != deploys {
+					t.Errorf("%d attempts recorded handed back after %d deploys: %+v", handedBack, deploys, atts)
+				}
+			})
+		})
+	}
+}
+
+// cutOff passes calls on until off, then fails them all, as a crashed
+// process's would never arrive.
+type cutOff struct {
+	claim.Claimer
+	off atomic.Bool
+}
+
+func (c *cutOff) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	if c.off.Load() {
+		errs := make([]error, len(runs))
+		for i := range errs {
+			errs[i] = claim.ErrUnavailable
+		}
+		return make([]*claim.Claim, len(runs)), errs
+	}
+	return c.Claimer.Claim(ctx, runs, lease)
+}
+
+func (c *cutOff) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	if c.off.Load() {
+		return claim.ErrUnavailable
+	}
+	return c.Claimer.Renew(ctx, cl, lease)
+}
+
+func (c *cutOff) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
+	if c.off.Load() {
+		errs := make([]error, len(cls))
+		for i := range errs {
+			errs[i] = claim.ErrUnavailable
+		}
+		return errs
+	}
+	return c.Claimer.Release(ctx, cls, outcomes)
+}
+
+// count is how many of vs are v.
+func count[T comparable](vs []T, v T) int {
+	n := 0
+	for _, x := range vs {
+		if x == v {
+			n++
+		}
+	}
+	return n
 }
