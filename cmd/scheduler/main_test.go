@@ -626,6 +626,28 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 	}
 }
 
+// replicaWithARunInFlight starts replica name on the built-in SQLite
+// backend, a run of a minute due every second and shutdown_grace grace,
+// and returns once a run is in flight.
+func replicaWithARunInFlight(t *testing.T, dir, name, grace string) *proc {
+	t.Helper()
+	config := writeConfig(t, dir, `instance_id: `+name+`
+http:
+  addr: ""
+log:
+  format: json
+shutdown_grace: `+grace+`
+jobs:
+  example.sleep:
+    schedule: "* * * * * *"
+    params:
+      duration: 1m
+`)
+	p := startReplica(t, dir, config, name)
+	waitFor(t, "a run in flight", func() bool { _, ok := openRun(t, dir, name); return ok })
+	return p
+}
+
 // shutdownLogged reports whether name's log says a shutdown was
 // requested by signal sig (its name: "terminated", "hangup").
 func shutdownLogged(t *testing.T, dir, name, sig string) bool {
@@ -651,20 +673,7 @@ func shutdownLogged(t *testing.T, dir, name, sig string) bool {
 // leaving its run to a lease's expiry.
 func TestSIGHUPShutsDownGracefully(t *testing.T) {
 	dir := t.TempDir()
-	config := writeConfig(t, dir, `instance_id: hup-1
-http:
-  addr: ""
-log:
-  format: json
-shutdown_grace: 200ms
-jobs:
-  example.sleep:
-    schedule: "* * * * * *"
-    params:
-      duration: 1m
-`)
-	p := startReplica(t, dir, config, "hup-1")
-	waitFor(t, "a run in flight", func() bool { _, ok := openRun(t, dir, "hup-1"); return ok })
+	p := replicaWithARunInFlight(t, dir, "hup-1", "200ms")
 	_ = p.cmd.Process.Signal(syscall.SIGHUP)
 	select {
 	case <-p.done:
@@ -690,20 +699,7 @@ jobs:
 // that waits for a long handler; the second ends the process immediately.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	dir := t.TempDir()
-	config := writeConfig(t, dir, `instance_id: sig-1
-http:
-  addr: ""
-log:
-  format: json
-shutdown_grace: 1m
-jobs:
-  example.sleep:
-    schedule: "* * * * * *"
-    params:
-      duration: 1m
-`)
-	p := startReplica(t, dir, config, "sig-1")
-	waitFor(t, "a run in flight", func() bool { _, ok := openRun(t, dir, "sig-1"); return ok })
+	p := replicaWithARunInFlight(t, dir, "sig-1", "1m")
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
