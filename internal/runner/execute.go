@@ -372,6 +372,10 @@ func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Rec
 	for _, rec := range recs {
 		listed[rec.RunID] = true
 	}
+	// The page is shared: the reader answers the probes of one job that
+	// were queued together with one read (found by the race detector, two
+	// probes appending to one page at once). Appended to, it is copied.
+	recs = slices.Clip(recs)
 	for _, rec := range held {
 		if !listed[rec.RunID] {
 			rec.LeaseUntil = time.Unix(1<<40, 0) // held: renewed until it ends here

@@ -43,3 +43,13 @@ func HistoryReader(r *Runner) (read func(ctx context.Context, job string, limit 
 
 // ScheduleReadEvery is scheduleReadEvery, for the tests.
 const ScheduleReadEvery = scheduleReadEvery
+
+// WithHeldHere is withHeldHere for a job that executes held here, for the
+// tests.
+func WithHeldHere(page []claim.Record, held []claim.Record, self *claim.Claim) []claim.Record {
+	j := &jobState{Job: Job{Name: self.Run.Job}, held: map[string]claim.Record{}}
+	for _, rec := range held {
+		j.held[rec.RunID] = rec
+	}
+	return withHeldHere(page, j, self)
+}

@@ -97,3 +97,35 @@ func TestHistoryReadsAreAnsweredByABatchSentAfterThem(t *testing.T) {
 		t.Fatalf("Histories calls %v, want %v: the first read alone, then one query for the two waiting (the third left)", g.calls, want)
 	}
 }
+
+// The reader answers the probes of one job queued together with one page,
+// shared: each probe adds the runs it executes here to its own copy, never
+// to the page another probe reads (found by the race detector in CI's
+// explorer: two probes of a buffer-one job appended to one page at once,
+// and one could count the other's run).
+func TestAProbeAddsItsHeldRunsToItsOwnCopyOfASharedPage(t *testing.T) {
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	rec := func(s int) claim.Record {
+		run := claim.Run{Job: "queue", At: at.Add(time.Duration(s) * time.Second)}
+		return claim.Record{RunID: run.ID(), Job: run.Job, At: run.At, Status: claim.Running}
+	}
+	page := make([]claim.Record, 2, 8) // room to append in place
+	page[0], page[1] = rec(10), rec(8)
+	self := func(s int) *claim.Claim { return &claim.Claim{Run: claim.Run{Job: "queue", At: at.Add(time.Duration(s) * time.Second)}} }
+	a := runner.WithHeldHere(page, []claim.Record{rec(2)}, self(12))
+	b := runner.WithHeldHere(page, []claim.Record{rec(4)}, self(14))
+	if len(a) != 3 || a[2].RunID != rec(2).RunID || len(b) != 3 || b[2].RunID != rec(4).RunID {
+		t.Fatalf("first probe's page %v, second's %v: each must list its own held run", ids(a), ids(b))
+	}
+	if len(page) != 2 || page[0].RunID != rec(10).RunID {
+		t.Fatalf("the shared page changed: %v", ids(page))
+	}
+}
+
+func ids(recs []claim.Record) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = r.RunID
+	}
+	return out
+}
