@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -150,10 +151,12 @@ func (e *env) run(args []string) int {
 		}
 	}()
 
-	openCtx, cancelOpen := context.WithTimeout(ctx, 30*time.Second)
-	b, err := openBackend(openCtx, cfg, true)
-	cancelOpen()
-	if err != nil {
+	b, err := openReplicaBackend(ctx, cfg, log)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		log.Info("scheduler stopped before its claimer backend answered")
+		return ExitOK
+	case err != nil:
 		log.Error("cannot open claimer backend", "claimer", cfg.Claimer.Kind, "error", err.Error())
 		return ExitRuntime
 	}
@@ -215,6 +218,55 @@ func (e *env) run(args []string) int {
 	}
 	log.Info("scheduler stopped")
 	return ExitOK
+}
+
+// openReplicaBackend opens the backend a replica runs on, applying
+// migrations where configured. A server that cannot be reached yet (it
+// refuses the connection, its name does not resolve, the dial times out:
+// a database restarting with the fleet, a deploy in the wrong order) is
+// asked again, with backoff, for two leases: a replica that cannot reach
+// its backend recovers by itself (DESIGN's guarantee 6), where it used to
+// exit 1 at once with migrations on, and wait with them off (found by an
+// outside review). A backend still out of reach after that, or any other
+// failure (a wrong password, a certificate, a SQLite path), ends it with
+// the error, exit 1: asking again would not mend those, and an
+// orchestrator's restart says more than a replica waiting in silence.
+func openReplicaBackend(ctx context.Context, cfg *config.Config, log *slog.Logger) (*claimers.Backend, error) {
+	window := 2 * cfg.Claimer.Lease.Duration()
+	deadline := time.Now().Add(window)
+	for attempt := 0; ; attempt++ {
+		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		b, err := openBackend(octx, cfg, true)
+		cancel()
+		if err == nil || ctx.Err() != nil || !unreachable(err) || time.Now().After(deadline) {
+			return b, err
+		}
+		if attempt == 0 {
+			log.Error("cannot reach claimer backend; retrying", "claimer", cfg.Claimer.Kind, "for", window.String(), "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(min(time.Until(deadline), time.Second<<min(attempt, 4))):
+		}
+	}
+}
+
+// unreachable reports whether err says a server could not be dialled:
+// refused, unresolved, unroutable, or timed out while dialling. The
+// claimers keep the network error in the chain (PostgreSQL) or only in
+// the text (Redis flattens it, so that a client's own timeout never reads
+// as the caller's deadline): both are looked at. A dial that succeeded
+// and failed later (a TLS handshake, a wrong password) is not this.
+func unreachable(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	if errors.As(err, &op) && op.Op == "dial" || errors.As(err, &dns) || errors.Is(err, syscall.ECONNREFUSED) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "dial tcp") && (strings.Contains(msg, "connection refused") || strings.Contains(msg, "i/o timeout") ||
+		strings.Contains(msg, "no such host") || strings.Contains(msg, "network is unreachable") || strings.Contains(msg, "no route to host"))
 }
 
 func shutdownHTTP(srv *http.Server) {

@@ -223,13 +223,19 @@ func TestEveryProblemIsReportedAtOnce(t *testing.T) {
 	}
 }
 
+// A backend out of reach at start-up is asked again for two leases (a
+// replica started with its database recovers by itself), then the replica
+// exits 1 naming it, its password nowhere.
 func TestUnreachableBackendExitsOneWithoutPassword(t *testing.T) {
 	dir := t.TempDir()
 	const secret = "hunter2-secret"
-	path := writeConfig(t, dir, "claimer:\n  kind: postgres\n  postgres:\n    dsn: \"postgres://app:"+secret+"@127.0.0.1:1/db?connect_timeout=2\"\nhttp:\n  addr: \"\"\n")
+	path := writeConfig(t, dir, "claimer:\n  kind: postgres\n  lease: 1s\n  renew_every: 300ms\n  max_clock_skew: 200ms\n  postgres:\n    dsn: \"postgres://app:"+secret+"@127.0.0.1:1/db?connect_timeout=2\"\nhttp:\n  addr: \"\"\n")
 	r := run(t, dir, "run", "--config", path)
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "retrying") || !strings.Contains(r.stderr, "for=2s") {
+		t.Errorf("it did not say it asked again for two leases: %s", r.stderr)
 	}
 	if strings.Contains(r.stdout+r.stderr, secret) {
 		t.Fatalf("password leaked: %s", r.stderr)
@@ -719,4 +725,75 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("second signal took %v", d)
 	}
+}
+
+// A replica started while its backend is down says so, waits for it (two
+// leases) and starts once it answers: a replica that cannot reach its
+// backend recovers by itself (DESIGN's guarantee 6). It used to exit 1 at
+// once (found by an outside review). Stopped while it waits, it exits 0.
+func TestAReplicaStartedBeforeItsBackendWaitsForIt(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	srv.Stop()
+	dir := t.TempDir()
+	// A lease of 8s: they wait 16s for it, and a fresh server (it looks
+	// like one that lost its data) holds every run for one lease.
+	config := writeConfig(t, dir, `instance_id: ${REPLICA}
+claimer:
+  kind: redis
+  lease: 8s
+  renew_every: 1s
+  max_clock_skew: 500ms
+  redis:
+    addr: `+srv.Addr()+`
+    prefix: "early:`+randHex()+`:"
+http:
+  addr: ""
+log:
+  format: json
+shutdown_grace: 200ms
+jobs:
+  example.sleep:
+    schedule: "* * * * * *"
+    params:
+      duration: 10ms
+`)
+	waiting := func(name string) bool {
+		for _, e := range readEvents(t, dir, name) {
+			if strings.HasPrefix(e.Msg, "cannot reach claimer backend; retrying") {
+				return true
+			}
+		}
+		return false
+	}
+	early, stopped := startReplica(t, dir, config, "early-1"), startReplica(t, dir, config, "early-2")
+	waitFor(t, "the replicas to say they wait for their backend", func() bool { return waiting("early-1") && waiting("early-2") })
+	_ = stopped.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-stopped.done:
+		if code := stopped.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("stopped while it waited: exit %d, want 0", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("SIGTERM did not stop a replica waiting for its backend")
+	}
+	select {
+	case <-early.done:
+		t.Fatalf("exited while its backend was down: %d", early.cmd.ProcessState.ExitCode())
+	default:
+	}
+	srv.Start()
+	t.Cleanup(func() {
+		if t.Failed() {
+			data, _ := os.ReadFile(filepath.Join(dir, "early-1.log"))
+			t.Logf("early-1's log:\n%s", data)
+		}
+	})
+	waitFor(t, "a run to succeed once the backend answers", func() bool {
+		for _, e := range readEvents(t, dir, "early-1") {
+			if e.Msg == "run finished" && e.Status == "succeeded" {
+				return true
+			}
+		}
+		return false
+	})
 }
