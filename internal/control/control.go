@@ -43,6 +43,8 @@ type Store struct {
 	// version is the version of the last member or unwatched entry
 	// written here (nextVersion).
 	version atomic.Int64
+	// incarnation names this Store in its member entries (Incarnation).
+	incarnation string
 }
 
 // New returns a Store over reg, stamping writes with now (default
@@ -51,7 +53,7 @@ func New(reg claim.Controls, now func() time.Time) *Store {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{reg: reg, now: now}
+	return &Store{reg: reg, now: now, incarnation: claim.NewToken()[:12]}
 }
 
 // Pause is a job's pause switch as last set.

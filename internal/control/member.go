@@ -21,7 +21,14 @@ const memberPrefix = "member/"
 type Member struct {
 	Instance string    `json:"instance"`
 	At       time.Time `json:"at"` // when it last announced itself, on its clock
+	// Incarnation is the writing Store's (Incarnation): two processes
+	// announcing one instance name tell themselves apart by it.
+	Incarnation string `json:"incarnation,omitempty"`
 }
+
+// Incarnation is a random name of this Store, written with its member
+// entry: the process's, where one Store announces it.
+func (s *Store) Incarnation() string { return s.incarnation }
 
 // Announce records that instance is up, for ttl.
 func (s *Store) Announce(ctx context.Context, instance string, ttl time.Duration) error {
@@ -42,7 +49,7 @@ func (s *Store) Leave(ctx context.Context, instance string) error {
 // at a version above the last this Store wrote (nextVersion): a
 // replica's renewal (or its leave) never loses to its own older entry.
 func (s *Store) putMember(ctx context.Context, instance string, now, expires time.Time) error {
-	v, err := json.Marshal(Member{Instance: instance, At: now.UTC()})
+	v, err := json.Marshal(Member{Instance: instance, At: now.UTC(), Incarnation: s.incarnation})
 	if err != nil {
 		return err
 	}

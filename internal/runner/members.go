@@ -46,6 +46,9 @@ func (r *Runner) announce(ctx context.Context, read bool) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
 	defer cancel()
+	if n := r.announced.Add(1); n%twinCheckEvery == 0 {
+		r.checkTwin(ctx)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = r.opts.Controls.Announce(ctx, r.opts.Instance, r.memberTTL()) })
 	if read {
@@ -55,6 +58,46 @@ func (r *Runner) announce(ctx context.Context, read bool) {
 	}
 	wg.Wait()
 }
+
+// twinCheckEvery is how many announcements apart a replica looks for
+// another process announcing its instance name (checkTwin).
+const twinCheckEvery = 10
+
+// checkTwin warns, at most once per twinWarnEvery, when the entry under
+// this replica's instance name was written by another process since its
+// own last announcement: two replicas share an instance_id (one config
+// file for every replica, instance_id set in it). Nothing runs twice for
+// it (a claim is its token's), but the two are one member to the fleet
+// (shares, scheduler_replicas), one's leave withdraws the other, and logs
+// and history cannot tell them apart. Read before this announcement: the
+// twin's entry, written once a tick, is the latest between two of ours.
+// A crashed predecessor's entry is overwritten by the first announcement,
+// long before the first check.
+func (r *Runner) checkTwin(ctx context.Context) {
+	ms, err := r.opts.Controls.Announcements(ctx)
+	if err != nil {
+		return
+	}
+	for _, m := range ms {
+		if m.Instance != r.opts.Instance || m.Incarnation == "" || m.Incarnation == r.opts.Controls.Incarnation() {
+			continue
+		}
+		r.mu.Lock()
+		due := r.twinWarned.IsZero() || time.Since(r.twinWarned) > twinWarnEvery
+		if due {
+			r.twinWarned = time.Now()
+		}
+		r.mu.Unlock()
+		if due {
+			r.log.ErrorContext(ctx, "another process announces itself under this instance_id; give each replica its own",
+				"instance", r.opts.Instance, "incarnation", r.opts.Controls.Incarnation(), "other_incarnation", m.Incarnation,
+				"other_at", m.At.Format(time.RFC3339Nano))
+		}
+	}
+}
+
+// twinWarnEvery bounds how often checkTwin repeats its warning.
+const twinWarnEvery = 10 * time.Minute
 
 // leave withdraws this replica's announcement as Run stops (ctx is done),
 // bounded by a third of the lease: the others stop holding back for its

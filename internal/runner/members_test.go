@@ -3,6 +3,8 @@ package runner_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -178,4 +180,63 @@ func TestAReplicaThatStopsLeavesTheFleetAtOnce(t *testing.T) {
 			t.Fatalf("members once r0 stopped: %q, want none (its entry would have lasted seconds more)", ms)
 		}
 	})
+}
+
+// Two processes given one instance_id (one config file for every replica,
+// instance_id set in it) are told apart by their member entries, and each
+// says so: nothing runs twice for it, but the fleet counts them as one
+// and one's leave withdraws the other. One replica restarted under its
+// name says nothing: its predecessor's entry is gone by its first check.
+func TestTwoProcessesUnderOneInstanceIDAreWarnedOf(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		twins bool
+	}{{"two at once", true}, {"one restarted", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memory.NewStore(nil)
+				logs, logger, _, _ := observed(slog.LevelInfo)
+				replica := func() (stop func()) {
+					ctx, cancel := context.WithCancel(t.Context())
+					r, err := runner.New(runner.Options{Claimer: memory.New(store, "dup"), Instance: "dup", Lease: 3 * time.Second,
+						Controls: control.New(store.Controls(), nil), Logger: logger},
+						[]runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/5 * * * * *"),
+							Handler: func(ctx context.Context, run job.Run) error { return nil }}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					done := make(chan error, 1)
+					go func() { done <- r.Run(ctx) }()
+					return func() {
+						cancel()
+						if err := <-done; err != nil {
+							t.Error(err)
+						}
+					}
+				}
+				first := replica()
+				if !tc.twins {
+					time.Sleep(5 * time.Second)
+					first() // stopped (its leave withdraws its entry) ...
+				}
+				// Two processes tick a fraction of a second apart (in a
+				// bubble, started together, they would tick in step, and
+				// only the one that reads last would see the other).
+				time.Sleep(300 * time.Millisecond)
+				second := replica() // ... or running beside the second
+				time.Sleep(30 * time.Second)
+				second()
+				if tc.twins {
+					first()
+				}
+				warned := strings.Count(logs.String(), "another process announces itself under this instance_id")
+				switch {
+				case tc.twins && warned != 2:
+					t.Errorf("%d warnings of two processes under one instance_id, want one from each", warned)
+				case !tc.twins && warned != 0:
+					t.Errorf("a replica restarted under its name was warned of a twin %d times", warned)
+				}
+			})
+		})
+	}
 }

@@ -188,6 +188,11 @@ type Runner struct {
 	// unrequested holds the manual runs a fresh read of the requests did
 	// not name, by run id (see requestOf).
 	unrequested map[string]bool
+	// twinWarned is when checkTwin last warned.
+	twinWarned time.Time
+
+	// announced counts this replica's announcements (checkTwin).
+	announced atomic.Int64
 }
 
 type jobState struct {
