@@ -205,14 +205,7 @@ func TestTwoProcessesUnderOneInstanceIDAreWarnedOf(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					done := make(chan error, 1)
-					go func() { done <- r.Run(ctx) }()
-					return func() {
-						cancel()
-						if err := <-done; err != nil {
-							t.Error(err)
-						}
-					}
+					return running(t, ctx, cancel, r)
 				}
 				first := replica()
 				if !tc.twins {
@@ -238,5 +231,19 @@ func TestTwoProcessesUnderOneInstanceIDAreWarnedOf(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// running runs r until the returned func cancels ctx (with cancel) and
+// checks that Run returned no error.
+func running(t *testing.T, ctx context.Context, cancel context.CancelFunc, r *runner.Runner) (stop func()) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -208,14 +208,7 @@ func TestAttemptsHandedBackAtAShutdownDoNotCountAgainstMaxAttempts(t *testing.T)
 					if err != nil {
 						t.Fatal(err)
 					}
-					done := make(chan error, 1)
-					go func() { done <- r.Run(ctx) }()
-					return func() {
-						cancel()
-						if err := <-done; err != nil {
-							t.Error(err)
-						}
-					}
+					return running(t, ctx, cancel, r)
 				}
 				time.Sleep(time.Until(at.Add(-30 * time.Minute)))
 				for i, crashes := range tc.crashes {
