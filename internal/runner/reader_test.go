@@ -111,7 +111,9 @@ func TestAProbeAddsItsHeldRunsToItsOwnCopyOfASharedPage(t *testing.T) {
 	}
 	page := make([]claim.Record, 2, 8) // room to append in place
 	page[0], page[1] = rec(10), rec(8)
-	self := func(s int) *claim.Claim { return &claim.Claim{Run: claim.Run{Job: "queue", At: at.Add(time.Duration(s) * time.Second)}} }
+	self := func(s int) *claim.Claim {
+		return &claim.Claim{Run: claim.Run{Job: "queue", At: at.Add(time.Duration(s) * time.Second)}}
+	}
 	a := runner.WithHeldHere(page, []claim.Record{rec(2)}, self(12))
 	b := runner.WithHeldHere(page, []claim.Record{rec(4)}, self(14))
 	if len(a) != 3 || a[2].RunID != rec(2).RunID || len(b) != 3 || b[2].RunID != rec(4).RunID {

@@ -293,7 +293,6 @@ func idHeader(r *http.Request, action string) string {
 	return r.Header.Get("X-Request-Id")
 }
 
-
 // authorize checks the bearer token in constant time.
 func (s *Server) authorize(r *http.Request) *apiError {
 	if s.o.Token == "" {
