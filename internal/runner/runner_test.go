@@ -560,7 +560,7 @@ func TestTimeoutCancelsTheHandler(t *testing.T) {
 func TestLedgerCatchesARunExecutedTwice(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newLedger()
-		s := &faultRun{events: map[string][]runner.Event{}, log: history.NewLog(nil)}
+		s := &faultRun{events: map[string][]seenEvent{}, log: history.NewLog(nil)}
 		run := claim.Run{Job: "tick", At: time.Now().Truncate(time.Second)}
 		ca := &claim.Claim{Run: run, Holder: "a", Token: "token-a", Fence: 1, Attempt: 1}
 		cb := &claim.Claim{Run: run, Holder: "b", Token: "token-b", Fence: 2, Attempt: 2}
