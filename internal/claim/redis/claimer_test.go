@@ -331,3 +331,7 @@ func BenchmarkControlsTick(b *testing.B) {
 		})
 	}
 }
+
+func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
+	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redis", backends.Options{}))
+}

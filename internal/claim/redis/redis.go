@@ -43,6 +43,11 @@ type Claimer struct {
 	server   string   // "the Redis server at <addr>", for errors
 	done     *doneLog // the recent terminal releases this Claimer made or saw (restore.go)
 
+	// claims (one per lease) and releases merge the batches of callers
+	// who come at once.
+	claims   claim.ClaimCoalescer
+	releases claim.ReleaseCoalescer
+
 	// loss is the data loss a cluster's buckets report, one per failover
 	// (see lossUntil).
 	lossMu sync.Mutex
@@ -136,48 +141,57 @@ func (c *Claimer) lossUntil(lostAt time.Time, lease time.Duration) time.Time {
 	return l.until
 }
 
-// Claim implements claim.Claimer: the claim script of every run,
-// pipelined in one round trip (a lone run's script goes without a
-// pipeline, see redisnode.Node.ClaimBatch).
+// Claim implements claim.Claimer: the runs go in batches of one script
+// call each (redisnode.Node.ClaimBatch), pipelined in one round trip.
+// Claims made from several goroutines at once, under the same lease, are
+// merged into such batches (claim.ClaimCoalescer).
 func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	claims := make([]*claim.Claim, len(runs))
-	errs, idx := claim.CheckClaimBatch(ctx, runs, lease)
-	valid, tokens := make([]claim.Run, len(idx)), make([]string, len(idx))
-	for k, i := range idx {
-		valid[k], tokens[k] = runs[i], claim.NewToken()
-		valid[k].At = valid[k].At.UTC()
-	}
-	if len(valid) == 0 {
-		return claims, errs
+	return c.claims.Claim(ctx, runs, lease, func(ctx context.Context, runs []claim.Run) []claim.Answer {
+		return c.claim(ctx, runs, lease)
+	}, func(ctx context.Context, granted []*claim.Claim) {
+		runs, tokens := make([]claim.Run, len(granted)), make([]string, len(granted))
+		for k, cl := range granted {
+			runs[k], tokens[k] = cl.Run, cl.Token
+		}
+		c.node.AbortBatch(ctx, runs, tokens)
+	})
+}
+
+// claim sends one batch of valid runs.
+func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Duration) []claim.Answer {
+	out := make([]claim.Answer, len(runs))
+	tokens := make([]string, len(runs))
+	for k := range runs {
+		tokens[k] = claim.NewToken()
 	}
 	c.done.lease.Store(int64(lease))
 	requested := time.Now()
-	replies, rerrs := c.node.ClaimBatch(ctx, valid, tokens, c.instance, lease)
+	replies, rerrs := c.node.ClaimBatch(ctx, runs, tokens, c.instance, lease)
 	if err := ctx.Err(); err != nil {
-		// Scripts may have granted before the caller gave up: undo them
+		// Scripts may have granted before the callers gave up: undo them
 		// rather than leave ghosts holding the runs for a whole lease.
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		c.node.AbortBatch(actx, valid, tokens)
+		c.node.AbortBatch(actx, runs, tokens)
 		cancel()
-		for _, i := range idx {
-			errs[i] = fmt.Errorf("claim %s: %w", runs[i].ID(), err)
+		for k, run := range runs {
+			out[k].Err = fmt.Errorf("claim %s: %w", run.ID(), err)
 		}
-		return claims, errs
+		return out
 	}
 	var done []redisnode.Finished
-	for k, i := range idx {
+	for k, run := range runs {
 		if rerrs[k] != nil {
-			errs[i] = fmt.Errorf("claim %s: %w", valid[k].ID(), rerrs[k])
+			out[k].Err = fmt.Errorf("claim %s: %w", run.ID(), rerrs[k])
 			continue
 		}
 		if r := replies[k]; r.Vote == redisnode.Done {
-			done = append(done, redisnode.Finished{Run: valid[k], Holder: r.Holder, Fence: r.Fence,
+			done = append(done, redisnode.Finished{Run: run, Holder: r.Holder, Fence: r.Fence,
 				Attempt: r.Attempt, Status: r.Status, At: requested})
 		}
-		claims[i], errs[i] = c.granted(valid[k], tokens[k], requested, lease, replies[k])
+		out[k].Claim, out[k].Err = c.granted(run, tokens[k], requested, lease, replies[k])
 	}
 	c.done.add(done) // remembered for a write-back after a data loss (restore.go), the batch under one lock
-	return claims, errs
+	return out
 }
 
 // Renew implements claim.Claimer.
@@ -197,26 +211,28 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return nil
 }
 
-// Release implements claim.Claimer: the release script of every claim,
-// pipelined in one round trip.
+// Release implements claim.Claimer: the claims go in batches of one
+// script call each (redisnode.Node.ReleaseBatch), pipelined in one round
+// trip. Releases made from several goroutines at once are merged into such
+// batches (claim.ReleaseCoalescer).
 func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
-	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
-	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Status, len(idx))
-	for k, i := range idx {
-		ids[k], tokens[k], outs[k] = cls[i].ID(), cls[i].Token, outcomes[i]
+	return c.releases.Release(ctx, cls, outcomes, c.release)
+}
+
+// release sends one batch of valid releases.
+func (c *Claimer) release(ctx context.Context, ends []claim.Ending) []error {
+	ids, tokens, outs := make([]string, len(ends)), make([]string, len(ends)), make([]claim.Status, len(ends))
+	sent := make([]*claim.Claim, len(ends))
+	for k, e := range ends {
+		ids[k], tokens[k], outs[k], sent[k] = e.Claim.ID(), e.Claim.Token, e.Outcome, e.Claim
 	}
-	if len(idx) == 0 {
-		return errs
-	}
-	sent := make([]*claim.Claim, len(idx))
-	rerrs := c.node.ReleaseBatch(ctx, ids, tokens, outs)
-	for k, err := range rerrs {
-		sent[k] = cls[idx[k]]
+	errs := c.node.ReleaseBatch(ctx, ids, tokens, outs)
+	c.done.released(sent, outs, errs)
+	for k, err := range errs {
 		if err != nil {
-			errs[idx[k]] = fmt.Errorf("release %s as %s: %w", ids[k], outs[k], err)
+			errs[k] = fmt.Errorf("release %s as %s: %w", ids[k], outs[k], err)
 		}
 	}
-	c.done.released(sent, outs, rerrs)
 	return errs
 }
 

@@ -42,6 +42,7 @@ type doneLog struct {
 
 	mu    sync.Mutex
 	runs  []redisnode.Finished // oldest first, from head on
+	ids   []string             // runs' IDs, kept beside them: formatting one costs more than the map
 	head  int
 	known map[string]bool // the run IDs in runs[head:]
 	// origin is, by bucket, the server run_id this Claimer's scripts had
@@ -97,7 +98,7 @@ func (d *doneLog) add(fs []redisnode.Finished) {
 			continue
 		}
 		d.known[id] = true
-		d.runs = append(d.runs, f)
+		d.runs, d.ids = append(d.runs, f), append(d.ids, id)
 		added = true
 		if d.node != nil {
 			if b := d.node.Bucket(f.Run.Job); d.origin[b] == "" {
@@ -117,11 +118,12 @@ func (d *doneLog) add(fs []redisnode.Finished) {
 // d.mu is held.
 func (d *doneLog) prune(now time.Time) {
 	for d.head < len(d.runs) && (len(d.runs)-d.head > maxRemembered || now.Sub(d.runs[d.head].At) >= d.ttl) {
-		delete(d.known, d.runs[d.head].Run.ID())
+		delete(d.known, d.ids[d.head])
 		d.head++
 	}
 	if d.head > 0 && d.head >= len(d.runs)/2 {
 		d.runs = append(d.runs[:0], d.runs[d.head:]...)
+		d.ids = append(d.ids[:0], d.ids[d.head:]...)
 		d.head = 0
 	}
 }

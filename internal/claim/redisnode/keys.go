@@ -68,16 +68,18 @@ func (k keys) in(b int) string {
 
 // run is the hash of the run with id (claim.Run.ID: the job, "@", the
 // instant, which holds no "@").
-func (k keys) run(id string) string {
-	job := id
-	if i := strings.LastIndexByte(id, '@'); i >= 0 {
-		job = id[:i]
-	}
-	return k.in(k.bucket(job)) + "run:" + id
-}
+func (k keys) run(id string) string { return k.in(k.bucket(jobOf(id))) + "run:" + id }
 
 func (k keys) fence(job string) string { return k.in(k.bucket(job)) + "fence:" + job }
 func (k keys) runs(job string) string  { return k.in(k.bucket(job)) + "runs:" + job }
 func (k keys) jobs(b int) string       { return k.in(b) + "jobs" }
 func (k keys) marker(b int) string     { return k.in(b) + "server" }
 func (k keys) controls() string        { return k.prefix + "controls" }
+
+// jobOf is the job of the run with id (see run).
+func jobOf(id string) string {
+	if i := strings.LastIndexByte(id, '@'); i >= 0 {
+		return id[:i]
+	}
+	return id
+}

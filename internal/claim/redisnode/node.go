@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -150,13 +151,6 @@ func TokenKey(token string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-func (n *Node) claimArgs(run claim.Run, token, holder string, lease time.Duration) ([]string, []any) {
-	id, b := run.ID(), n.keys.bucket(run.Job)
-	return []string{n.keys.run(id), n.keys.fence(run.Job), n.keys.runs(run.Job), n.keys.jobs(b), n.keys.marker(b)},
-		[]any{token, holder, lease.Milliseconds(), n.doneTTL.Milliseconds(), run.At.UnixMilli(), id, run.Job,
-			n.historyLimit, n.slot, n.slots, n.Seen(b)}
-}
-
 // Seen is the run_id this node's scripts last reported for bucket b (""
 // if none ran yet): the server incarnation its latest claims and releases
 // of the bucket's jobs went to.
@@ -175,17 +169,12 @@ func (n *Node) ran(b int, id string) {
 	}
 }
 
-func (n *Node) claimReply(b int, vals []any) (Reply, error) {
+// claimReply reads one run's reply to the claim script.
+func claimReply(v any) (Reply, error) {
+	vals, _ := v.([]any)
 	r := reply(vals)
-	if len(vals) > 0 {
-		if id := r.str(len(vals) - 1); r.err == nil {
-			n.ran(b, id)
-		}
-	}
 	var out Reply
 	switch r.str(0) {
-	case "restarted":
-		out = Reply{Vote: Held, Restarted: true, LostAt: ms(r.int(1)), LeaseUntil: ms(r.int(2))}
 	case "granted":
 		out = Reply{Vote: Granted, Fence: r.int(1), Attempt: int(r.int(2)), LeaseUntil: ms(r.int(3))}
 	case "held":
@@ -193,7 +182,7 @@ func (n *Node) claimReply(b int, vals []any) (Reply, error) {
 	case "done":
 		out = Reply{Vote: Done, Status: claim.Status(r.str(1)), Attempt: int(r.int(2)), Holder: r.str(3), Fence: r.int(4)}
 	default:
-		return Reply{}, fmt.Errorf("redis: claim script replied %v", vals)
+		return Reply{}, fmt.Errorf("redis: claim script replied %v", v)
 	}
 	if r.err != nil {
 		return Reply{}, r.err
@@ -201,21 +190,108 @@ func (n *Node) claimReply(b int, vals []any) (Reply, error) {
 	return out, nil
 }
 
-// ClaimBatch asks the node to grant each of runs to its token for lease,
-// in one pipeline (a single run goes without one). Each run is one atomic
-// script.
-func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
-	replies := make([]Reply, len(runs))
-	errs := n.pipeline(ctx, claimScript, len(runs), func(i int) ([]string, []any) {
-		return n.claimArgs(runs[i], tokens[i], holder, lease)
-	}, func(i int, cmd *goredis.Cmd) error {
+// scriptRuns is how many runs one call of a batch script (claim, release,
+// commit) handles: a call of a hundred claims keeps the server busy for
+// about a millisecond, so other clients' commands wait no longer than
+// that behind it.
+const scriptRuns = 100
+
+// chunks splits the indices 0..count-1 into the calls of a batch script:
+// runs of one bucket each (on a cluster a script touches one slot), at
+// most scriptRuns to a call, in the order the runs came.
+func (n *Node) chunks(count int, job func(i int) string) [][]int {
+	var out [][]int
+	open := map[int]int{} // bucket → its chunk being filled
+	for i := range count {
+		b := n.keys.bucket(job(i))
+		c, ok := open[b]
+		if !ok || len(out[c]) == scriptRuns {
+			c = len(out)
+			open[b] = c
+			out = append(out, make([]int, 0, min(count, scriptRuns)))
+		}
+		out[c] = append(out[c], i)
+	}
+	return out
+}
+
+// batch runs script once per chunk of count runs (see chunks), all calls
+// in one pipeline (a single call goes without one). head gives a call's
+// leading keys and arguments for its bucket, item appends a run's, and
+// read takes a call's reply (every batch script replies an array) and
+// sets the per-run results. A call's error is each of its runs' error.
+func (n *Node) batch(ctx context.Context, script *goredis.Script, count int, job func(i int) string,
+	head func(b int) ([]string, []any), item func(i int, keys []string, args []any) ([]string, []any),
+	read func(b int, chunk []int, vals []any) error) []error {
+	chunks := n.chunks(count, job)
+	errs := make([]error, count)
+	cerrs := n.pipeline(ctx, script, len(chunks), func(c int) ([]string, []any) {
+		keys, args := head(n.keys.bucket(job(chunks[c][0])))
+		for _, i := range chunks[c] {
+			keys, args = item(i, keys, args)
+		}
+		return keys, args
+	}, func(c int, cmd *goredis.Cmd) error {
 		vals, err := cmd.Slice()
 		if err != nil {
 			return n.translate(ctx, err)
 		}
-		replies[i], err = n.claimReply(n.keys.bucket(runs[i].Job), vals)
-		return err
+		return read(n.keys.bucket(job(chunks[c][0])), chunks[c], vals)
 	})
+	for c, err := range cerrs {
+		if err != nil {
+			for _, i := range chunks[c] {
+				errs[i] = err
+			}
+		}
+	}
+	return errs
+}
+
+// ClaimBatch asks the node to grant each of runs to its token for lease,
+// in batches of one script call each (see claimScript), pipelined. Each
+// run is decided atomically, as it would be alone.
+func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
+	replies := make([]Reply, len(runs))
+	ids := make([]string, len(runs))
+	for i, run := range runs {
+		ids[i] = run.ID()
+	}
+	errs := n.batch(ctx, claimScript, len(runs), func(i int) string { return runs[i].Job },
+		func(b int) ([]string, []any) {
+			return []string{n.keys.jobs(b), n.keys.marker(b)}, []any{holder, lease.Milliseconds(),
+				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, n.Seen(b)}
+		}, func(i int, keys []string, args []any) ([]string, []any) {
+			job := runs[i].Job
+			return append(keys, n.keys.run(ids[i]), n.keys.fence(job), n.keys.runs(job)),
+				append(args, tokens[i], runs[i].At.UnixMilli(), ids[i], job)
+		}, func(b int, chunk []int, vals []any) error {
+			r := reply(vals)
+			if id := r.str(0); r.err == nil {
+				n.ran(b, id)
+			}
+			if len(vals) == 4 && vals[1] == "restarted" {
+				held := Reply{Vote: Held, Restarted: true, LostAt: ms(r.int(2)), LeaseUntil: ms(r.int(3))}
+				if r.err != nil {
+					return r.err
+				}
+				for _, i := range chunk {
+					replies[i] = held
+				}
+				return nil
+			}
+			if r.err != nil || len(vals) != 1+len(chunk) {
+				return fmt.Errorf("redis: claim script replied %v to %d runs", vals, len(chunk))
+			}
+			var errs []error
+			for k, i := range chunk {
+				var err error
+				if replies[i], err = claimReply(vals[1+k]); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
+		})
 	return replies, errs
 }
 
@@ -323,26 +399,35 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 	return time.Time{}, fmt.Errorf("redis: renew script replied %v", vals)
 }
 
-// ReleaseBatch ends the claims tokens hold on runIDs with outcomes, in one
-// pipeline (a single claim goes without one). A claim whose token no
-// longer holds its run answers an error wrapping claim.ErrLeaseLost.
+// ReleaseBatch ends the claims tokens hold on runIDs with outcomes, in
+// batches of one script call each (see releaseScript), pipelined. A claim
+// whose token no longer holds its run answers an error wrapping
+// claim.ErrLeaseLost.
 func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Status) []error {
-	return n.pipeline(ctx, releaseScript, len(runIDs), func(i int) ([]string, []any) {
-		return n.releaseArgs(runIDs[i], tokens[i], outcomes[i])
-	}, func(_ int, cmd *goredis.Cmd) error {
-		vals, err := cmd.Slice()
-		if err != nil {
-			return n.translate(ctx, err)
+	answers := make([]error, len(runIDs))
+	errs := n.batch(ctx, releaseScript, len(runIDs), func(i int) string { return jobOf(runIDs[i]) },
+		func(int) ([]string, []any) { return nil, []any{n.doneTTL.Milliseconds()} },
+		func(i int, keys []string, args []any) ([]string, []any) {
+			return append(keys, n.keys.run(runIDs[i])), append(args, tokens[i], string(outcomes[i]), terminal(outcomes[i]))
+		}, func(_ int, chunk []int, vals []any) error {
+			if len(vals) != len(chunk) {
+				return fmt.Errorf("redis: release script replied %v to %d claims", vals, len(chunk))
+			}
+			for k, i := range chunk {
+				answers[i] = releaseReply(vals[k])
+			}
+			return nil
+		})
+	for i, err := range errs {
+		if err == nil {
+			errs[i] = answers[i]
 		}
-		return releaseReply(vals)
-	})
+	}
+	return errs
 }
 
-func (n *Node) releaseArgs(runID, token string, o claim.Status) ([]string, []any) {
-	return []string{n.keys.run(runID)}, []any{token, string(o), n.doneTTL.Milliseconds(), terminal(o)}
-}
-
-func releaseReply(vals []any) error {
+func releaseReply(v any) error {
+	vals, _ := v.([]any)
 	r := reply(vals)
 	switch r.str(0) {
 	case "released":
@@ -350,7 +435,7 @@ func releaseReply(vals []any) error {
 	case "lost":
 		return fmt.Errorf("%s: %w", r.str(1), claim.ErrLeaseLost)
 	}
-	return fmt.Errorf("redis: release script replied %v", vals)
+	return fmt.Errorf("redis: release script replied %v", v)
 }
 
 // Abort undoes a grant to token that will not be used: a fresh run
@@ -365,21 +450,24 @@ func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
 // CommitBatch raises, for each of runs, the job's fence key to at least
 // fences[i] and, if tokens[i] still holds the run, records fences[i] and
 // attempts[i] in it; it reports which runs were updated. The commits go in
-// one pipeline (a single run goes without one).
+// batches of one script call each (see commitScript), pipelined.
 func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []string, fences []int64, attempts []int) ([]bool, []error) {
 	updated := make([]bool, len(runs))
-	errs := n.pipeline(ctx, commitScript, len(runs), func(i int) ([]string, []any) {
-		return n.commitArgs(runs[i], tokens[i], fences[i], attempts[i])
-	}, func(i int, cmd *goredis.Cmd) error {
-		v, err := cmd.Int()
-		updated[i] = v == 1
-		return n.translate(ctx, err)
-	})
+	errs := n.batch(ctx, commitScript, len(runs), func(i int) string { return runs[i].Job },
+		func(int) ([]string, []any) { return nil, nil },
+		func(i int, keys []string, args []any) ([]string, []any) {
+			return append(keys, n.keys.run(runs[i].ID()), n.keys.fence(runs[i].Job)),
+				append(args, tokens[i], fences[i], attempts[i])
+		}, func(_ int, chunk []int, vals []any) error {
+			if len(vals) != len(chunk) {
+				return fmt.Errorf("redis: commit script replied %v to %d runs", vals, len(chunk))
+			}
+			for k, i := range chunk {
+				updated[i] = vals[k] == int64(1)
+			}
+			return nil
+		})
 	return updated, errs
-}
-
-func (n *Node) commitArgs(run claim.Run, token string, fence int64, attempt int) ([]string, []any) {
-	return []string{n.keys.run(run.ID()), n.keys.fence(run.Job)}, []any{token, fence, attempt}
 }
 
 // reply reads a script's array reply; the first malformed element sets err.

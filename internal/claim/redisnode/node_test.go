@@ -54,9 +54,11 @@ func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
 	}
 }
 
-// TestBatchesOfOneAndManyReloadLostScripts: a batch of one run goes as a
-// bare script call, a larger one as a pipeline; both load the scripts
-// again when the server lost them, and agree on the outcome.
+// TestBatchesOfOneAndManyReloadLostScripts: a batch goes as one script
+// call per hundred runs, a lone call bare and several in a pipeline; each
+// loads the scripts again when the server lost them, and all agree on the
+// outcome. The fences of one job's runs granted in one batch rise in the
+// batch's order.
 func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
 	server := testenv.StartRedis(t)
 	client := goredis.NewClient(&goredis.Options{Addr: server.Addr(), ContextTimeoutEnabled: true})
@@ -66,11 +68,11 @@ func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
-	for _, n := range []int{1, 3} {
+	for _, n := range []int{1, 3, 250} {
 		runs, tokens := make([]claim.Run, n), make([]string, n)
 		outs, ids := make([]claim.Status, n), make([]string, n)
 		for i := range runs {
-			runs[i], tokens[i] = claim.Run{Job: "job.reload", At: base.Add(time.Duration(10*n+i) * time.Minute)}, claim.NewToken()
+			runs[i], tokens[i] = claim.Run{Job: "job.reload", At: base.Add(time.Duration(1000*n+i) * time.Minute)}, claim.NewToken()
 			outs[i], ids[i] = claim.Succeeded, runs[i].ID()
 		}
 		if err := client.ScriptFlush(ctxT(t)).Err(); err != nil {
@@ -80,6 +82,9 @@ func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
 		for i := range runs {
 			if errs[i] != nil || replies[i].Vote != redisnode.Granted {
 				t.Fatalf("batch of %d, claim %d after SCRIPT FLUSH: %+v, %v", n, i, replies[i], errs[i])
+			}
+			if i > 0 && replies[i].Fence <= replies[i-1].Fence {
+				t.Fatalf("batch of %d: claim %d got fence %d after %d", n, i, replies[i].Fence, replies[i-1].Fence)
 			}
 		}
 		if err := client.ScriptFlush(ctxT(t)).Err(); err != nil {

@@ -57,66 +57,77 @@ local function incarnation(marker, seen, lease, now)
 end
 `
 
-// claimScript grants a run, or says why not. Any status but running and
-// interrupted is terminal (claim.Status.Live). A grant records the server's
-// run_id in the run, so that a renewal can tell a claim of this
+// claimScript grants runs, or says why not, each run as it would alone:
+// a batch is one script call (at most scriptRuns runs, all of one bucket)
+// so that the server checks its incarnation once, not once per run, and
+// pays the fixed cost of a call once. Any status but running and
+// interrupted is terminal (claim.Status.Live). A grant records the
+// server's run_id in the run, so that a renewal can tell a claim of this
 // incarnation from one restored from disk.
 //
-// KEYS: run hash, job fence, job history zset, jobs set, marker.
-// ARGV: token, holder, lease ms, done TTL ms, scheduled ms, run id, job,
-// history limit, fence slot, fence slots, the run_id the caller last saw
-// the marker on ("" if none).
+// KEYS: jobs set, marker, then per run: run hash, job fence, job history
+// zset.
+// ARGV: holder, lease ms, done TTL ms, history limit, fence slot, fence
+// slots, the run_id the caller last saw the marker on ("" if none), then
+// per run: token, scheduled ms, run id, job.
 //
-// Replies, each ending with the server's run_id:
+// Reply: the server's run_id, then either "restarted", guard_start_ms,
+// guard_end_ms (the restart guard holds every run) or one reply per run:
 // {"granted", fence, attempt, lease_until_ms},
 // {"held", holder, lease_until_ms, token digest, attempt},
-// {"done", status, attempt, holder, fence},
-// {"restarted", guard_start_ms, guard_end_ms} while the restart guard holds
-// every run.
+// {"done", status, attempt, holder, fence}.
 var claimScript = goredis.NewScript(incarnationLua + `
 local now_us = clock()
 local now = math.floor(now_us / 1000)
-local lease = tonumber(ARGV[3])
-local id, since, hold = incarnation(KEYS[5], ARGV[11], lease, now)
+local lease = tonumber(ARGV[2])
+local id, since, hold = incarnation(KEYS[2], ARGV[7], lease, now)
 if since > 0 and now < math.max(since + lease, hold) then
-  return {'restarted', since, math.max(since + lease, hold), id}
+  return {id, 'restarted', since, math.max(since + lease, hold)}
 end
-local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence')
-local attempt = 1
-if h[2] then
-  if h[1] == ARGV[1] and h[2] == 'running' then
-    -- The client retried a request that had already granted.
-    return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3]), id}
-  end
-  if h[2] ~= 'running' and h[2] ~= 'interrupted' then
-    return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0, id}
-  end
-  if h[2] == 'running' and tonumber(h[3]) > now then
-    return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4]), id}
-  end
-  attempt = tonumber(h[4]) + 1
-  -- A takeover rewrites the hash; a fresh grant creates it.
-  redis.call('HDEL', KEYS[1], 'finished_at')
-end
-local fence = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now_us)
-local slots = tonumber(ARGV[10])
-fence = fence + (tonumber(ARGV[9]) - fence) % slots
-redis.call('SET', KEYS[2], s(fence))
+local holder, ttl, limit = ARGV[1], s(tonumber(ARGV[3]) + lease), tonumber(ARGV[4])
+local slot, slots = tonumber(ARGV[5]), tonumber(ARGV[6])
 local lease_until = now + lease
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'fence', s(fence),
-  'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
-redis.call('PEXPIRE', KEYS[1], s(tonumber(ARGV[4]) + lease))
-redis.call('SADD', KEYS[4], ARGV[7])
-if redis.call('ZADD', KEYS[3], ARGV[5], ARGV[6]) == 1 then
-  -- The history is trimmed back to its limit once it is over by an
-  -- eighth, not on every claim: History reads the newest runs only.
-  local limit = tonumber(ARGV[8])
-  local over = redis.call('ZCARD', KEYS[3]) - limit
-  if over > math.max(math.floor(limit / 8), 1) then
-    redis.call('ZREMRANGEBYRANK', KEYS[3], 0, over - 1)
+local function grant(run, fkey, hkey, token, at, rid, job)
+  local h = redis.call('HMGET', run, 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence')
+  local attempt = 1
+  if h[2] then
+    if h[1] == token and h[2] == 'running' then
+      -- The client retried a request that had already granted.
+      return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3])}
+    end
+    if h[2] ~= 'running' and h[2] ~= 'interrupted' then
+      return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0}
+    end
+    if h[2] == 'running' and tonumber(h[3]) > now then
+      return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4])}
+    end
+    attempt = tonumber(h[4]) + 1
+    -- A takeover rewrites the hash; a fresh grant creates it.
+    redis.call('HDEL', run, 'finished_at')
   end
+  local fence = math.max(tonumber(redis.call('GET', fkey) or '0') + 1, now_us)
+  fence = fence + (slot - fence) % slots
+  redis.call('SET', fkey, s(fence))
+  redis.call('HSET', run, 'token', token, 'holder', holder, 'fence', s(fence),
+    'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
+  redis.call('PEXPIRE', run, ttl)
+  redis.call('SADD', KEYS[1], job)
+  if redis.call('ZADD', hkey, at, rid) == 1 then
+    -- The history is trimmed back to its limit once it is over by an
+    -- eighth, not on every claim: History reads the newest runs only.
+    local over = redis.call('ZCARD', hkey) - limit
+    if over > math.max(math.floor(limit / 8), 1) then
+      redis.call('ZREMRANGEBYRANK', hkey, 0, over - 1)
+    end
+  end
+  return {'granted', fence, attempt, lease_until}
 end
-return {'granted', fence, attempt, lease_until, id}
+local out = {id}
+for i = 0, (#KEYS - 2) / 3 - 1 do
+  local k, a = 3 + 3 * i, 8 + 4 * i
+  out[i + 2] = grant(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+end
+return out
 `)
 
 // renewScript extends a live lease held with the token. A claim granted
@@ -160,27 +171,35 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 return {'renewed', lease_until}
 `)
 
-// releaseScript ends the claim held with the token. Releasing again with
-// the same outcome (a client retrying after a lost reply) is a no-op that
-// replies released.
+// releaseScript ends the claims held with the tokens, one script call
+// per batch (as claimScript). Releasing again with the same outcome (a
+// client retrying after a lost reply) is a no-op that replies released.
 //
-// KEYS: run hash. ARGV: token, outcome, done TTL ms, "1" if the outcome is
-// terminal.
-// Replies: {"released"} or {"lost", reason}.
+// KEYS: per claim: run hash. ARGV: done TTL ms, then per claim: token,
+// outcome, "1" if the outcome is terminal.
+// Replies, one per claim: {"released"} or {"lost", reason}.
 var releaseScript = goredis.NewScript(`
-local h = redis.call('HMGET', KEYS[1], 'token', 'status')
-if not h[1] then return {'lost', 'no such run'} end
-if h[1] ~= ARGV[1] then return {'lost', 'taken over'} end
-if h[2] == ARGV[2] then return {'released'} end
-if h[2] ~= 'running' then return {'lost', 'released'} end
-redis.call('HSET', KEYS[1], 'status', ARGV[2])
-if ARGV[4] == '1' then
-  local t = redis.call('TIME')
-  local now = math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000)
-  redis.call('HSET', KEYS[1], 'finished_at', string.format('%.0f', now))
+local t = redis.call('TIME')
+local now = string.format('%.0f', math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000))
+local function release(run, token, outcome, terminal)
+  local h = redis.call('HMGET', run, 'token', 'status')
+  if not h[1] then return {'lost', 'no such run'} end
+  if h[1] ~= token then return {'lost', 'taken over'} end
+  if h[2] == outcome then return {'released'} end
+  if h[2] ~= 'running' then return {'lost', 'released'} end
+  redis.call('HSET', run, 'status', outcome)
+  if terminal == '1' then
+    redis.call('HSET', run, 'finished_at', now)
+  end
+  redis.call('PEXPIRE', run, ARGV[1])
+  return {'released'}
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {'released'}
+local out = {}
+for i = 1, #KEYS do
+  local a = 2 + 3 * (i - 1)
+  out[i] = release(KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2])
+end
+return out
 `)
 
 // abortScript undoes a grant nobody will use (a lost quorum, a cancelled
@@ -202,19 +221,29 @@ end
 return 1
 `)
 
-// commitScript makes a quorum's decision durable on one node: the job's
-// fence key is raised to the granted fence, and the run hash (if the token
-// still holds it) gets the fence and attempt the quorum agreed on, so the
-// next takeover on any majority counts on from there.
+// commitScript makes a quorum's decisions durable on one node, one
+// script call per batch (as claimScript): each job's fence key is raised
+// to the granted fence, and each run hash (if the token still holds it)
+// gets the fence and attempt the quorum agreed on, so the next takeover on
+// any majority counts on from there.
 //
-// KEYS: run hash, job fence. ARGV: token, fence, attempt.
-// Reply: 1 if the run hash was updated, 0 if only the fence was raised.
+// KEYS: per run: run hash, job fence. ARGV: per run: token, fence, attempt.
+// Reply, one per run: 1 if the run hash was updated, 0 if only the fence
+// was raised.
 var commitScript = goredis.NewScript(`
-if tonumber(redis.call('GET', KEYS[2]) or '0') < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
+local function commit(run, fkey, token, fence, attempt)
+  if tonumber(redis.call('GET', fkey) or '0') < tonumber(fence) then
+    redis.call('SET', fkey, fence)
+  end
+  local h = redis.call('HMGET', run, 'token', 'status')
+  if h[1] ~= token or h[2] ~= 'running' then return 0 end
+  redis.call('HSET', run, 'fence', fence, 'attempt', attempt)
+  return 1
 end
-local h = redis.call('HMGET', KEYS[1], 'token', 'status')
-if h[1] ~= ARGV[1] or h[2] ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'fence', ARGV[2], 'attempt', ARGV[3])
-return 1
+local out = {}
+for i = 1, #KEYS / 2 do
+  local k, a = 2 * i - 1, 3 * i - 2
+  out[i] = commit(KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2])
+end
+return out
 `)

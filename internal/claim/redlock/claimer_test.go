@@ -38,6 +38,10 @@ func TestConformance(t *testing.T) {
 	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
 }
 
+func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
+	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redlock", options))
+}
+
 func TestNewRejectsNoNodesBadClientsAndNoNodeTimeout(t *testing.T) {
 	opts := redlock.Options{NodeTimeout: 50 * time.Millisecond}
 	if _, err := redlock.New(nil, opts); err == nil {

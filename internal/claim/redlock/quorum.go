@@ -104,28 +104,29 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 
 // Release implements claim.Claimer: the release script for every claim,
 // pipelined to each node in one round; each claim is released when a
-// majority released it.
+// majority released it. Releases made from several goroutines at once are
+// merged into such rounds (claim.ReleaseCoalescer).
 func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []claim.Status) []error {
-	errs, idx := claim.CheckReleaseBatch(cls, outcomes)
-	if len(idx) == 0 {
-		return errs
-	}
-	ids, tokens, outs := make([]string, len(idx)), make([]string, len(idx)), make([]claim.Status, len(idx))
-	for k, i := range idx {
-		ids[k], tokens[k], outs[k] = cls[i].ID(), cls[i].Token, outcomes[i]
+	return c.releases.Release(ctx, cls, outcomes, c.release)
+}
+
+// release sends one round of valid releases.
+func (c *Claimer) release(ctx context.Context, ends []claim.Ending) []error {
+	ids, tokens, outs := make([]string, len(ends)), make([]string, len(ends)), make([]claim.Status, len(ends))
+	for k, e := range ends {
+		ids[k], tokens[k], outs[k] = e.Claim.ID(), e.Claim.Token, e.Outcome
 	}
 	nodeErrs := make([][]error, len(c.nodes)) // by node, then claim
-	if ctx.Err() == nil {
-		c.each(ctx, batchTimeout(c.nodeTimeout, len(ids), 0), func(ctx context.Context, i int, n *redisnode.Node) {
-			nodeErrs[i] = n.ReleaseBatch(ctx, ids, tokens, outs)
-		})
-	}
-	for k, i := range idx {
+	c.each(ctx, batchTimeout(c.nodeTimeout, len(ids), 0), func(ctx context.Context, i int, n *redisnode.Node) {
+		nodeErrs[i] = n.ReleaseBatch(ctx, ids, tokens, outs)
+	})
+	errs := make([]error, len(ends))
+	for k := range ends {
 		if err := ctx.Err(); err != nil {
-			errs[i] = err
+			errs[k] = err
 			continue
 		}
-		errs[i] = c.verdict(fmt.Sprintf("release %s as %s", ids[k], outs[k]), column(nodeErrs, k))
+		errs[k] = c.verdict(fmt.Sprintf("release %s as %s", ids[k], outs[k]), column(nodeErrs, k))
 	}
 	return errs
 }

@@ -45,6 +45,9 @@ type Claimer struct {
 	quorum      int
 	instance    string
 	nodeTimeout time.Duration
+	// claims and releases merge the batches of callers who come at once.
+	claims   claim.ClaimCoalescer
+	releases claim.ReleaseCoalescer
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -128,22 +131,29 @@ func (c *Claimer) each(ctx context.Context, timeout time.Duration, f func(ctx co
 // Claim implements claim.Claimer: every round carries all the runs,
 // pipelined to each node (claim scripts, then commits, then aborts), so a
 // batch costs the round trips of one run. Each run is decided on its own
-// votes.
+// votes. Claims made from several goroutines at once, under the same
+// lease, are merged into such batches (claim.ClaimCoalescer).
 func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
-	claims := make([]*claim.Claim, len(runs))
-	errs, idx := claim.CheckClaimBatch(ctx, runs, lease)
-	bids := make([]*bid, len(idx))
-	for k, i := range idx {
-		bids[k] = &bid{run: runs[i]}
-		bids[k].run.At = bids[k].run.At.UTC()
-	}
-	if len(bids) > 0 {
+	return c.claims.Claim(ctx, runs, lease, func(ctx context.Context, runs []claim.Run) []claim.Answer {
+		bids := make([]*bid, len(runs))
+		for k, run := range runs {
+			bids[k] = &bid{run: run}
+		}
 		c.contend(ctx, bids, lease)
-	}
-	for k, b := range bids {
-		claims[idx[k]], errs[idx[k]] = b.cl, b.err
-	}
-	return claims, errs
+		out := make([]claim.Answer, len(bids))
+		for k, b := range bids {
+			out[k] = claim.Answer{Claim: b.cl, Err: b.err}
+		}
+		return out
+	}, func(ctx context.Context, granted []*claim.Claim) {
+		runs, tokens := make([]claim.Run, len(granted)), make([]string, len(granted))
+		for k, cl := range granted {
+			runs[k], tokens[k] = cl.Run, cl.Token
+		}
+		c.each(ctx, batchTimeout(c.nodeTimeout, len(runs), 0), func(ctx context.Context, _ int, n *redisnode.Node) {
+			n.AbortBatch(ctx, runs, tokens)
+		})
+	})
 }
 
 // bid is one run in a claim round, and what the round made of it: a

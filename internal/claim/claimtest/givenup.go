@@ -1,0 +1,74 @@
+package claimtest
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// GivenUpClaimsLeaveNoGhosts checks a backend that undoes the claims of a
+// caller who gave up (Redis, Redlock): many goroutines claim through one
+// claimer at once, so that their calls are merged into shared batches,
+// and some give up a moment after they asked. Every run whose claim
+// answered the caller's context error must be free for another replica at
+// once: a grant left behind would hold the run, for nobody, for a whole
+// lease. Every run granted must be held.
+func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
+	open := newClaimers(t)
+	a, b := open("replica-a"), open("replica-b")
+	const callers, rounds = 16, 20
+	// A lone claim's time sets how soon callers give up: within three
+	// of them, so that some leave before their batch goes, some while it
+	// is in flight, some just after.
+	start := time.Now()
+	mustClaim(t, a, runAt("job.givenup.probe", 0), longLease)
+	window := 3 * time.Since(start)
+	type outcome struct {
+		run claim.Run
+		err error
+	}
+	var mu sync.Mutex
+	var outcomes []outcome
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for g := range callers {
+			wg.Go(func() {
+				run := runAt("job.givenup", r*callers+g)
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				if g%2 == 1 {
+					time.AfterFunc(rand.N(window), cancel)
+				}
+				_, err := claim.ClaimOne(ctx, a, run, longLease)
+				mu.Lock()
+				outcomes = append(outcomes, outcome{run, err})
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	gaveUp := 0
+	for _, o := range outcomes {
+		_, err := claim.ClaimOne(ctxT(t), b, o.run, longLease)
+		switch {
+		case o.err == nil:
+			wantErr(t, err, claim.ErrHeld, "claim of a run granted to a caller who stayed")
+		case errors.Is(o.err, context.Canceled):
+			gaveUp++
+			if err != nil {
+				t.Errorf("%s: its caller gave up (%v), yet another replica's claim answered %v", o.run.ID(), o.err, err)
+			}
+		default:
+			t.Errorf("%s: %v", o.run.ID(), o.err)
+		}
+	}
+	t.Logf("%d of %d claims given up (each within %v)", gaveUp, len(outcomes), window)
+	if gaveUp == 0 {
+		t.Error("no caller gave up: the case checked nothing")
+	}
+}

@@ -1,0 +1,220 @@
+package claim
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Coalescer merges concurrent calls of a batch operation into fewer
+// batches, by group commit: a call made while none is in flight goes at
+// once, alone; calls made while one is in flight wait, and when it
+// returns, all of them go as one batch. No call waits on a timer, so a
+// lone caller pays nothing, and callers who come together (a backend is
+// the bottleneck) share round trips and the server's per-call costs. The
+// zero value is ready to use; a Coalescer must not be copied.
+//
+// The runner already hands a claimer its due runs in batches; this is for
+// the callers who do not, such as an application calling Claim from many
+// goroutines.
+type Coalescer[In, Out any] struct {
+	mu    sync.Mutex
+	busy  bool // a batch is in flight
+	queue []*waiter[In, Out]
+}
+
+type waiter[In, Out any] struct {
+	ctx  context.Context
+	in   []In
+	out  []Out
+	lead chan struct{} // closed: this waiter sends the next batch
+	done chan struct{} // closed: out is set
+}
+
+// Do calls send with in, merged with the inputs of other calls waiting
+// at the time, and returns this call's share of the outputs (send must
+// return one output per input, in order).
+//
+// send's context carries the values of one caller's ctx and is cancelled
+// only once every merged caller's ctx is done: one caller giving up does
+// not fail the others' share. A caller whose ctx is done before its batch
+// goes is left out of it and gets nil. One whose ctx ends while its batch
+// is in flight still gets its outputs once the batch returns, so that it
+// can undo what they did (a claim granted to a caller that left): Do does
+// not return before that.
+func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx context.Context, in []In) []Out) []Out {
+	w := &waiter[In, Out]{ctx: ctx, in: in, lead: make(chan struct{}), done: make(chan struct{})}
+	c.mu.Lock()
+	if c.busy {
+		c.queue = append(c.queue, w)
+		c.mu.Unlock()
+		select {
+		case <-w.done:
+			return w.out
+		case <-w.lead:
+		}
+		c.mu.Lock()
+	}
+	// This caller sends: alone, or for everyone queued behind the batch
+	// that just returned (itself among them).
+	c.busy = true
+	batch := c.queue
+	c.queue = nil
+	c.mu.Unlock()
+	if len(batch) == 0 {
+		batch = []*waiter[In, Out]{w}
+	}
+	c.send(batch, send)
+
+	c.mu.Lock()
+	if len(c.queue) > 0 {
+		close(c.queue[0].lead) // the next batch is the first waiter's to send
+	} else {
+		c.busy = false
+	}
+	c.mu.Unlock()
+	return w.out
+}
+
+// send sends batch's inputs as one and hands each waiter its outputs. A
+// waiter whose ctx is done by then is left out, with nil outputs.
+func (c *Coalescer[In, Out]) send(batch []*waiter[In, Out], send func(ctx context.Context, in []In) []Out) {
+	var all []In
+	var going []*waiter[In, Out]
+	for _, w := range batch {
+		if w.ctx.Err() != nil {
+			close(w.done)
+			continue
+		}
+		all, going = append(all, w.in...), append(going, w)
+	}
+	if len(going) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(going[0].ctx))
+	defer cancel()
+	left := atomic.Int64{}
+	left.Store(int64(len(going)))
+	for _, w := range going {
+		stop := context.AfterFunc(w.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	out := send(ctx, all)
+	for _, w := range going {
+		w.out, out = out[:len(w.in):len(w.in)], out[len(w.in):]
+		close(w.done)
+	}
+}
+
+// Answer is one run's answer to a claim.
+type Answer struct {
+	Claim *Claim
+	Err   error
+}
+
+// ClaimCoalescer merges concurrent Claim calls under the same lease
+// (calls under different leases never share a batch). The zero value is
+// ready to use.
+type ClaimCoalescer struct {
+	mu      sync.Mutex
+	byLease map[time.Duration]*Coalescer[Run, Answer]
+}
+
+// Claim is a Claimer's Claim through the coalescer: it validates runs and
+// lease (CheckClaimBatch), gives send the valid ones (their instants in
+// UTC) together with those of other callers waiting at the time, and
+// hands back this caller's answers. If ctx ended while its runs were in a
+// batch that went on for others, undo is given what was granted to this
+// caller, under a context that outlives ctx by a second, and every run
+// answers ctx's error.
+func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Duration,
+	send func(ctx context.Context, runs []Run) []Answer, undo func(ctx context.Context, granted []*Claim)) ([]*Claim, []error) {
+	claims := make([]*Claim, len(runs))
+	errs, idx := CheckClaimBatch(ctx, runs, lease)
+	if len(idx) == 0 {
+		return claims, errs
+	}
+	valid := make([]Run, len(idx))
+	for k, i := range idx {
+		valid[k] = runs[i]
+		valid[k].At = valid[k].At.UTC()
+	}
+	got := cc.coalescer(lease).Do(ctx, valid, send)
+	if err := ctx.Err(); err != nil {
+		var granted []*Claim
+		for _, a := range got {
+			if a.Claim != nil {
+				granted = append(granted, a.Claim)
+			}
+		}
+		if len(granted) > 0 {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			undo(uctx, granted)
+			cancel()
+		}
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("claim %s: %w", runs[i].ID(), err)
+		}
+		return claims, errs
+	}
+	for k, i := range idx {
+		claims[i], errs[i] = got[k].Claim, got[k].Err
+	}
+	return claims, errs
+}
+
+func (cc *ClaimCoalescer) coalescer(lease time.Duration) *Coalescer[Run, Answer] {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	co := cc.byLease[lease]
+	if co == nil {
+		if cc.byLease == nil {
+			cc.byLease = map[time.Duration]*Coalescer[Run, Answer]{}
+		}
+		co = &Coalescer[Run, Answer]{}
+		cc.byLease[lease] = co
+	}
+	return co
+}
+
+// Ending is a claim and the outcome it is released with.
+type Ending struct {
+	Claim   *Claim
+	Outcome Status
+}
+
+// ReleaseCoalescer merges concurrent Release calls. The zero value is
+// ready to use.
+type ReleaseCoalescer struct{ co Coalescer[Ending, error] }
+
+// Release is a Claimer's Release through the coalescer: it validates cls
+// and outcomes (CheckReleaseBatch) and gives send the valid ones together
+// with those of other callers waiting at the time. A caller whose ctx
+// ended before its batch went releases nothing, and every claim answers
+// ctx's error.
+func (rc *ReleaseCoalescer) Release(ctx context.Context, cls []*Claim, outcomes []Status,
+	send func(ctx context.Context, ends []Ending) []error) []error {
+	errs, idx := CheckReleaseBatch(cls, outcomes)
+	if len(idx) == 0 {
+		return errs
+	}
+	valid := make([]Ending, len(idx))
+	for k, i := range idx {
+		valid[k] = Ending{cls[i], outcomes[i]}
+	}
+	got := rc.co.Do(ctx, valid, send)
+	for k, i := range idx {
+		if got == nil {
+			errs[i] = fmt.Errorf("release %s as %s: %w", cls[i].ID(), outcomes[i], ctx.Err())
+			continue
+		}
+		errs[i] = got[k]
+	}
+	return errs
+}

@@ -1,0 +1,136 @@
+package claim_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// sends records each batch a Coalescer sent, and holds each send until
+// the test lets it go.
+type sends struct {
+	mu      sync.Mutex
+	batches [][]int
+	gate    chan struct{}
+	ctxs    []context.Context
+}
+
+func (s *sends) send(ctx context.Context, in []int) []int {
+	s.mu.Lock()
+	s.batches = append(s.batches, slices.Clone(in))
+	s.ctxs = append(s.ctxs, ctx)
+	s.mu.Unlock()
+	<-s.gate
+	out := make([]int, len(in))
+	for i, v := range in {
+		out[i] = v * 10
+	}
+	return out
+}
+
+func TestACoalescerSendsALoneCallAtOnceAndMergesTheCallsThatWaitBehindIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var co claim.Coalescer[int, int]
+		s := &sends{gate: make(chan struct{})}
+		results := make([][]int, 4)
+		var wg sync.WaitGroup
+		wg.Go(func() { results[0] = co.Do(t.Context(), []int{1}, s.send) })
+		synctest.Wait() // the first call is in flight, alone
+		if len(s.batches) != 1 || !slices.Equal(s.batches[0], []int{1}) {
+			t.Fatalf("batches %v, want the first call sent alone at once", s.batches)
+		}
+		wg.Go(func() { results[1] = co.Do(t.Context(), []int{2, 3}, s.send) })
+		wg.Go(func() { results[2] = co.Do(t.Context(), []int{4}, s.send) })
+		synctest.Wait()
+		if len(s.batches) != 1 {
+			t.Fatalf("batches %v: a call went while another was in flight", s.batches)
+		}
+		s.gate <- struct{}{} // the first batch returns; the two waiting go as one
+		synctest.Wait()
+		if len(s.batches) != 2 || len(s.batches[1]) != 3 {
+			t.Fatalf("batches %v, want the waiting calls' inputs merged into the second", s.batches)
+		}
+		wg.Go(func() { results[3] = co.Do(t.Context(), []int{5}, s.send) })
+		synctest.Wait()
+		s.gate <- struct{}{}
+		synctest.Wait()
+		s.gate <- struct{}{}
+		wg.Wait()
+		want := [][]int{{10}, {20, 30}, {40}, {50}}
+		for i := range want {
+			if !slices.Equal(results[i], want[i]) {
+				t.Errorf("call %d got %v, want %v", i, results[i], want[i])
+			}
+		}
+		if len(s.batches) != 3 || !slices.Equal(s.batches[2], []int{5}) {
+			t.Errorf("batches %v, want the last call sent alone", s.batches)
+		}
+	})
+}
+
+func TestACoalescedBatchIsCancelledOnlyOnceEveryCallerLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var co claim.Coalescer[int, int]
+		s := &sends{gate: make(chan struct{})}
+		var wg sync.WaitGroup
+		first, cancelFirst := context.WithCancel(t.Context())
+		wg.Go(func() { co.Do(first, []int{1}, s.send) })
+		synctest.Wait()
+		a, cancelA := context.WithCancel(t.Context())
+		b, cancelB := context.WithCancel(t.Context())
+		var gotA, gotB []int
+		wg.Go(func() { gotA = co.Do(a, []int{2}, s.send) })
+		wg.Go(func() { gotB = co.Do(b, []int{3}, s.send) })
+		synctest.Wait()
+		cancelFirst()
+		s.gate <- struct{}{} // the second batch (a and b) goes
+		synctest.Wait()
+		batch := s.ctxs[1]
+		cancelA()
+		synctest.Wait()
+		if batch.Err() != nil {
+			t.Fatal("the batch was cancelled when one of its two callers left")
+		}
+		cancelB()
+		synctest.Wait()
+		if batch.Err() == nil {
+			t.Fatal("the batch was not cancelled once both its callers left")
+		}
+		s.gate <- struct{}{}
+		wg.Wait()
+		// A caller that left still gets its share, to undo it.
+		if !slices.Equal(gotA, []int{20}) || !slices.Equal(gotB, []int{30}) {
+			t.Errorf("shares %v and %v, want [20] and [30]", gotA, gotB)
+		}
+	})
+}
+
+func TestACallerThatLeftBeforeItsBatchWentIsLeftOutOfIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var co claim.Coalescer[int, int]
+		s := &sends{gate: make(chan struct{})}
+		var wg sync.WaitGroup
+		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
+		synctest.Wait()
+		gone, cancel := context.WithCancel(t.Context())
+		var gotGone, gotStaying []int
+		wg.Go(func() { gotGone = co.Do(gone, []int{2}, s.send) })
+		wg.Go(func() { gotStaying = co.Do(t.Context(), []int{3}, s.send) })
+		synctest.Wait()
+		cancel()
+		s.gate <- struct{}{}
+		synctest.Wait()
+		s.gate <- struct{}{}
+		wg.Wait()
+		if gotGone != nil || !slices.Equal(gotStaying, []int{30}) {
+			t.Errorf("got %v for the caller that left and %v for the one that stayed, want nil and [30]", gotGone, gotStaying)
+		}
+		if len(s.batches) != 2 || !slices.Equal(s.batches[1], []int{3}) {
+			t.Errorf("batches %v, want the second without the caller that left", s.batches)
+		}
+	})
+}
