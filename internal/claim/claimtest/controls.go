@@ -231,6 +231,35 @@ func controlCases(t *testing.T, newClaimers Factory, opts Options) {
 		}
 	})
 
+	t.Run("ControlsPutBatchOfManyEntriesDecidesEachOnItsOwn", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("a"), open("b")
+		// More entries than a backend may send in one request, and one
+		// key twice: the newer entry wins whichever lands first (a
+		// register without a batch of its own puts them side by side).
+		var batch []claim.Control
+		for i := range 250 {
+			batch = append(batch, claim.Control{Key: fmt.Sprintf("many/%03d", i), Value: []byte("v1"), Version: 1})
+		}
+		batch = append(batch, claim.Control{Key: "many/007", Value: []byte("v2"), Version: 2})
+		got, errs := claim.PutBatch(ctxT(t), a.Controls, batch)
+		for i := range batch {
+			if errs[i] != nil {
+				t.Fatalf("%s v%d: %v", batch[i].Key, batch[i].Version, errs[i])
+			}
+			if i == 7 && got[i].Version == 2 {
+				continue // v2 landed first: v1 lost to it
+			}
+			same(t, batch[i].Key, got[i], batch[i])
+		}
+		listed := list(t, b, "many/")
+		if len(listed) != 250 {
+			t.Fatalf("listed %d entries, want 250", len(listed))
+		}
+		same(t, "the key put twice", listed[7], batch[250])
+	})
+
 	t.Run("ControlsExpireAndAnExpiredEntryLosesToAnyPut", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)

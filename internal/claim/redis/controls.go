@@ -16,14 +16,14 @@ func (c *Claimer) Controls() claim.Controls { return controls{c} }
 
 type controls struct{ c *Claimer }
 
-// Put implements claim.Controls: one script, atomic on the server.
+// Put implements claim.Controls: one script call, atomic on the server.
 func (k controls) Put(ctx context.Context, e claim.Control) (claim.Control, error) {
 	got, errs := k.PutBatch(ctx, []claim.Control{e})
 	return got[0], errs[0]
 }
 
-// PutBatch implements claim.BatchPutter: each entry is one script, as its
-// Put would be, and all of them go in one pipeline.
+// PutBatch implements claim.BatchPutter: each entry is decided as its Put
+// would be, a hundred to a script call, all in one pipeline.
 func (k controls) PutBatch(ctx context.Context, cs []claim.Control) ([]claim.Control, []error) {
 	out := make([]claim.Control, len(cs))
 	errs, valid := claim.CheckControls(ctx, cs)

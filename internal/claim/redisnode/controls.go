@@ -62,24 +62,31 @@ local function live(e)
 end
 `
 
-// putControlScript stores an entry unless the field holds a live one that
-// it does not win over (claim.Control.Wins: a First entry never replaces a
-// live one, whatever its version; any other replaces it with a higher
-// version; a tie keeps the stored one), and returns the entry the field
-// holds afterwards. An expired or malformed entry is overwritten, which is
-// how expired fields met here are dropped.
+// putControlScript stores entries, each unless its field holds a live one
+// that it does not win over (claim.Control.Wins: a First entry never
+// replaces a live one, whatever its version; any other replaces it with a
+// higher version; a tie keeps the stored one), and returns the entry each
+// field holds afterwards. An expired or malformed entry is overwritten,
+// which is how expired fields met here are dropped. One call stores a
+// batch (at most scriptRuns entries), each decided on its own, in order.
 //
-// KEYS: controls hash. ARGV: field, encoded entry.
-// Reply: the encoded entry stored afterwards.
+// KEYS: controls hash. ARGV: per entry: field, encoded entry.
+// Reply: per entry, the encoded entry stored afterwards.
 var putControlScript = goredis.NewScript(controlsLua + `
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-local new = ARGV[2]
-if cur and live(cur) then
-  local first = string.sub(new, 21, 21) == '1'
-  if first or not less(string.sub(cur, 1, 19), string.sub(new, 1, 19)) then return cur end
+local function put(field, new)
+  local cur = redis.call('HGET', KEYS[1], field)
+  if cur and live(cur) then
+    local first = string.sub(new, 21, 21) == '1'
+    if first or not less(string.sub(cur, 1, 19), string.sub(new, 1, 19)) then return cur end
+  end
+  redis.call('HSET', KEYS[1], field, new)
+  return new
 end
-redis.call('HSET', KEYS[1], ARGV[1], new)
-return new
+local out = {}
+for i = 1, #ARGV, 2 do
+  out[#out + 1] = put(ARGV[i], ARGV[i + 1])
+end
+return out
 `)
 
 // listControlsScript returns the live entries whose fields start with any
@@ -119,19 +126,36 @@ func (n *Node) PutControl(ctx context.Context, c claim.Control) (claim.Control, 
 }
 
 // PutControls stores each of cs as PutControl would, each decided on its
-// own, in one pipeline: one round trip whatever their number.
+// own, a hundred to a script call, in one pipeline: one round trip
+// whatever their number.
 func (n *Node) PutControls(ctx context.Context, cs []claim.Control) ([]claim.Control, []error) {
 	got := make([]claim.Control, len(cs))
-	keys := []string{n.keys.controls()}
-	errs := n.pipeline(ctx, putControlScript, len(cs),
-		func(i int) ([]string, []any) { return keys, []any{cs[i].Key, encodeControl(cs[i])} },
-		func(i int, cmd *goredis.Cmd) error {
-			v, err := cmd.Text()
-			if err == nil {
-				got[i], err = decodeControl(cs[i].Key, v)
+	answers := make([]error, len(cs))
+	// The controls hash is one key, outside the buckets: every entry's
+	// "job" is the same, so chunks only caps the calls' size.
+	errs := n.batch(ctx, putControlScript, len(cs), func(int) string { return "" },
+		func(int) ([]string, []any) { return []string{n.keys.controls()}, nil },
+		func(i int, keys []string, args []any) ([]string, []any) {
+			return keys, append(args, cs[i].Key, encodeControl(cs[i]))
+		}, func(_ int, chunk []int, vals []any) error {
+			if len(vals) != len(chunk) {
+				return fmt.Errorf("redis: put control script replied %d entries to %d", len(vals), len(chunk))
 			}
-			return err
+			for k, i := range chunk {
+				v, ok := vals[k].(string)
+				if !ok {
+					answers[i] = fmt.Errorf("redis: put control script replied %v for %q", vals[k], cs[i].Key)
+					continue
+				}
+				got[i], answers[i] = decodeControl(cs[i].Key, v)
+			}
+			return nil
 		})
+	for i, err := range errs {
+		if err == nil {
+			errs[i] = answers[i]
+		}
+	}
 	return got, errs
 }
 
