@@ -2,7 +2,9 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,13 +39,14 @@ type waiter[In, Out any] struct {
 // at the time, and returns this call's share of the outputs (send must
 // return one output per input, in order).
 //
-// send's context carries the values of one caller's ctx and is cancelled
+// send's context carries the values of one caller's ctx, the latest of
+// the callers' deadlines (none if one of them has none), and is cancelled
 // only once every merged caller's ctx is done: one caller giving up does
-// not fail the others' share. A caller whose ctx is done before its batch
-// goes is left out of it and gets nil. One whose ctx ends while its batch
-// is in flight still gets its outputs once the batch returns, so that it
-// can undo what they did (a claim granted to a caller that left): Do does
-// not return before that.
+// not fail the others' share. A caller whose ctx ends while it waits for
+// a batch to go returns at once, with nil outputs, and is left out. One
+// whose ctx ends while its batch is in flight still gets its outputs once
+// the batch returns, so that it can undo what they did (a claim granted
+// to a caller that left): Do does not return before that.
 func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx context.Context, in []In) []Out) []Out {
 	w := &waiter[In, Out]{ctx: ctx, in: in, lead: make(chan struct{}), done: make(chan struct{})}
 	c.mu.Lock()
@@ -54,6 +57,12 @@ func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx cont
 		case <-w.done:
 			return w.out
 		case <-w.lead:
+		case <-ctx.Done():
+			if c.leave(w) {
+				return nil
+			}
+			<-w.done // already in a batch on its way
+			return w.out
 		}
 		c.mu.Lock()
 	}
@@ -66,16 +75,41 @@ func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx cont
 	if len(batch) == 0 {
 		batch = []*waiter[In, Out]{w}
 	}
+	defer c.handOn() // even if send panics: a wedged Coalescer would hang every later call
 	c.send(batch, send)
+	return w.out
+}
 
+// leave takes w out of the queue, if it is still there, handing its turn
+// to send on if it had just been given it.
+func (c *Coalescer[In, Out]) leave(w *waiter[In, Out]) bool {
 	c.mu.Lock()
+	i := slices.Index(c.queue, w)
+	if i < 0 {
+		c.mu.Unlock()
+		return false
+	}
+	c.queue = slices.Delete(c.queue, i, i+1)
+	select {
+	case <-w.lead:
+		c.mu.Unlock()
+		c.handOn()
+	default:
+		c.mu.Unlock()
+	}
+	return true
+}
+
+// handOn gives the turn to send to the first waiter, or ends the busy
+// spell if none waits.
+func (c *Coalescer[In, Out]) handOn() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(c.queue) > 0 {
-		close(c.queue[0].lead) // the next batch is the first waiter's to send
+		close(c.queue[0].lead)
 	} else {
 		c.busy = false
 	}
-	c.mu.Unlock()
-	return w.out
 }
 
 // send sends batch's inputs as one and hands each waiter its outputs. A
@@ -90,10 +124,34 @@ func (c *Coalescer[In, Out]) send(batch []*waiter[In, Out], send func(ctx contex
 		}
 		all, going = append(all, w.in...), append(going, w)
 	}
+	defer func() {
+		for _, w := range going {
+			select {
+			case <-w.done:
+			default:
+				close(w.done) // send panicked: nobody waits for ever
+			}
+		}
+	}()
 	if len(going) == 0 {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(going[0].ctx))
+	var latest time.Time
+	for _, w := range going {
+		d, ok := w.ctx.Deadline()
+		if !ok {
+			latest = time.Time{}
+			break
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	base := context.WithoutCancel(going[0].ctx)
+	ctx, cancel := context.WithCancel(base)
+	if !latest.IsZero() {
+		ctx, cancel = context.WithDeadline(base, latest)
+	}
 	defer cancel()
 	left := atomic.Int64{}
 	left.Store(int64(len(going)))
@@ -131,8 +189,8 @@ type ClaimCoalescer struct {
 // UTC) together with those of other callers waiting at the time, and
 // hands back this caller's answers. If ctx ended while its runs were in a
 // batch that went on for others, undo is given what was granted to this
-// caller, under a context that outlives ctx by a second, and every run
-// answers ctx's error.
+// caller, under a context that outlives ctx (undo bounds itself), and
+// every run answers ctx's error.
 func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Duration,
 	send func(ctx context.Context, runs []Run) []Answer, undo func(ctx context.Context, granted []*Claim)) ([]*Claim, []error) {
 	claims := make([]*Claim, len(runs))
@@ -146,7 +204,7 @@ func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Dura
 		valid[k].At = valid[k].At.UTC()
 	}
 	got := cc.coalescer(lease).Do(ctx, valid, send)
-	if err := ctx.Err(); err != nil {
+	if err := ctx.Err(); err != nil || got == nil {
 		var granted []*Claim
 		for _, a := range got {
 			if a.Claim != nil {
@@ -154,9 +212,10 @@ func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Dura
 			}
 		}
 		if len(granted) > 0 {
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			undo(uctx, granted)
-			cancel()
+			undo(context.WithoutCancel(ctx), granted)
+		}
+		if err == nil { // the batch it joined ended without an answer (it panicked)
+			err = fmt.Errorf("%w: the merged claim batch gave no answer", ErrUnavailable)
 		}
 		for _, i := range idx {
 			errs[i] = fmt.Errorf("claim %s: %w", runs[i].ID(), err)
@@ -209,12 +268,20 @@ func (rc *ReleaseCoalescer) Release(ctx context.Context, cls []*Claim, outcomes 
 		valid[k] = Ending{cls[i], outcomes[i]}
 	}
 	got := rc.co.Do(ctx, valid, send)
+	cerr := ctx.Err()
 	for k, i := range idx {
-		if got == nil {
-			errs[i] = fmt.Errorf("release %s as %s: %w", cls[i].ID(), outcomes[i], ctx.Err())
-			continue
+		switch {
+		case got == nil && cerr != nil:
+			errs[i] = fmt.Errorf("release %s as %s: %w", cls[i].ID(), outcomes[i], cerr)
+		case got == nil: // the batch it joined ended without an answer (it panicked)
+			errs[i] = fmt.Errorf("release %s as %s: %w: the merged release batch gave no answer", cls[i].ID(), outcomes[i], ErrUnavailable)
+		case got[k] != nil && cerr != nil && (errors.Is(got[k], context.Canceled) || errors.Is(got[k], context.DeadlineExceeded)):
+			// The merged batch was cut short because its callers left:
+			// this caller hears why it left.
+			errs[i] = fmt.Errorf("release %s as %s: %w", cls[i].ID(), outcomes[i], cerr)
+		default:
+			errs[i] = got[k]
 		}
-		errs[i] = got[k]
 	}
 	return errs
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
@@ -132,5 +133,88 @@ func TestACallerThatLeftBeforeItsBatchWentIsLeftOutOfIt(t *testing.T) {
 		if len(s.batches) != 2 || !slices.Equal(s.batches[1], []int{3}) {
 			t.Errorf("batches %v, want the second without the caller that left", s.batches)
 		}
+	})
+}
+
+func TestAQueuedCallerWhoseContextEndsReturnsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var co claim.Coalescer[int, int]
+		s := &sends{gate: make(chan struct{})}
+		var wg sync.WaitGroup
+		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		start := time.Now()
+		if got := co.Do(ctx, []int{2}, s.send); got != nil {
+			t.Errorf("a caller that left while queued got %v, want nil", got)
+		}
+		if took := time.Since(start); took != time.Second {
+			t.Errorf("a queued caller whose deadline passed returned after %v, want at its deadline", took)
+		}
+		// The one it left behind still goes, and later callers too.
+		var later []int
+		wg.Go(func() { later = co.Do(t.Context(), []int{3}, s.send) })
+		synctest.Wait()
+		s.gate <- struct{}{}
+		synctest.Wait()
+		s.gate <- struct{}{}
+		wg.Wait()
+		if !slices.Equal(later, []int{30}) || len(s.batches) != 2 || !slices.Equal(s.batches[1], []int{3}) {
+			t.Errorf("batches %v, later call got %v: want the caller that left out, [3] sent", s.batches, later)
+		}
+	})
+}
+
+func TestACallerGivenItsTurnToSendThatLeftHandsTheTurnOn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var co claim.Coalescer[int, int]
+		s := &sends{gate: make(chan struct{})}
+		var wg sync.WaitGroup
+		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
+		synctest.Wait()
+		// A waiter whose context is already done by the time its turn
+		// comes: it must hand the turn to the one behind it.
+		gone, cancel := context.WithCancel(t.Context())
+		wg.Go(func() { co.Do(gone, []int{2}, s.send) })
+		synctest.Wait()
+		var behind []int
+		wg.Go(func() { behind = co.Do(t.Context(), []int{3}, s.send) })
+		synctest.Wait()
+		cancel()
+		s.gate <- struct{}{}
+		synctest.Wait()
+		s.gate <- struct{}{}
+		wg.Wait()
+		if !slices.Equal(behind, []int{30}) {
+			t.Errorf("the caller behind one that left got %v, want [30]", behind)
+		}
+	})
+}
+
+func TestAMergedBatchRunsToTheLatestOfItsCallersDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var co claim.Coalescer[int, int]
+		s := &sends{gate: make(chan struct{})}
+		var wg sync.WaitGroup
+		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
+		synctest.Wait()
+		now := time.Now()
+		for _, d := range []time.Duration{time.Minute, 2 * time.Minute} {
+			ctx, cancel := context.WithTimeout(t.Context(), d)
+			defer cancel()
+			wg.Go(func() { co.Do(ctx, []int{int(d / time.Minute)}, s.send) })
+		}
+		synctest.Wait()
+		s.gate <- struct{}{}
+		synctest.Wait()
+		if d, ok := s.ctxs[1].Deadline(); !ok || !d.Equal(now.Add(2*time.Minute)) {
+			t.Errorf("the merged batch's deadline is %v (set: %t), want the later caller's, %v", d, ok, now.Add(2*time.Minute))
+		}
+		if _, ok := s.ctxs[0].Deadline(); ok {
+			t.Error("a lone caller without a deadline got one")
+		}
+		s.gate <- struct{}{}
+		wg.Wait()
 	})
 }

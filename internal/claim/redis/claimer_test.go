@@ -14,6 +14,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/redis"
+	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
@@ -334,4 +335,40 @@ func BenchmarkControlsTick(b *testing.B) {
 
 func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
 	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redis", backends.Options{}))
+}
+
+// TestOneBadRunInABatchFailsAlone: a batch's runs share a script call, and
+// Redis keeps what a script wrote before it failed. A run whose key holds
+// something else (here a string) must fail alone: the runs beside it are
+// answered as granted, not granted and answered as errors (ghosts held by
+// nobody for a lease).
+func TestOneBadRunInABatchFailsAlone(t *testing.T) {
+	client, prefix := isolated(t)
+	if err := redisnode.MarkNew(ctxT(t), client, prefix); err != nil {
+		t.Fatal(err)
+	}
+	addr := client.Options().Addr
+	a, err := redis.Open(ctxT(t), newClient(addr), redis.Options{Instance: "replica-a", Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	before, bad, after := claim.Run{Job: "job.good", At: base}, claim.Run{Job: "job.bad", At: base}, claim.Run{Job: "job.good", At: base.Add(time.Minute)}
+	if err := client.Set(ctxT(t), prefix+"run:"+bad.ID(), "not a run", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cls, errs := a.Claim(ctxT(t), []claim.Run{before, bad, after}, time.Minute)
+	if errs[1] == nil || !strings.Contains(errs[1].Error(), "WRONGTYPE") {
+		t.Fatalf("the bad run: %v, want its WRONGTYPE error", errs[1])
+	}
+	for _, k := range []int{0, 2} {
+		if errs[k] != nil || cls[k] == nil {
+			t.Fatalf("run %d beside the bad one: %v, want granted", k, errs[k])
+		}
+	}
+	rerrs := a.Release(ctxT(t), []*claim.Claim{cls[0], {Run: bad, Token: "t", Holder: "replica-a", Attempt: 1, Fence: 1}, cls[2]},
+		[]claim.Status{claim.Succeeded, claim.Succeeded, claim.Succeeded})
+	if rerrs[0] != nil || rerrs[2] != nil || rerrs[1] == nil {
+		t.Fatalf("releases %v: want the two good ones released and the bad one failed", rerrs)
+	}
 }

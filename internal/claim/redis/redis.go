@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -153,7 +154,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		for k, cl := range granted {
 			runs[k], tokens[k] = cl.Run, cl.Token
 		}
-		c.node.AbortBatch(ctx, runs, tokens)
+		c.abort(ctx, runs, tokens)
 	})
 }
 
@@ -170,18 +171,20 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if err := ctx.Err(); err != nil {
 		// Scripts may have granted before the callers gave up: undo them
 		// rather than leave ghosts holding the runs for a whole lease.
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		c.node.AbortBatch(actx, runs, tokens)
-		cancel()
+		c.abort(ctx, runs, tokens)
 		for k, run := range runs {
 			out[k].Err = fmt.Errorf("claim %s: %w", run.ID(), err)
 		}
 		return out
 	}
 	var done []redisnode.Finished
+	var failed []int
 	for k, run := range runs {
 		if rerrs[k] != nil {
 			out[k].Err = fmt.Errorf("claim %s: %w", run.ID(), rerrs[k])
+			if !errors.Is(rerrs[k], claim.ErrUnavailable) {
+				failed = append(failed, k) // the server answered, with an error: undo any part of a grant
+			}
 			continue
 		}
 		if r := replies[k]; r.Vote == redisnode.Done {
@@ -191,7 +194,22 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		out[k].Claim, out[k].Err = c.granted(run, tokens[k], requested, lease, replies[k])
 	}
 	c.done.add(done) // remembered for a write-back after a data loss (restore.go), the batch under one lock
+	if len(failed) > 0 {
+		fruns, ftokens := make([]claim.Run, len(failed)), make([]string, len(failed))
+		for j, k := range failed {
+			fruns[j], ftokens[j] = runs[k], tokens[k]
+		}
+		c.abort(ctx, fruns, ftokens)
+	}
 	return out
+}
+
+// abort undoes grants nobody will use, best effort, within a second
+// even once ctx is done.
+func (c *Claimer) abort(ctx context.Context, runs []claim.Run, tokens []string) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	c.node.AbortBatch(actx, runs, tokens)
 }
 
 // Renew implements claim.Claimer.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -181,6 +180,8 @@ func claimReply(v any) (Reply, error) {
 		out = Reply{Vote: Held, Holder: r.str(1), LeaseUntil: ms(r.int(2)), HolderKey: r.str(3), Attempt: int(r.int(4))}
 	case "done":
 		out = Reply{Vote: Done, Status: claim.Status(r.str(1)), Attempt: int(r.int(2)), Holder: r.str(3), Fence: r.int(4)}
+	case "error":
+		return Reply{}, fmt.Errorf("redis: claim script: %s", r.str(1))
 	default:
 		return Reply{}, fmt.Errorf("redis: claim script replied %v", v)
 	}
@@ -253,6 +254,7 @@ func (n *Node) batch(ctx context.Context, script *goredis.Script, count int, job
 // run is decided atomically, as it would be alone.
 func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
 	replies := make([]Reply, len(runs))
+	answers := make([]error, len(runs)) // a run's own error, in a call that answered
 	ids := make([]string, len(runs))
 	for i, run := range runs {
 		ids[i] = run.ID()
@@ -283,15 +285,16 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 			if r.err != nil || len(vals) != 1+len(chunk) {
 				return fmt.Errorf("redis: claim script replied %v to %d runs", vals, len(chunk))
 			}
-			var errs []error
 			for k, i := range chunk {
-				var err error
-				if replies[i], err = claimReply(vals[1+k]); err != nil {
-					errs = append(errs, err)
-				}
+				replies[i], answers[i] = claimReply(vals[1+k])
 			}
-			return errors.Join(errs...)
+			return nil
 		})
+	for i, err := range errs {
+		if err == nil {
+			errs[i] = answers[i]
+		}
+	}
 	return replies, errs
 }
 
@@ -434,6 +437,8 @@ func releaseReply(v any) error {
 		return r.err
 	case "lost":
 		return fmt.Errorf("%s: %w", r.str(1), claim.ErrLeaseLost)
+	case "error":
+		return fmt.Errorf("redis: release script: %s", r.str(1))
 	}
 	return fmt.Errorf("redis: release script replied %v", v)
 }
@@ -453,6 +458,7 @@ func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
 // batches of one script call each (see commitScript), pipelined.
 func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []string, fences []int64, attempts []int) ([]bool, []error) {
 	updated := make([]bool, len(runs))
+	answers := make([]error, len(runs))
 	errs := n.batch(ctx, commitScript, len(runs), func(i int) string { return runs[i].Job },
 		func(int) ([]string, []any) { return nil, nil },
 		func(i int, keys []string, args []any) ([]string, []any) {
@@ -463,10 +469,20 @@ func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []strin
 				return fmt.Errorf("redis: commit script replied %v to %d runs", vals, len(chunk))
 			}
 			for k, i := range chunk {
-				updated[i] = vals[k] == int64(1)
+				switch v := vals[k].(type) {
+				case int64:
+					updated[i] = v == 1
+				default:
+					answers[i] = fmt.Errorf("redis: commit script replied %v", v)
+				}
 			}
 			return nil
 		})
+	for i, err := range errs {
+		if err == nil {
+			errs[i] = answers[i]
+		}
+	}
 	return updated, errs
 }
 

@@ -57,6 +57,21 @@ local function incarnation(marker, seen, lease, now)
 end
 `
 
+// eachLua is the prelude of the batch scripts: each(f, ...) calls f for
+// one run and turns an error it raises (a key of the wrong type, a field
+// that does not parse) into that run's reply, {"error", message}. Redis
+// does not undo a script's writes when it fails part way, so one bad run
+// must not fail the call: the runs before it in the call would be granted
+// (or released) yet answered as errors.
+const eachLua = `
+local function each(f, ...)
+  local ok, r = pcall(f, ...)
+  if ok then return r end
+  if type(r) == 'table' and r.err then r = r.err end
+  return {'error', tostring(r)}
+end
+`
+
 // claimScript grants runs, or says why not, each run as it would alone:
 // a batch is one script call (at most scriptRuns runs, all of one bucket)
 // so that the server checks its incarnation once, not once per run, and
@@ -75,8 +90,8 @@ end
 // guard_end_ms (the restart guard holds every run) or one reply per run:
 // {"granted", fence, attempt, lease_until_ms},
 // {"held", holder, lease_until_ms, token digest, attempt},
-// {"done", status, attempt, holder, fence}.
-var claimScript = goredis.NewScript(incarnationLua + `
+// {"done", status, attempt, holder, fence}, or {"error", message}.
+var claimScript = goredis.NewScript(incarnationLua + eachLua + `
 local now_us = clock()
 local now = math.floor(now_us / 1000)
 local lease = tonumber(ARGV[2])
@@ -125,7 +140,7 @@ end
 local out = {id}
 for i = 0, (#KEYS - 2) / 3 - 1 do
   local k, a = 3 + 3 * i, 8 + 4 * i
-  out[i + 2] = grant(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  out[i + 2] = each(grant, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end
 return out
 `)
@@ -177,8 +192,9 @@ return {'renewed', lease_until}
 //
 // KEYS: per claim: run hash. ARGV: done TTL ms, then per claim: token,
 // outcome, "1" if the outcome is terminal.
-// Replies, one per claim: {"released"} or {"lost", reason}.
-var releaseScript = goredis.NewScript(`
+// Replies, one per claim: {"released"}, {"lost", reason} or {"error",
+// message}.
+var releaseScript = goredis.NewScript(eachLua + `
 local t = redis.call('TIME')
 local now = string.format('%.0f', math.floor((tonumber(t[1]) * 1000000 + tonumber(t[2])) / 1000))
 local function release(run, token, outcome, terminal)
@@ -197,7 +213,7 @@ end
 local out = {}
 for i = 1, #KEYS do
   local a = 2 + 3 * (i - 1)
-  out[i] = release(KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2])
+  out[i] = each(release, KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2])
 end
 return out
 `)
@@ -229,8 +245,8 @@ return 1
 //
 // KEYS: per run: run hash, job fence. ARGV: per run: token, fence, attempt.
 // Reply, one per run: 1 if the run hash was updated, 0 if only the fence
-// was raised.
-var commitScript = goredis.NewScript(`
+// was raised, or {"error", message}.
+var commitScript = goredis.NewScript(eachLua + `
 local function commit(run, fkey, token, fence, attempt)
   if tonumber(redis.call('GET', fkey) or '0') < tonumber(fence) then
     redis.call('SET', fkey, fence)
@@ -243,7 +259,7 @@ end
 local out = {}
 for i = 1, #KEYS / 2 do
   local k, a = 2 * i - 1, 3 * i - 2
-  out[i] = commit(KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2])
+  out[i] = each(commit, KEYS[k], KEYS[k + 1], ARGV[a], ARGV[a + 1], ARGV[a + 2])
 end
 return out
 `)
