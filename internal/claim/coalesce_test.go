@@ -33,6 +33,17 @@ func (s *sends) send(ctx context.Context, in []int) []int {
 	return out
 }
 
+// busy returns a Coalescer with one call, of input 1, in flight (held
+// until the test lets s go), and the group the call runs in.
+func busy(t *testing.T) (*claim.Coalescer[int, int], *sends, *sync.WaitGroup) {
+	co := &claim.Coalescer[int, int]{}
+	s := &sends{gate: make(chan struct{})}
+	wg := &sync.WaitGroup{}
+	wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
+	synctest.Wait()
+	return co, s, wg
+}
+
 func TestACoalescerSendsALoneCallAtOnceAndMergesTheCallsThatWaitBehindIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var co claim.Coalescer[int, int]
@@ -112,11 +123,7 @@ func TestACoalescedBatchIsCancelledOnlyOnceEveryCallerLeft(t *testing.T) {
 
 func TestACallerThatLeftBeforeItsBatchWentIsLeftOutOfIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var co claim.Coalescer[int, int]
-		s := &sends{gate: make(chan struct{})}
-		var wg sync.WaitGroup
-		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
-		synctest.Wait()
+		co, s, wg := busy(t)
 		gone, cancel := context.WithCancel(t.Context())
 		var gotGone, gotStaying []int
 		wg.Go(func() { gotGone = co.Do(gone, []int{2}, s.send) })
@@ -138,11 +145,7 @@ func TestACallerThatLeftBeforeItsBatchWentIsLeftOutOfIt(t *testing.T) {
 
 func TestAQueuedCallerWhoseContextEndsReturnsAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var co claim.Coalescer[int, int]
-		s := &sends{gate: make(chan struct{})}
-		var wg sync.WaitGroup
-		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
-		synctest.Wait()
+		co, s, wg := busy(t)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		start := time.Now()
@@ -168,11 +171,7 @@ func TestAQueuedCallerWhoseContextEndsReturnsAtOnce(t *testing.T) {
 
 func TestACallerGivenItsTurnToSendThatLeftHandsTheTurnOn(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var co claim.Coalescer[int, int]
-		s := &sends{gate: make(chan struct{})}
-		var wg sync.WaitGroup
-		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
-		synctest.Wait()
+		co, s, wg := busy(t)
 		// A waiter whose context is already done by the time its turn
 		// comes: it must hand the turn to the one behind it.
 		gone, cancel := context.WithCancel(t.Context())
@@ -194,11 +193,7 @@ func TestACallerGivenItsTurnToSendThatLeftHandsTheTurnOn(t *testing.T) {
 
 func TestAMergedBatchRunsToTheLatestOfItsCallersDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var co claim.Coalescer[int, int]
-		s := &sends{gate: make(chan struct{})}
-		var wg sync.WaitGroup
-		wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
-		synctest.Wait()
+		co, s, wg := busy(t)
 		now := time.Now()
 		for _, d := range []time.Duration{time.Minute, 2 * time.Minute} {
 			ctx, cancel := context.WithTimeout(t.Context(), d)
