@@ -75,8 +75,27 @@ func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx cont
 	if len(batch) == 0 {
 		batch = []*waiter[In, Out]{w}
 	}
+	// Who goes is decided once: a waiter whose ctx is done now is left
+	// out (and returns at once), and so is this caller, which then must
+	// not be held sending a batch it is not in.
+	var going []*waiter[In, Out]
+	mine := false
+	for _, x := range batch {
+		if x.ctx.Err() != nil {
+			close(x.done)
+			continue
+		}
+		going, mine = append(going, x), mine || x == w
+	}
+	if !mine && len(going) > 0 {
+		go func() { // for the others, without holding this caller
+			defer c.handOn()
+			c.send(going, send)
+		}()
+		return nil
+	}
 	defer c.handOn() // even if send panics: a wedged Coalescer would hang every later call
-	c.send(batch, send)
+	c.send(going, send)
 	return w.out
 }
 
@@ -112,17 +131,12 @@ func (c *Coalescer[In, Out]) handOn() {
 	}
 }
 
-// send sends batch's inputs as one and hands each waiter its outputs. A
-// waiter whose ctx is done by then is left out, with nil outputs.
-func (c *Coalescer[In, Out]) send(batch []*waiter[In, Out], send func(ctx context.Context, in []In) []Out) {
+// send sends the inputs of the waiters going as one batch and hands each
+// its outputs.
+func (c *Coalescer[In, Out]) send(going []*waiter[In, Out], send func(ctx context.Context, in []In) []Out) {
 	var all []In
-	var going []*waiter[In, Out]
-	for _, w := range batch {
-		if w.ctx.Err() != nil {
-			close(w.done)
-			continue
-		}
-		all, going = append(all, w.in...), append(going, w)
+	for _, w := range going {
+		all = append(all, w.in...)
 	}
 	defer func() {
 		for _, w := range going {

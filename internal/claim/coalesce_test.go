@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -211,5 +212,54 @@ func TestAMergedBatchRunsToTheLatestOfItsCallersDeadlines(t *testing.T) {
 		}
 		s.gate <- struct{}{}
 		wg.Wait()
+	})
+}
+
+// endsWhenAsked is a context that ends the first time it is asked for its
+// error once armed: a caller whose context ends just after it was handed
+// the turn to send, before the sender looks at it.
+type endsWhenAsked struct {
+	context.Context
+	cancel context.CancelFunc
+	armed  atomic.Bool
+}
+
+func (c *endsWhenAsked) Err() error {
+	if c.armed.Load() {
+		c.cancel()
+	}
+	return c.Context.Err()
+}
+
+// TestACallerLeftOutOfTheBatchItWasToSendReturnsAtOnce: a caller handed
+// the turn to send whose context has ended is not in the batch; it must
+// not be held sending it for the others (found by an outside review).
+func TestACallerLeftOutOfTheBatchItWasToSendReturnsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		co, s, wg := busy(t)
+		inner, cancel := context.WithCancel(t.Context())
+		a := &endsWhenAsked{Context: inner, cancel: cancel}
+		returned := make(chan []int, 1)
+		go func() { returned <- co.Do(a, []int{2}, s.send) }()
+		synctest.Wait()
+		var behind []int
+		wg.Go(func() { behind = co.Do(t.Context(), []int{3}, s.send) })
+		synctest.Wait()
+		a.armed.Store(true)
+		s.gate <- struct{}{} // the first batch returns: a is handed the turn
+		synctest.Wait()
+		select {
+		case got := <-returned:
+			if got != nil {
+				t.Errorf("the caller left out got %v, want nil", got)
+			}
+		default:
+			t.Errorf("batches %v: the caller left out has not returned while the batch it is not in is in flight", s.batches)
+		}
+		s.gate <- struct{}{}
+		wg.Wait()
+		if !slices.Equal(behind, []int{30}) {
+			t.Errorf("the caller behind got %v, want [30]", behind)
+		}
 	})
 }

@@ -2,7 +2,10 @@ package redisnode_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -192,6 +195,51 @@ func TestHistoriesPageOnWhereAPageIsNotTheAnswer(t *testing.T) {
 		one, err := node.History(ctxT(t), qs[q].Job, qs[q].Limit)
 		if err != nil || len(one) != len(hists[q]) {
 			t.Errorf("query %+v: History gave %d records (%v), Histories %d", qs[q], len(one), err, len(hists[q]))
+		}
+	}
+}
+
+// TestAServerThatRefusesWritesIsUnavailableToABatch: a batch script's runs
+// fail one by one (a key of the wrong type fails its run alone), but a
+// server that refuses every write (here a master demoted to a replica:
+// READONLY) is unavailable, as it was before batches, for every run of
+// the call: the caller retries elsewhere or later, and the client drops
+// the connection.
+func TestAServerThatRefusesWritesIsUnavailableToABatch(t *testing.T) {
+	server := testenv.StartRedis(t)
+	client := goredis.NewClient(&goredis.Options{Addr: server.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer client.Close()
+	p := testenv.RandomPrefix(t.Name())
+	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+		t.Fatal(err)
+	}
+	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+	run := claim.Run{Job: "job.ro", At: base}
+	token := claim.NewToken()
+	if r, err := claimOne(t, node, run, token, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
+		t.Fatalf("claim before the demotion: %+v, %v", r, err)
+	}
+	// A replica of a master nobody listens on: it keeps its data and
+	// refuses writes.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	_ = l.Close()
+	if err := client.ReplicaOf(ctxT(t), "127.0.0.1", port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range node.ReleaseBatch(ctxT(t), []string{run.ID()}, []string{token}, []claim.Status{claim.Succeeded}) {
+		if !errors.Is(err, claim.ErrUnavailable) {
+			t.Errorf("release %d on a server refusing writes: %v, want ErrUnavailable", i, err)
+		}
+	}
+	runs := []claim.Run{{Job: "job.ro", At: base.Add(time.Minute)}, {Job: "job.ro", At: base.Add(2 * time.Minute)}}
+	_, errs := node.ClaimBatch(ctxT(t), runs, []string{claim.NewToken(), claim.NewToken()}, "replica-a", time.Minute)
+	for i, err := range errs {
+		if !errors.Is(err, claim.ErrUnavailable) {
+			t.Errorf("claim %d on a server refusing writes: %v, want ErrUnavailable", i, err)
 		}
 	}
 }

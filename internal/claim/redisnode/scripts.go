@@ -67,8 +67,15 @@ const eachLua = `
 local function each(f, ...)
   local ok, r = pcall(f, ...)
   if ok then return r end
-  if type(r) == 'table' and r.err then r = r.err end
-  return {'error', tostring(r)}
+  local msg = r
+  if type(r) == 'table' and r.err then msg = r.err end
+  msg = tostring(msg)
+  -- The server cannot write now (raised before any write of the call, so
+  -- nothing is left half done): the whole call fails, as it did.
+  for _, code in ipairs({'OOM', 'READONLY', 'NOREPLICAS', 'MASTERDOWN', 'BUSY'}) do
+    if string.sub(msg, 1, #code + 1) == code .. ' ' then error({err = msg}) end
+  end
+  return {'error', msg}
 end
 `
 
