@@ -245,11 +245,11 @@ func (e *env) load(path string) (*config.Config, bool) {
 	var err error
 	if path == "" {
 		cfg = config.Default()
-	} else if cfg, err = config.Load(path); err != nil {
-		e.configError(err)
-		return nil, false
+		err = cfg.Validate(e.reg.Has)
+	} else {
+		cfg, err = config.LoadFor(path, e.reg.Has)
 	}
-	if err := cfg.Validate(e.reg.Has); err != nil {
+	if err != nil {
 		e.configError(err)
 		return nil, false
 	}

@@ -66,9 +66,12 @@ func TestOwnBinary(t *testing.T) {
 	if code, _, errOut := main("seed"); code != 2 || !strings.Contains(errOut, `unknown command "seed"`) {
 		t.Fatalf("seed: %d %s", code, errOut)
 	}
-	bad := writeConfig(t, t.TempDir(), "jobs:\n  example.sleep:\n    schedule: \"@daily\"\n")
-	if code, _, errOut := main("jobs", "--config", bad); code != 2 || !strings.Contains(errOut, "jobs.example.sleep: no handler registered") {
-		t.Fatalf("example.sleep is registered in a binary that did not register it: %d %s", code, errOut)
+	// With a bad schedule beside it: both problems at once, not the
+	// handler's after the schedule is fixed.
+	bad := writeConfig(t, t.TempDir(), "jobs:\n  example.sleep:\n    schedule: \"@daily\"\n  reports.hourly:\n    schedule: \"* *\"\n")
+	if code, _, errOut := main("jobs", "--config", bad); code != 2 || !strings.Contains(errOut, "jobs.example.sleep: no handler registered") ||
+		!strings.Contains(errOut, "jobs.reports.hourly.schedule") {
+		t.Fatalf("example.sleep is registered in a binary that did not register it, or not said with the bad schedule: %d %s", code, errOut)
 	}
 	if code, out, _ := main("jobs", "--config", config); code != 0 || !strings.Contains(out, "reports.hourly") || len(opened) != 0 {
 		t.Fatalf("jobs: %d %s (opened %v)", code, out, opened)

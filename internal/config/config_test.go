@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -557,4 +558,27 @@ func FuzzLoad(f *testing.F) {
 		}
 		_ = c.Redacted()
 	})
+}
+
+// A job without a handler is one more problem of the file, reported with
+// the others and its line: an operator who fixed the schedule must not
+// find out about the handler on the next start.
+func TestLoadForReportsAnUnregisteredJobWithTheFilesOtherProblems(t *testing.T) {
+	path := write(t, "claimer:\n  kind: memory\njobs:\n  billing.nightly:\n    schedule: \"* * * *\"\n  reports.hourly:\n    schedule: \"@hourly\"\n")
+	_, err := LoadFor(path, func(job string) bool { return job == "billing.nightly" })
+	var lines []string
+	for _, e := range unjoin(err) {
+		var ce *Error
+		if !errors.As(e, &ce) {
+			t.Fatalf("%T %v is not an *Error", e, e)
+		}
+		lines = append(lines, fmt.Sprintf("%d %s", ce.Line, ce.Key))
+	}
+	want := []string{"5 jobs.billing.nightly.schedule", "6 jobs.reports.hourly"}
+	if !slices.Equal(lines, want) {
+		t.Fatalf("problems at %q, want %q (%v)", lines, want, err)
+	}
+	if _, err := LoadFor(path, nil); err == nil || strings.Contains(err.Error(), "no handler") {
+		t.Fatalf("LoadFor(nil) checks handlers: %v", err)
+	}
 }

@@ -32,15 +32,24 @@ func Default() *Config {
 // password_file secrets, applies defaults and validates it with
 // Validate(nil). All problems are returned at once, joined; each is an
 // *Error.
-func Load(path string) (*Config, error) {
+func Load(path string) (*Config, error) { return LoadFor(path, nil) }
+
+// LoadFor is Load, validating against the job names registered reports
+// true for (Validate(registered)): a job without a handler is reported
+// with the file's other problems and its line, not after they are fixed.
+func LoadFor(path string, registered func(job string) bool) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: "cannot read: " + withoutPath(err).Error()}
 	}
-	return parse(path, data, os.LookupEnv)
+	return parseFor(path, data, os.LookupEnv, registered)
 }
 
 func parse(file string, data []byte, lookup func(string) (string, bool)) (*Config, error) {
+	return parseFor(file, data, lookup, nil)
+}
+
+func parseFor(file string, data []byte, lookup func(string) (string, bool), registered func(string) bool) (*Config, error) {
 	data, errs := expand(file, data, lookup)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -71,7 +80,7 @@ func parse(file string, data []byte, lookup func(string) (string, bool)) (*Confi
 	for _, err := range p.errs {
 		failed[err.(*Error).Key] = true
 	}
-	for _, err := range unjoin(c.Validate(nil)) {
+	for _, err := range unjoin(c.Validate(registered)) {
 		ce, ok := err.(*Error)
 		if ok && coveredBy(ce.Key, failed) {
 			continue
