@@ -374,16 +374,7 @@ func (e *env) backfill(args []string) int {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", it.At.Format(time.RFC3339), it.Action, dash(it.Was), it.RunID, dash(it.Status))
 		}
 		_ = tw.Flush()
-		verb := "ran"
-		if o.DryRun {
-			verb = "would run"
-		}
-		fmt.Fprintf(e.stdout, "%s: %d instants from %s to %s; %s %d, kept %d that ran; %d succeeded, %d failed, %d done or held elsewhere, %d errors\n",
-			name, sum.Instants, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339), verb, sum.Planned, sum.Kept,
-			sum.Succeeded, sum.Failed, sum.Elsewhere, sum.Errors)
-		if sum.Interrupted > 0 {
-			fmt.Fprintf(e.stdout, "%d interrupted mid-run and handed back: run the same backfill again to resume them\n", sum.Interrupted)
-		}
+		fmt.Fprint(e.stdout, backfillSummary(name, o, sum))
 	}
 	switch {
 	case err != nil:
@@ -392,6 +383,30 @@ func (e *env) backfill(args []string) int {
 		return ExitRuntime
 	}
 	return ExitOK
+}
+
+// backfillSummary is the text backfill ends with. A backfill stopped
+// early (SIGTERM, Ctrl-C) says how many of its planned runs it reached
+// and what the rest need, rather than that it ran them all.
+func backfillSummary(name string, o runner.BackfillOptions, sum runner.BackfillSummary) string {
+	var b strings.Builder
+	ran := fmt.Sprintf("ran %d", sum.Settled)
+	switch {
+	case o.DryRun:
+		ran = fmt.Sprintf("would run %d", sum.Planned)
+	case sum.Settled < sum.Planned:
+		ran = fmt.Sprintf("ran %d of %d planned", sum.Settled, sum.Planned)
+	}
+	fmt.Fprintf(&b, "%s: %d instants from %s to %s; %s, kept %d that ran; %d succeeded, %d failed, %d done or held elsewhere, %d errors\n",
+		name, sum.Instants, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339), ran, sum.Kept,
+		sum.Succeeded, sum.Failed, sum.Elsewhere, sum.Errors)
+	if sum.Interrupted > 0 {
+		fmt.Fprintf(&b, "%d interrupted mid-run and handed back: run the same backfill again to resume them\n", sum.Interrupted)
+	}
+	if n := sum.Planned - sum.Settled; n > 0 && !o.DryRun {
+		fmt.Fprintf(&b, "%d not started: the backfill stopped first; run the same backfill again to run them\n", n)
+	}
+	return b.String()
 }
 
 func dash(s string) string {
