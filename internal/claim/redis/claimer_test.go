@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/redisnode"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/control"
+	"github.com/scheduler-dev/scheduler/internal/faultproxy"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -370,5 +372,70 @@ func TestOneBadRunInABatchFailsAlone(t *testing.T) {
 		[]claim.Status{claim.Succeeded, claim.Succeeded, claim.Succeeded})
 	if rerrs[0] != nil || rerrs[2] != nil || rerrs[1] == nil {
 		t.Fatalf("releases %v: want the two good ones released and the bad one failed", rerrs)
+	}
+}
+
+// TestAClaimWhoseReplyWasLostLeavesNoGhost: the script granted, the reply
+// never came back (a timeout, a dropped connection). The caller hears
+// the server was unavailable and runs nothing; the grant is undone, so
+// another replica gets the run at once rather than after a whole lease
+// held by nobody.
+func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
+	client, prefix := isolated(t)
+	if err := redisnode.MarkNew(ctxT(t), client, prefix); err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.New(client.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	// No retries: go-redis sends a call again after a reset (three times
+	// by default), and a retried claim with its token is granted again;
+	// here the retries are used up, or a timeout ended the call.
+	open := func(instance, addr string) *redis.Claimer {
+		c, err := redis.Open(ctxT(t), goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1}),
+			redis.Options{Instance: instance, Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	// The proxy drops the connection in place of the claim's reply: the
+	// scripts ran, the caller hears a reset.
+	lossy, other := open("lossy", proxy.Addr()), open("other", client.Options().Addr)
+	fresh, again := claim.Run{Job: "job.lost-reply", At: base}, claim.Run{Job: "job.lost-reply", At: base.Add(time.Minute)}
+	// The second run is a takeover: its first attempt was handed back.
+	first, err := claim.ClaimOne(ctxT(t), other, again, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := claim.ReleaseOne(ctxT(t), other, first, claim.Interrupted); err != nil {
+		t.Fatal(err)
+	}
+
+	proxy.DropReplies(1, func(b []byte) bool { return bytes.Contains(b, []byte("granted")) })
+	cls, errs := lossy.Claim(ctxT(t), []claim.Run{fresh, again}, time.Minute)
+	for k, err := range errs {
+		if !errors.Is(err, claim.ErrUnavailable) || cls[k] != nil {
+			t.Fatalf("claim %d with its reply lost: %v, %v; want ErrUnavailable and no claim", k, cls[k], err)
+		}
+	}
+	if s := proxy.Stats(); s.Dropped != 1 {
+		t.Fatalf("proxy dropped %d replies, want the claim's (%+v)", s.Dropped, s)
+	}
+	for _, run := range []claim.Run{fresh, again} {
+		cl, err := claim.ClaimOne(ctxT(t), other, run, time.Minute)
+		if err != nil {
+			t.Fatalf("%s after a claim whose reply was lost: %v, want granted at once", run.ID(), err)
+		}
+		want := 1
+		if run == again {
+			want = 2
+		}
+		if cl.Attempt != want {
+			t.Errorf("%s granted as attempt %d, want %d: the lost grant's attempt is given back", run.ID(), cl.Attempt, want)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -181,10 +180,13 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	var failed []int
 	for k, run := range runs {
 		if rerrs[k] != nil {
+			// Undo whatever the script did: the server answered with an
+			// error part way, or the reply was lost (a timeout, a dropped
+			// connection) after the script granted. Left alone, such a
+			// grant would hold the run for a whole lease with nobody to
+			// run it. A server that never got the call undoes nothing.
 			out[k].Err = fmt.Errorf("claim %s: %w", run.ID(), rerrs[k])
-			if !errors.Is(rerrs[k], claim.ErrUnavailable) {
-				failed = append(failed, k) // the server answered, with an error: undo any part of a grant
-			}
+			failed = append(failed, k)
 			continue
 		}
 		if r := replies[k]; r.Vote == redisnode.Done {
