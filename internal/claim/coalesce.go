@@ -28,12 +28,23 @@ type Coalescer[In, Out any] struct {
 }
 
 type waiter[In, Out any] struct {
-	ctx  context.Context
-	in   []In
-	out  []Out
-	lead chan struct{} // closed: this waiter sends the next batch
-	done chan struct{} // closed: out is set
+	ctx     context.Context
+	in      []In
+	out     []Out
+	abandon func([]Out)   // given out if the caller left while its batch was in flight
+	lead    chan struct{} // closed: this waiter sends the next batch
+	done    chan struct{} // closed: out is set, or the waiter was left out
+	// state settles, once, whether the caller takes out (delivered) or
+	// left while its batch was in flight (abandoned): then the batch's
+	// sender hands out to Do's abandoned.
+	state atomic.Int32
 }
+
+const (
+	waiting int32 = iota
+	delivered
+	abandoned
+)
 
 // Do calls send with in, merged with the inputs of other calls waiting
 // at the time, and returns this call's share of the outputs (send must
@@ -42,27 +53,27 @@ type waiter[In, Out any] struct {
 // send's context carries the values of one caller's ctx, the latest of
 // the callers' deadlines (none if one of them has none), and is cancelled
 // only once every merged caller's ctx is done: one caller giving up does
-// not fail the others' share. A caller whose ctx ends while it waits for
-// a batch to go returns at once, with nil outputs, and is left out. One
-// whose ctx ends while its batch is in flight still gets its outputs once
-// the batch returns, so that it can undo what they did (a claim granted
-// to a caller that left): Do does not return before that.
-func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx context.Context, in []In) []Out) []Out {
-	w := &waiter[In, Out]{ctx: ctx, in: in, lead: make(chan struct{}), done: make(chan struct{})}
+// not fail the others' share. A caller whose ctx ends returns at once,
+// with nil outputs: one still waiting for a batch to go is left out of
+// it; one whose batch is in flight leaves its share to abandoned (if not
+// nil), called once the batch returns, on the goroutine that sent it, so
+// that what the share did can be undone (a claim granted to a caller
+// that left).
+func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx context.Context, in []In) []Out, abandon func(out []Out)) []Out {
+	w := &waiter[In, Out]{ctx: ctx, in: in, abandon: abandon, lead: make(chan struct{}), done: make(chan struct{})}
 	c.mu.Lock()
 	if c.busy {
 		c.queue = append(c.queue, w)
 		c.mu.Unlock()
 		select {
 		case <-w.done:
-			return w.out
+			return w.take()
 		case <-w.lead:
 		case <-ctx.Done():
 			if c.leave(w) {
 				return nil
 			}
-			<-w.done // already in a batch on its way
-			return w.out
+			return c.await(w) // already in a batch on its way
 		}
 		c.mu.Lock()
 	}
@@ -87,16 +98,51 @@ func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx cont
 		}
 		going, mine = append(going, x), mine || x == w
 	}
-	if !mine && len(going) > 0 {
-		go func() { // for the others, without holding this caller
+	if mine && len(going) == 1 {
+		// Alone: the batch's context is this caller's own, so its end
+		// cuts the call short.
+		defer c.handOn() // even if send panics: a wedged Coalescer would hang every later call
+		c.send(going, send)
+		return w.take()
+	}
+	if len(going) > 0 {
+		// For others too: sent on a goroutine of its own, so that this
+		// caller can leave when its ctx ends without waiting for a batch
+		// that runs to the others' deadlines.
+		go func() {
 			defer c.handOn()
 			c.send(going, send)
 		}()
+	} else {
+		c.handOn()
+	}
+	if !mine {
 		return nil
 	}
-	defer c.handOn() // even if send panics: a wedged Coalescer would hang every later call
-	c.send(going, send)
-	return w.out
+	return c.await(w)
+}
+
+// await waits for w's share of the batch it is in, or until its ctx ends:
+// then it leaves the share to the batch's sender (abandoned), unless the
+// share has come already.
+func (c *Coalescer[In, Out]) await(w *waiter[In, Out]) []Out {
+	select {
+	case <-w.done:
+	case <-w.ctx.Done():
+		if w.state.CompareAndSwap(waiting, abandoned) {
+			return nil
+		}
+		<-w.done // delivered meanwhile
+	}
+	return w.take()
+}
+
+// take returns w's share once done is closed: nil if it was left out.
+func (w *waiter[In, Out]) take() []Out {
+	if w.state.Load() == delivered {
+		return w.out
+	}
+	return nil
 }
 
 // leave takes w out of the queue, if it is still there, handing its turn
@@ -132,7 +178,7 @@ func (c *Coalescer[In, Out]) handOn() {
 }
 
 // send sends the inputs of the waiters going as one batch and hands each
-// its outputs.
+// its outputs, or, if it left meanwhile, hands them to its abandon.
 func (c *Coalescer[In, Out]) send(going []*waiter[In, Out], send func(ctx context.Context, in []In) []Out) {
 	var all []In
 	for _, w := range going {
@@ -178,9 +224,19 @@ func (c *Coalescer[In, Out]) send(going []*waiter[In, Out], send func(ctx contex
 		defer stop()
 	}
 	out := send(ctx, all)
+	var gone []*waiter[In, Out]
 	for _, w := range going {
 		w.out, out = out[:len(w.in):len(w.in)], out[len(w.in):]
+		if !w.state.CompareAndSwap(waiting, delivered) {
+			gone = append(gone, w)
+		}
 		close(w.done)
+	}
+	// After every caller still waiting has its share.
+	for _, w := range gone {
+		if w.abandon != nil {
+			w.abandon(w.out)
+		}
 	}
 }
 
@@ -201,10 +257,11 @@ type ClaimCoalescer struct {
 // Claim is a Claimer's Claim through the coalescer: it validates runs and
 // lease (CheckClaimBatch), gives send the valid ones (their instants in
 // UTC) together with those of other callers waiting at the time, and
-// hands back this caller's answers. If ctx ended while its runs were in a
-// batch that went on for others, undo is given what was granted to this
-// caller, under a context that outlives ctx (undo bounds itself), and
-// every run answers ctx's error.
+// hands back this caller's answers. If ctx ends while its runs are in a
+// batch that goes on for others, Claim returns at once, every run
+// answering ctx's error, and undo is given what the batch granted to this
+// caller once it returns, under a context that outlives ctx (undo bounds
+// itself).
 func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Duration,
 	send func(ctx context.Context, runs []Run) []Answer, undo func(ctx context.Context, granted []*Claim)) ([]*Claim, []error) {
 	claims := make([]*Claim, len(runs))
@@ -217,8 +274,7 @@ func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Dura
 		valid[k] = runs[i]
 		valid[k].At = valid[k].At.UTC()
 	}
-	got := cc.coalescer(lease).Do(ctx, valid, send)
-	if err := ctx.Err(); err != nil || got == nil {
+	undoGranted := func(got []Answer) {
 		var granted []*Claim
 		for _, a := range got {
 			if a.Claim != nil {
@@ -228,7 +284,11 @@ func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Dura
 		if len(granted) > 0 {
 			undo(context.WithoutCancel(ctx), granted)
 		}
-		if err == nil { // the batch it joined ended without an answer (it panicked)
+	}
+	got := cc.coalescer(lease).Do(ctx, valid, send, undoGranted)
+	if err := ctx.Err(); err != nil || got == nil {
+		undoGranted(got) // granted as ctx ended (a caller that left in flight has its grants undone by the batch)
+		if err == nil {  // the batch it joined ended without an answer (it panicked)
 			err = fmt.Errorf("%w: the merged claim batch gave no answer", ErrUnavailable)
 		}
 		for _, i := range idx {
@@ -281,7 +341,7 @@ func (rc *ReleaseCoalescer) Release(ctx context.Context, cls []*Claim, outcomes 
 	for k, i := range idx {
 		valid[k] = Ending{cls[i], outcomes[i]}
 	}
-	got := rc.co.Do(ctx, valid, send)
+	got := rc.co.Do(ctx, valid, send, nil) // a release that went cannot be undone: its caller hears ctx's error
 	cerr := ctx.Err()
 	for k, i := range idx {
 		switch {

@@ -40,7 +40,7 @@ func busy(t *testing.T) (*claim.Coalescer[int, int], *sends, *sync.WaitGroup) {
 	co := &claim.Coalescer[int, int]{}
 	s := &sends{gate: make(chan struct{})}
 	wg := &sync.WaitGroup{}
-	wg.Go(func() { co.Do(t.Context(), []int{1}, s.send) })
+	wg.Go(func() { co.Do(t.Context(), []int{1}, s.send, nil) })
 	synctest.Wait()
 	return co, s, wg
 }
@@ -51,13 +51,13 @@ func TestACoalescerSendsALoneCallAtOnceAndMergesTheCallsThatWaitBehindIt(t *test
 		s := &sends{gate: make(chan struct{})}
 		results := make([][]int, 4)
 		var wg sync.WaitGroup
-		wg.Go(func() { results[0] = co.Do(t.Context(), []int{1}, s.send) })
+		wg.Go(func() { results[0] = co.Do(t.Context(), []int{1}, s.send, nil) })
 		synctest.Wait() // the first call is in flight, alone
 		if len(s.batches) != 1 || !slices.Equal(s.batches[0], []int{1}) {
 			t.Fatalf("batches %v, want the first call sent alone at once", s.batches)
 		}
-		wg.Go(func() { results[1] = co.Do(t.Context(), []int{2, 3}, s.send) })
-		wg.Go(func() { results[2] = co.Do(t.Context(), []int{4}, s.send) })
+		wg.Go(func() { results[1] = co.Do(t.Context(), []int{2, 3}, s.send, nil) })
+		wg.Go(func() { results[2] = co.Do(t.Context(), []int{4}, s.send, nil) })
 		synctest.Wait()
 		if len(s.batches) != 1 {
 			t.Fatalf("batches %v: a call went while another was in flight", s.batches)
@@ -67,7 +67,7 @@ func TestACoalescerSendsALoneCallAtOnceAndMergesTheCallsThatWaitBehindIt(t *test
 		if len(s.batches) != 2 || len(s.batches[1]) != 3 {
 			t.Fatalf("batches %v, want the waiting calls' inputs merged into the second", s.batches)
 		}
-		wg.Go(func() { results[3] = co.Do(t.Context(), []int{5}, s.send) })
+		wg.Go(func() { results[3] = co.Do(t.Context(), []int{5}, s.send, nil) })
 		synctest.Wait()
 		s.gate <- struct{}{}
 		synctest.Wait()
@@ -85,19 +85,30 @@ func TestACoalescerSendsALoneCallAtOnceAndMergesTheCallsThatWaitBehindIt(t *test
 	})
 }
 
-func TestACoalescedBatchIsCancelledOnlyOnceEveryCallerLeft(t *testing.T) {
+// A caller whose ctx ends while its batch is in flight returns at once,
+// whatever the deadlines of the callers merged with it: its share goes to
+// abandon once the batch returns. The batch itself is cancelled only once
+// all its callers left.
+func TestACallerLeavesItsBatchInFlightAtOnceAndItsShareIsAbandoned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var co claim.Coalescer[int, int]
 		s := &sends{gate: make(chan struct{})}
 		var wg sync.WaitGroup
 		first, cancelFirst := context.WithCancel(t.Context())
-		wg.Go(func() { co.Do(first, []int{1}, s.send) })
+		wg.Go(func() { co.Do(first, []int{1}, s.send, nil) })
 		synctest.Wait()
+		var mu sync.Mutex
+		var abandoned [][]int
+		abandon := func(out []int) {
+			mu.Lock()
+			defer mu.Unlock()
+			abandoned = append(abandoned, out)
+		}
 		a, cancelA := context.WithCancel(t.Context())
 		b, cancelB := context.WithCancel(t.Context())
-		var gotA, gotB []int
-		wg.Go(func() { gotA = co.Do(a, []int{2}, s.send) })
-		wg.Go(func() { gotB = co.Do(b, []int{3}, s.send) })
+		gotA, gotB := make(chan []int, 1), make(chan []int, 1)
+		wg.Go(func() { gotA <- co.Do(a, []int{2}, s.send, abandon) })
+		wg.Go(func() { gotB <- co.Do(b, []int{3}, s.send, abandon) })
 		synctest.Wait()
 		cancelFirst()
 		s.gate <- struct{}{} // the second batch (a and b) goes
@@ -105,6 +116,14 @@ func TestACoalescedBatchIsCancelledOnlyOnceEveryCallerLeft(t *testing.T) {
 		batch := s.ctxs[1]
 		cancelA()
 		synctest.Wait()
+		select {
+		case got := <-gotA:
+			if got != nil {
+				t.Fatalf("a caller that left its batch in flight got %v, want nil", got)
+			}
+		default:
+			t.Fatal("a caller that left its batch in flight is still waiting for it")
+		}
 		if batch.Err() != nil {
 			t.Fatal("the batch was cancelled when one of its two callers left")
 		}
@@ -113,11 +132,55 @@ func TestACoalescedBatchIsCancelledOnlyOnceEveryCallerLeft(t *testing.T) {
 		if batch.Err() == nil {
 			t.Fatal("the batch was not cancelled once both its callers left")
 		}
+		if len(gotB) != 1 || len(abandoned) != 0 {
+			t.Fatalf("b returned: %v; abandoned before the batch returned: %v", len(gotB) == 1, abandoned)
+		}
 		s.gate <- struct{}{}
 		wg.Wait()
-		// A caller that left still gets its share, to undo it.
-		if !slices.Equal(gotA, []int{20}) || !slices.Equal(gotB, []int{30}) {
-			t.Errorf("shares %v and %v, want [20] and [30]", gotA, gotB)
+		synctest.Wait() // the batch's sender hands the shares on as it ends
+		mu.Lock()
+		defer mu.Unlock()
+		slices.SortFunc(abandoned, func(x, y []int) int { return x[0] - y[0] })
+		if len(abandoned) != 2 || !slices.Equal(abandoned[0], []int{20}) || !slices.Equal(abandoned[1], []int{30}) {
+			t.Errorf("abandoned shares %v, want [20] and [30]", abandoned)
+		}
+	})
+}
+
+// The case an outside review found: a caller with a short deadline merged
+// with one that has none returns at its own deadline, not the batch's.
+func TestAShortDeadlineMergedWithNoneReturnsAtItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		co, s, wg := busy(t)
+		undone := make(chan []int, 1)
+		short, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		returned := make(chan time.Duration, 1)
+		start := time.Now()
+		wg.Go(func() { co.Do(t.Context(), []int{2}, s.send, nil) })
+		wg.Go(func() {
+			co.Do(short, []int{3}, s.send, func(out []int) { undone <- out })
+			returned <- time.Since(start)
+		})
+		synctest.Wait()
+		s.gate <- struct{}{} // the first batch returns; the two go together
+		synctest.Wait()
+		if len(s.batches) != 2 || len(s.batches[1]) != 2 {
+			t.Fatalf("batches %v, want the two waiting calls merged", s.batches)
+		}
+		time.Sleep(time.Second) // the merged batch is held far past the short deadline
+		select {
+		case took := <-returned:
+			if took != 100*time.Millisecond {
+				t.Errorf("the short caller returned after %v, want at its deadline (100ms)", took)
+			}
+		default:
+			t.Fatal("the short caller waits for the batch merged with a caller without deadline")
+		}
+		s.gate <- struct{}{}
+		wg.Wait()
+		if got := <-undone; !slices.Equal(got, []int{30}) {
+			t.Errorf("the short caller's abandoned share is %v, want [30]", got)
 		}
 	})
 }
@@ -127,8 +190,8 @@ func TestACallerThatLeftBeforeItsBatchWentIsLeftOutOfIt(t *testing.T) {
 		co, s, wg := busy(t)
 		gone, cancel := context.WithCancel(t.Context())
 		var gotGone, gotStaying []int
-		wg.Go(func() { gotGone = co.Do(gone, []int{2}, s.send) })
-		wg.Go(func() { gotStaying = co.Do(t.Context(), []int{3}, s.send) })
+		wg.Go(func() { gotGone = co.Do(gone, []int{2}, s.send, nil) })
+		wg.Go(func() { gotStaying = co.Do(t.Context(), []int{3}, s.send, nil) })
 		synctest.Wait()
 		cancel()
 		s.gate <- struct{}{}
@@ -150,7 +213,7 @@ func TestAQueuedCallerWhoseContextEndsReturnsAtOnce(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		start := time.Now()
-		if got := co.Do(ctx, []int{2}, s.send); got != nil {
+		if got := co.Do(ctx, []int{2}, s.send, nil); got != nil {
 			t.Errorf("a caller that left while queued got %v, want nil", got)
 		}
 		if took := time.Since(start); took != time.Second {
@@ -158,7 +221,7 @@ func TestAQueuedCallerWhoseContextEndsReturnsAtOnce(t *testing.T) {
 		}
 		// The one it left behind still goes, and later callers too.
 		var later []int
-		wg.Go(func() { later = co.Do(t.Context(), []int{3}, s.send) })
+		wg.Go(func() { later = co.Do(t.Context(), []int{3}, s.send, nil) })
 		synctest.Wait()
 		s.gate <- struct{}{}
 		synctest.Wait()
@@ -176,10 +239,10 @@ func TestACallerGivenItsTurnToSendThatLeftHandsTheTurnOn(t *testing.T) {
 		// A waiter whose context is already done by the time its turn
 		// comes: it must hand the turn to the one behind it.
 		gone, cancel := context.WithCancel(t.Context())
-		wg.Go(func() { co.Do(gone, []int{2}, s.send) })
+		wg.Go(func() { co.Do(gone, []int{2}, s.send, nil) })
 		synctest.Wait()
 		var behind []int
-		wg.Go(func() { behind = co.Do(t.Context(), []int{3}, s.send) })
+		wg.Go(func() { behind = co.Do(t.Context(), []int{3}, s.send, nil) })
 		synctest.Wait()
 		cancel()
 		s.gate <- struct{}{}
@@ -199,7 +262,7 @@ func TestAMergedBatchRunsToTheLatestOfItsCallersDeadlines(t *testing.T) {
 		for _, d := range []time.Duration{time.Minute, 2 * time.Minute} {
 			ctx, cancel := context.WithTimeout(t.Context(), d)
 			defer cancel()
-			wg.Go(func() { co.Do(ctx, []int{int(d / time.Minute)}, s.send) })
+			wg.Go(func() { co.Do(ctx, []int{int(d / time.Minute)}, s.send, nil) })
 		}
 		synctest.Wait()
 		s.gate <- struct{}{}
@@ -240,10 +303,10 @@ func TestACallerLeftOutOfTheBatchItWasToSendReturnsAtOnce(t *testing.T) {
 		inner, cancel := context.WithCancel(t.Context())
 		a := &endsWhenAsked{Context: inner, cancel: cancel}
 		returned := make(chan []int, 1)
-		go func() { returned <- co.Do(a, []int{2}, s.send) }()
+		go func() { returned <- co.Do(a, []int{2}, s.send, nil) }()
 		synctest.Wait()
 		var behind []int
-		wg.Go(func() { behind = co.Do(t.Context(), []int{3}, s.send) })
+		wg.Go(func() { behind = co.Do(t.Context(), []int{3}, s.send, nil) })
 		synctest.Wait()
 		a.armed.Store(true)
 		s.gate <- struct{}{} // the first batch returns: a is handed the turn
