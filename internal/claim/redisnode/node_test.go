@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,40 +207,80 @@ func TestHistoriesPageOnWhereAPageIsNotTheAnswer(t *testing.T) {
 // the call: the caller retries elsewhere or later, and the client drops
 // the connection.
 func TestAServerThatRefusesWritesIsUnavailableToABatch(t *testing.T) {
-	server := testenv.StartRedis(t)
-	client := goredis.NewClient(&goredis.Options{Addr: server.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	defer client.Close()
-	p := testenv.RandomPrefix(t.Name())
-	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
-		t.Fatal(err)
+	refusals := map[string]func(t *testing.T, client *goredis.Client){
+		// A replica of a master nobody listens on: it keeps its data and
+		// refuses writes (READONLY).
+		"replica": func(t *testing.T, client *goredis.Client) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+			_ = l.Close()
+			if err := client.ReplicaOf(ctxT(t), "127.0.0.1", port).Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		// Too few replicas in sync for min-replicas-to-write (NOREPLICAS).
+		"min-replicas": func(t *testing.T, client *goredis.Client) {
+			if err := client.ConfigSet(ctxT(t), "min-replicas-to-write", "1").Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		// The last snapshot failed and stop-writes-on-bgsave-error holds
+		// (MISCONF): a save into /proc, where nobody can write.
+		"failed snapshot": func(t *testing.T, client *goredis.Client) {
+			for _, kv := range [][2]string{{"save", "3600 1"}, {"stop-writes-on-bgsave-error", "yes"}} {
+				if err := client.ConfigSet(ctxT(t), kv[0], kv[1]).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = client.BgSave(ctxT(t)).Err()
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				info, err := client.Info(ctxT(t), "persistence").Result()
+				if err == nil && strings.Contains(info, "rdb_last_bgsave_status:err") && strings.Contains(info, "rdb_bgsave_in_progress:0") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the snapshot into /proc did not fail: %v\n%s", err, info)
+				}
+				time.Sleep(10 * time.Millisecond) // the fork's exit; no event to wait on
+			}
+		},
 	}
-	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
-	run := claim.Run{Job: "job.ro", At: base}
-	token := claim.NewToken()
-	if r, err := claimOne(t, node, run, token, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
-		t.Fatalf("claim before the demotion: %+v, %v", r, err)
-	}
-	// A replica of a master nobody listens on: it keeps its data and
-	// refuses writes.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	_ = l.Close()
-	if err := client.ReplicaOf(ctxT(t), "127.0.0.1", port).Err(); err != nil {
-		t.Fatal(err)
-	}
-	for i, err := range node.ReleaseBatch(ctxT(t), []string{run.ID()}, []string{token}, []claim.Status{claim.Succeeded}) {
-		if !errors.Is(err, claim.ErrUnavailable) {
-			t.Errorf("release %d on a server refusing writes: %v, want ErrUnavailable", i, err)
-		}
-	}
-	runs := []claim.Run{{Job: "job.ro", At: base.Add(time.Minute)}, {Job: "job.ro", At: base.Add(2 * time.Minute)}}
-	_, errs := node.ClaimBatch(ctxT(t), runs, []string{claim.NewToken(), claim.NewToken()}, "replica-a", time.Minute)
-	for i, err := range errs {
-		if !errors.Is(err, claim.ErrUnavailable) {
-			t.Errorf("claim %d on a server refusing writes: %v, want ErrUnavailable", i, err)
-		}
+	for name, refuse := range refusals {
+		t.Run(name, func(t *testing.T) {
+			var args []string
+			if name == "failed snapshot" {
+				args = []string{"--dir", "/proc"} // (a protected setting: not for CONFIG SET)
+			}
+			server := testenv.StartRedis(t, args...)
+			client := goredis.NewClient(&goredis.Options{Addr: server.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+			defer client.Close()
+			p := testenv.RandomPrefix(t.Name())
+			if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+				t.Fatal(err)
+			}
+			node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+			run := claim.Run{Job: "job.ro", At: base}
+			token := claim.NewToken()
+			if r, err := claimOne(t, node, run, token, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
+				t.Fatalf("claim before the server refused writes: %+v, %v", r, err)
+			}
+			refuse(t, client)
+			for i, err := range node.ReleaseBatch(ctxT(t), []string{run.ID()}, []string{token}, []claim.Status{claim.Succeeded}) {
+				if !errors.Is(err, claim.ErrUnavailable) {
+					t.Errorf("release %d on a server refusing writes: %v, want ErrUnavailable", i, err)
+				}
+			}
+			runs := []claim.Run{{Job: "job.ro", At: base.Add(time.Minute)}, {Job: "job.ro", At: base.Add(2 * time.Minute)}}
+			_, errs := node.ClaimBatch(ctxT(t), runs, []string{claim.NewToken(), claim.NewToken()}, "replica-a", time.Minute)
+			for i, err := range errs {
+				if !errors.Is(err, claim.ErrUnavailable) {
+					t.Errorf("claim %d on a server refusing writes: %v, want ErrUnavailable", i, err)
+				}
+			}
+		})
 	}
 }

@@ -79,7 +79,7 @@ local function each(f, ...)
   msg = tostring(msg)
   -- The server cannot write now (raised before any write of the call, so
   -- nothing is left half done): the whole call fails, as it did.
-  for _, code in ipairs({'OOM', 'READONLY', 'NOREPLICAS', 'MASTERDOWN', 'BUSY'}) do
+  for _, code in ipairs({'OOM', 'READONLY', 'NOREPLICAS', 'MISCONF', 'MASTERDOWN', 'BUSY'}) do
     if string.sub(msg, 1, #code + 1) == code .. ' ' then error({err = msg}) end
   end
   return {'error', msg}

@@ -150,5 +150,9 @@ func serverUnavailable(err error) bool {
 	return goredis.IsLoadingError(err) || goredis.IsReadOnlyError(err) || goredis.IsMasterDownError(err) ||
 		goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err) || goredis.IsMaxClientsError(err) ||
 		goredis.IsOOMError(err) || goredis.IsAuthError(err) || goredis.IsPermissionError(err) ||
-		goredis.HasErrorPrefix(err, "BUSY")
+		goredis.HasErrorPrefix(err, "BUSY") ||
+		// Refusing writes for now: too few replicas in sync
+		// (min-replicas-to-write), or the last snapshot failed
+		// (stop-writes-on-bgsave-error).
+		goredis.HasErrorPrefix(err, "NOREPLICAS") || goredis.HasErrorPrefix(err, "MISCONF")
 }
