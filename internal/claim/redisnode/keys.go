@@ -20,10 +20,11 @@ const Buckets = 256
 //
 //	<prefix>run:<run id>  <prefix>fence:<job>  <prefix>runs:<job>
 //	<prefix>jobs          <prefix>server       <prefix>controls
+//	<prefix>ready (Ping's write probe, a minute's life)
 //
 // On a Redis Cluster (tagged) the same names follow a hash tag of the
-// job's bucket, <prefix>{<bucket>}run:<run id> and so on, and the jobs set
-// and the marker are one per bucket. The controls hash is one key either
+// job's bucket, <prefix>{<bucket>}run:<run id> and so on, and the jobs set,
+// the marker and the probe are one per bucket. The controls hash is one key either
 // way: its scripts touch nothing else. Run ids are injective
 // (claim.Run.ID), and the namespaces differ before the variable part
 // ("run:" vs "runs:"), so distinct runs and jobs never share a key.
@@ -75,6 +76,7 @@ func (k keys) runs(job string) string  { return k.in(k.bucket(job)) + "runs:" + 
 func (k keys) jobs(b int) string       { return k.in(b) + "jobs" }
 func (k keys) marker(b int) string     { return k.in(b) + "server" }
 func (k keys) controls() string        { return k.prefix + "controls" }
+func (k keys) ready(b int) string      { return k.in(b) + "ready" } // Ping's write
 
 // jobOf is the job of the run with id (see run).
 func jobOf(id string) string {

@@ -202,10 +202,9 @@ func TestHistoriesPageOnWhereAPageIsNotTheAnswer(t *testing.T) {
 
 // TestAServerThatRefusesWritesIsUnavailableToABatch: a batch script's runs
 // fail one by one (a key of the wrong type fails its run alone), but a
-// server that refuses every write (here a master demoted to a replica:
-// READONLY) is unavailable, as it was before batches, for every run of
-// the call: the caller retries elsewhere or later, and the client drops
-// the connection.
+// server that answers yet refuses every write is unavailable, as it was
+// before batches, for every run of the call (the caller retries elsewhere
+// or later), and is not ready (Ping).
 func TestAServerThatRefusesWritesIsUnavailableToABatch(t *testing.T) {
 	refusals := map[string]func(t *testing.T, client *goredis.Client){
 		// A replica of a master nobody listens on: it keeps its data and
@@ -218,6 +217,12 @@ func TestAServerThatRefusesWritesIsUnavailableToABatch(t *testing.T) {
 			port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 			_ = l.Close()
 			if err := client.ReplicaOf(ctxT(t), "127.0.0.1", port).Err(); err != nil {
+				t.Fatal(err)
+			}
+		},
+		// Out of memory, evicting nothing (OOM).
+		"out of memory": func(t *testing.T, client *goredis.Client) {
+			if err := client.ConfigSet(ctxT(t), "maxmemory", "1").Err(); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -268,7 +273,14 @@ func TestAServerThatRefusesWritesIsUnavailableToABatch(t *testing.T) {
 			if r, err := claimOne(t, node, run, token, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Granted {
 				t.Fatalf("claim before the server refused writes: %+v, %v", r, err)
 			}
+			if err := node.Ping(ctxT(t)); err != nil {
+				t.Fatalf("ping before the server refused writes: %v", err)
+			}
 			refuse(t, client)
+			// PING still answers PONG: the readiness probe must not.
+			if err := node.Ping(ctxT(t)); !errors.Is(err, claim.ErrUnavailable) {
+				t.Errorf("ping of a server refusing writes: %v, want ErrUnavailable", err)
+			}
 			for i, err := range node.ReleaseBatch(ctxT(t), []string{run.ID()}, []string{token}, []claim.Status{claim.Succeeded}) {
 				if !errors.Is(err, claim.ErrUnavailable) {
 					t.Errorf("release %d on a server refusing writes: %v, want ErrUnavailable", i, err)

@@ -7,21 +7,28 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
-// Ping reports whether the server answers; on a cluster, whether every
-// master does.
+// Ping reports whether the server takes writes, which is what a claim
+// needs; on a cluster, whether the master of every bucket does. A PING
+// alone answers PONG from a server that refuses every claim: out of
+// memory (OOM), demoted to a replica (READONLY), short of in-sync replicas
+// (NOREPLICAS), after a failed snapshot (MISCONF). So it writes a short-
+// lived key per bucket instead (<prefix>ready), which those refuse too.
 func (n *Node) Ping(ctx context.Context) error {
-	if n.cluster != nil {
-		return n.translate(ctx, n.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-			return c.Ping(ctx).Err()
-		}))
-	}
-	return n.translate(ctx, n.client.Ping(ctx).Err())
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	_, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		for b := range n.keys.count() {
+			p.Set(ctx, n.keys.ready(b), now, time.Minute)
+		}
+		return nil
+	})
+	return n.translate(ctx, err)
 }
 
 // Check refuses what cannot keep a claim:
