@@ -25,6 +25,7 @@ type Coalescer[In, Out any] struct {
 	mu    sync.Mutex
 	busy  bool // a batch is in flight
 	queue []*waiter[In, Out]
+	sends sync.WaitGroup // batches sent on a goroutine of their own (Wait)
 }
 
 type waiter[In, Out any] struct {
@@ -58,7 +59,8 @@ const (
 // it; one whose batch is in flight leaves its share to abandoned (if not
 // nil), called once the batch returns, on the goroutine that sent it, so
 // that what the share did can be undone (a claim granted to a caller
-// that left).
+// that left). abandon must not call back into the Coalescer: the next
+// batch waits for it.
 func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx context.Context, in []In) []Out, abandon func(out []Out)) []Out {
 	w := &waiter[In, Out]{ctx: ctx, in: in, abandon: abandon, lead: make(chan struct{}), done: make(chan struct{})}
 	c.mu.Lock()
@@ -109,10 +111,10 @@ func (c *Coalescer[In, Out]) Do(ctx context.Context, in []In, send func(ctx cont
 		// For others too: sent on a goroutine of its own, so that this
 		// caller can leave when its ctx ends without waiting for a batch
 		// that runs to the others' deadlines.
-		go func() {
+		c.sends.Go(func() {
 			defer c.handOn()
 			c.send(going, send)
-		}()
+		})
 	} else {
 		c.handOn()
 	}
@@ -144,6 +146,12 @@ func (w *waiter[In, Out]) take() []Out {
 	}
 	return nil
 }
+
+// Wait waits for the batches in flight that no caller waits for (their
+// callers left, or the batch went for others): a Claimer's Close calls it
+// before it closes its connections, so that what those batches undo
+// still reaches the server.
+func (c *Coalescer[In, Out]) Wait() { c.sends.Wait() }
 
 // leave takes w out of the queue, if it is still there, handing its turn
 // to send on if it had just been given it.
@@ -302,6 +310,19 @@ func (cc *ClaimCoalescer) Claim(ctx context.Context, runs []Run, lease time.Dura
 	return claims, errs
 }
 
+// Wait is Coalescer.Wait for every lease's batches.
+func (cc *ClaimCoalescer) Wait() {
+	cc.mu.Lock()
+	cos := make([]*Coalescer[Run, Answer], 0, len(cc.byLease))
+	for _, co := range cc.byLease {
+		cos = append(cos, co)
+	}
+	cc.mu.Unlock()
+	for _, co := range cos {
+		co.Wait()
+	}
+}
+
 func (cc *ClaimCoalescer) coalescer(lease time.Duration) *Coalescer[Run, Answer] {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
@@ -325,6 +346,9 @@ type Ending struct {
 // ReleaseCoalescer merges concurrent Release calls. The zero value is
 // ready to use.
 type ReleaseCoalescer struct{ co Coalescer[Ending, error] }
+
+// Wait is Coalescer.Wait.
+func (rc *ReleaseCoalescer) Wait() { rc.co.Wait() }
 
 // Release is a Claimer's Release through the coalescer: it validates cls
 // and outcomes (CheckReleaseBatch) and gives send the valid ones together

@@ -326,3 +326,34 @@ func TestACallerLeftOutOfTheBatchItWasToSendReturnsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// Wait outlasts a merged batch whose callers all left: a Claimer's Close
+// waits for it, so that what the batch undoes still reaches the server.
+func TestWaitOutlastsABatchItsCallersLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		co, s, wg := busy(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		undone := 0
+		for v := range 2 {
+			wg.Go(func() { co.Do(ctx, []int{v + 2}, s.send, func([]int) { undone++ }) })
+		}
+		synctest.Wait()
+		s.gate <- struct{}{} // the two go together
+		synctest.Wait()
+		cancel() // and both leave
+		wg.Wait()
+		waited := make(chan struct{})
+		go func() { co.Wait(); close(waited) }()
+		synctest.Wait()
+		select {
+		case <-waited:
+			t.Fatal("Wait returned with a batch in flight")
+		default:
+		}
+		s.gate <- struct{}{}
+		<-waited
+		if undone != 2 {
+			t.Errorf("%d shares abandoned to their undo before Wait returned, want 2", undone)
+		}
+	})
+}

@@ -47,6 +47,7 @@ type Claimer struct {
 	// who come at once.
 	claims   claim.ClaimCoalescer
 	releases claim.ReleaseCoalescer
+	undos    sync.WaitGroup // abortLater's
 
 	// loss is the data loss a cluster's buckets report, one per failover
 	// (see lossUntil).
@@ -170,7 +171,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if err := ctx.Err(); err != nil {
 		// Scripts may have granted before the callers gave up: undo them
 		// rather than leave ghosts holding the runs for a whole lease.
-		c.abort(ctx, runs, tokens)
+		c.abortLater(ctx, runs, tokens)
 		for k, run := range runs {
 			out[k].Err = fmt.Errorf("claim %s: %w", run.ID(), err)
 		}
@@ -201,9 +202,16 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		for j, k := range failed {
 			fruns[j], ftokens[j] = runs[k], tokens[k]
 		}
-		c.abort(ctx, fruns, ftokens)
+		c.abortLater(ctx, fruns, ftokens)
 	}
 	return out
+}
+
+// abortLater is abort on a goroutine of its own, which Close waits for:
+// the callers of a batch that failed hear of it at once, not up to a
+// second later from a server that does not answer.
+func (c *Claimer) abortLater(ctx context.Context, runs []claim.Run, tokens []string) {
+	c.undos.Go(func() { c.abort(ctx, runs, tokens) })
 }
 
 // abort undoes grants nobody will use, best effort, within a second
@@ -266,6 +274,12 @@ func (c *Claimer) Ping(ctx context.Context) error {
 
 // Close implements claim.Claimer: it closes the client given to New.
 func (c *Claimer) Close() error {
+	// What batches in flight and failed claims still undo reaches the
+	// server first: a grant undone after the client closed would hold its
+	// run, for nobody, for a whole lease.
+	c.claims.Wait()
+	c.releases.Wait()
+	c.undos.Wait()
 	c.done.close()
 	return c.client.Close()
 }

@@ -169,6 +169,9 @@ func (c *Claimer) Check(ctx context.Context) error {
 
 // Close implements claim.Claimer: it closes every node's client.
 func (c *Claimer) Close() error {
+	// What batches in flight still undo reaches the nodes first.
+	c.claims.Wait()
+	c.releases.Wait()
 	var errs []error
 	for _, cl := range c.clients {
 		errs = append(errs, cl.Close())
