@@ -175,7 +175,9 @@ type Claimer interface {
 	// means every job. The runner reads it to decide overlap and to find
 	// live runs at start-up; the CLI and status page show it.
 	History(ctx context.Context, job string, limit int) ([]Record, error)
-	// Ping reports whether the backend is reachable (ErrUnavailable if not).
+	// Ping reports whether the backend is reachable and takes claims now
+	// (ErrUnavailable if not): readiness. A Redis that answers PING but
+	// refuses writes is not.
 	Ping(ctx context.Context) error
 	// Close frees the claimer's resources. It does not release claims.
 	Close() error
