@@ -6,6 +6,8 @@ package web
 import (
 	"context"
 	"embed"
+	"errors"
+	"fmt"
 	"html/template"
 	"log/slog"
 	"net/http"
@@ -137,9 +139,15 @@ func New(o Options) *Server {
 			_, _ = w.Write([]byte("ready\n"))
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		const within = 2 * time.Second
+		ctx, cancel := context.WithTimeout(r.Context(), within)
 		defer cancel()
 		if err := o.Ready(ctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
+				// A client's own retries (go-redis dials again with a
+				// backoff) can outlast the probe: say what that means.
+				err = fmt.Errorf("backend unavailable: no answer within %v (%w)", within, err)
+			}
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}

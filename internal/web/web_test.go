@@ -42,12 +42,16 @@ func TestProbesMetricsAndStatusPage(t *testing.T) {
 	if _, err := claim.ClaimOne(t.Context(), c, run, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	var down atomic.Bool
+	var down, silent atomic.Bool
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "scheduler_test_total", Help: "t"}))
 	srv := httptest.NewServer(web.Handler(web.Options{
 		Instance: "replica-1", Claimer: "memory", History: c, Gatherer: reg,
-		Ready: func(context.Context) error {
+		Ready: func(ctx context.Context) error {
+			if silent.Load() { // a client still dialling again when the probe's time is up
+				<-ctx.Done()
+				return ctx.Err()
+			}
 			if down.Load() {
 				return errors.New("backend unreachable")
 			}
@@ -69,6 +73,11 @@ func TestProbesMetricsAndStatusPage(t *testing.T) {
 	if code, body := get(t, srv, "/readyz"); code != 503 || !strings.Contains(body, "backend unreachable") {
 		t.Fatalf("/readyz with the backend down = %d %q, want 503 naming why", code, body)
 	}
+	silent.Store(true)
+	if code, body := get(t, srv, "/readyz"); code != 503 || !strings.Contains(body, "backend unavailable: no answer within 2s") {
+		t.Fatalf("/readyz with a backend that does not answer = %d %q, want 503 saying so", code, body)
+	}
+	silent.Store(false)
 	if code, body := get(t, srv, "/metrics"); code != 200 || !strings.Contains(body, "scheduler_test_total") {
 		t.Fatalf("/metrics = %d %q", code, body)
 	}

@@ -22,6 +22,12 @@ import (
 // lived key per bucket instead (<prefix>ready), which those refuse too.
 func (n *Node) Ping(ctx context.Context) error {
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	if n.keys.count() == 1 {
+		// One command, not a pipeline: go-redis retries a pipeline that
+		// cannot dial for longer, and a server that is down must be
+		// reported down within a readiness probe's time.
+		return n.translate(ctx, n.client.Set(ctx, n.keys.ready(0), now, time.Minute).Err())
+	}
 	_, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for b := range n.keys.count() {
 			p.Set(ctx, n.keys.ready(b), now, time.Minute)
