@@ -37,7 +37,7 @@ type waiter[In, Out any] struct {
 	done    chan struct{} // closed: out is set, or the waiter was left out
 	// state settles, once, whether the caller takes out (delivered) or
 	// left while its batch was in flight (abandoned): then the batch's
-	// sender hands out to Do's abandoned.
+	// sender hands out to the waiter's abandon.
 	state atomic.Int32
 }
 
@@ -56,7 +56,7 @@ const (
 // only once every merged caller's ctx is done: one caller giving up does
 // not fail the others' share. A caller whose ctx ends returns at once,
 // with nil outputs: one still waiting for a batch to go is left out of
-// it; one whose batch is in flight leaves its share to abandoned (if not
+// it; one whose batch is in flight leaves its share to abandon (if not
 // nil), called once the batch returns, on the goroutine that sent it, so
 // that what the share did can be undone (a claim granted to a caller
 // that left). abandon must not call back into the Coalescer: the next
