@@ -28,7 +28,13 @@ import (
 func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel context.CancelCauseFunc) {
 	r := d.r
 	margin := r.trustMargin()
-	next := time.NewTimer(r.opts.RenewEvery)
+	// Renewals are timed from when the lease's last request left
+	// (Requested), not from when its reply came back: on a slow link a
+	// grant arrives a round trip late, and a renewal sent RenewEvery after
+	// that would have a round trip less before the trust window closes
+	// (at 900ms round trips on a 3s lease, none: it came back too late
+	// every time, and a long run was cancelled though its lease held).
+	next := time.NewTimer(time.Until(cl.Requested.Add(r.opts.RenewEvery)))
 	defer next.Stop()
 	lost := func(msg string, attrs ...any) {
 		if run.Err() == nil {
@@ -58,7 +64,7 @@ func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel
 		r.opts.Metrics.renewed(r.opts.ClaimerName, err)
 		switch {
 		case err == nil:
-			next.Reset(r.opts.RenewEvery)
+			next.Reset(max(time.Until(cl.Requested.Add(r.opts.RenewEvery)), r.opts.RenewEvery/10))
 		case errors.Is(err, claim.ErrLeaseLost):
 			lost("lease lost; cancelling run", "error", err.Error())
 			return

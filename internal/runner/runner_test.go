@@ -372,6 +372,108 @@ func TestHolderCutOffLosesLeaseAndStandbyTakesOver(t *testing.T) {
 	})
 }
 
+// slowLink puts oneWay of latency on each side of every call, as a far
+// backend does, and dates the claims it returns from when their request
+// left, as a real claimer does (the lease began no earlier).
+type slowLink struct {
+	claim.Claimer
+	oneWay time.Duration
+}
+
+func (s *slowLink) trip(ctx context.Context) error {
+	select {
+	case <-time.After(s.oneWay):
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+func (s *slowLink) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
+	sent := time.Now()
+	fail := func(err error) ([]*claim.Claim, []error) {
+		return make([]*claim.Claim, len(runs)), slices.Repeat([]error{err}, len(runs))
+	}
+	if err := s.trip(ctx); err != nil {
+		return fail(err)
+	}
+	cls, errs := s.Claimer.Claim(ctx, runs, l)
+	for _, cl := range cls {
+		if cl != nil {
+			cl.Requested = sent
+		}
+	}
+	if err := s.trip(ctx); err != nil {
+		return fail(err) // the reply is lost; the grants stay until their leases end
+	}
+	return cls, errs
+}
+
+func (s *slowLink) Renew(ctx context.Context, c *claim.Claim, l time.Duration) error {
+	sent := time.Now()
+	if err := s.trip(ctx); err != nil {
+		return err
+	}
+	renewed := *c
+	if err := s.Claimer.Renew(ctx, &renewed, l); err != nil {
+		return err
+	}
+	renewed.Requested = sent
+	if err := s.trip(ctx); err != nil {
+		return err // the holder never hears of it
+	}
+	*c = renewed
+	return nil
+}
+
+func (s *slowLink) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	if err := s.trip(ctx); err != nil {
+		return slices.Repeat([]error{err}, len(cls))
+	}
+	errs := s.Claimer.Release(ctx, cls, outs)
+	if err := s.trip(ctx); err != nil {
+		return slices.Repeat([]error{err}, len(cls))
+	}
+	return errs
+}
+
+// A backend 900ms away (just under the claim timeout, a third of the
+// lease) still keeps a long run's lease: renewals are timed from when the
+// lease's last request left, not from when its reply came back, so each
+// has the round trip's room before the trust window closes.
+func TestRenewalsKeepALeaseOverASlowLink(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		led := newLedger()
+		causes := make(chan error, 4)
+		const work = 2500 * time.Millisecond // past the claim's own trust window
+		jobs := []runner.Job{{Name: "far", Schedule: mustSchedule(t, "@every 1h"),
+			Handler: func(ctx context.Context, run job.Run) error {
+				select {
+				case <-time.After(work):
+					causes <- nil
+					return nil
+				case <-ctx.Done():
+					causes <- context.Cause(ctx)
+					return ctx.Err()
+				}
+			}}}
+		time.Sleep(time.Until(time.Now().Truncate(time.Hour).Add(time.Hour - 2*time.Second)))
+		a := &replica{name: "a", store: memory.NewStore(nil), jobs: jobs, led: led, lease: 3 * time.Second,
+			wrap: func(c claim.Claimer) claim.Claimer { return &slowLink{Claimer: c, oneWay: 450 * time.Millisecond} }}
+		a.start(t)
+		if cause := <-causes; cause != nil {
+			t.Errorf("the handler was cancelled: %v", cause)
+		}
+		synctest.Wait()
+		a.stop()
+		run := claim.Run{Job: "far", At: time.Now().Truncate(time.Hour)}
+		if f := led.finishes(run.ID()); len(f) != 1 || f[0].Status != claim.Succeeded {
+			t.Fatalf("finishes = %+v, want one success", f)
+		}
+		led.check(t, history.Spec{Expected: []claim.Run{run}})
+	})
+}
+
 func TestShutdownReleasesRunAsInterruptedForImmediateTakeover(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memory.NewStore(nil)

@@ -220,9 +220,15 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		wantErr(t, b.Renew(ctxT(t), &forged, longLease), claim.ErrLeaseLost, "renew with another token")
 		wantErr(t, claim.ReleaseOne(ctxT(t), b, &forged, claim.Succeeded), claim.ErrLeaseLost, "release with another token")
 		wantErr(t, claim.ReleaseOne(ctxT(t), b, &forged, claim.Interrupted), claim.ErrLeaseLost, "interrupt with another token")
-		// The real holder is untouched by the forgeries.
+		// The real holder is untouched by the forgeries. Its renewal dates
+		// the lease anew from when it was sent: the runner times the next
+		// renewal, and its trust in the lease, from Requested.
+		before := time.Now()
 		if err := a.Renew(ctxT(t), cl, longLease); err != nil {
 			t.Fatalf("renew by holder: %v", err)
+		}
+		if cl.Requested.Before(before) || cl.Requested.After(time.Now()) {
+			t.Fatalf("renewal sent between %v and now left Requested at %v", before, cl.Requested)
 		}
 		_, err := claim.ClaimOne(ctxT(t), b, run, longLease)
 		wantErr(t, err, claim.ErrHeld, "claim after forged release")
