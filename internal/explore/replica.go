@@ -317,7 +317,14 @@ func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context)
 		}
 		return none, fmt.Errorf("reply lost: %w", ctx.Err())
 	}
-	return apply(ctx)
+	v, err := apply(ctx)
+	// A slow link is slow both ways: the reply takes as long to come back,
+	// and is lost to a caller that stops waiting meanwhile (its request
+	// took effect all the same).
+	if delay > 0 && !sleepUntil(ctx, time.Now().Add(delay)) {
+		return none, fmt.Errorf("slow link, reply lost: %w", ctx.Err())
+	}
+	return v, err
 }
 
 // faultyControls is the replica's view of the operator's register: its

@@ -22,7 +22,7 @@ const (
 	Partition = "partition" // the replica's requests and replies are lost for For
 	OneWay    = "oneway"    // requests reach the backend, replies are lost, for For
 	Outage    = "outage"    // the backend is unreachable from every replica for For
-	Latency   = "latency"   // every call of the replica takes Delay longer, for For
+	Latency   = "latency"   // every call of the replica takes Delay longer each way, for For
 	Clock     = "clock"     // the replica's wall clock jumps by Shift (beyond max skew) for For
 	Restart   = "restart"   // the backend (or one node: Node) restarts, losing what it must
 	Stall     = "stall"     // the backend stops (SIGSTOP, a GC) for For: requests wait, then land, answered or not
