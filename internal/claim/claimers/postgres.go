@@ -39,6 +39,7 @@ func openPostgres(ctx context.Context, c config.Claimer, instance string, o Opti
 	if c.Postgres.MaxConns > 0 {
 		pc.MaxConns = int32(c.Postgres.MaxConns)
 	}
+	postgres.Tune(pc)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

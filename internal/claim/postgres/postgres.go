@@ -15,9 +15,11 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -88,6 +90,18 @@ UPDATE scheduler_runs
        finished_at = CASE WHEN status <> 'running' THEN finished_at WHEN $4::boolean THEN now() END
  WHERE run_id = $1 AND scheduled_at = $5 AND token = $2 AND (status = 'running' OR status = $3)`
 
+	// abandonRun hands back a grant whose reply never came (see
+	// abandonLater): nobody runs it, since its caller was told the claim
+	// failed. The row stays, interrupted, so that the next claim takes it
+	// over at once (as the next attempt: the schema counts attempts from
+	// 1, and the row keeps the lost grant's). Deleting the row instead
+	// would let a takeover that found it a moment before read it gone,
+	// and the run done.
+	abandonRun = `
+UPDATE scheduler_runs
+   SET status = 'interrupted', lease_until = now()
+ WHERE run_id = $1 AND scheduled_at = $3 AND token = $2 AND status = 'running'`
+
 	historyColumns = `
 SELECT run_id, job, scheduled_at, status, holder, fence, attempt, started_at, lease_until, finished_at
   FROM scheduler_runs`
@@ -137,6 +151,22 @@ type Options struct {
 	Leases *pgxpool.Pool
 }
 
+// Tune sets what a pool the claimer uses needs beyond its DSN's settings:
+// a connection is pinged before use only once it has been idle for a
+// minute (pgxpool's default is a second). A claim or a renewal comes
+// every few seconds per pool at most, so the default pinged before nearly
+// every one, a round trip more on each: on a 900ms link that alone put
+// claims past their timeout, and renewals and releases past the lease. A
+// ping finds a connection the server closed; one that went dead silently
+// hangs a ping as it does the statement, until the caller's deadline.
+// Without it, a closed connection fails the statement, which the runner
+// retries.
+func Tune(c *pgxpool.Config) {
+	if c.ShouldPing == nil {
+		c.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Minute }
+	}
+}
+
 // LeasePool returns the configuration of a pool for Options.Leases, made
 // from the main pool's: up to max(2, MaxConns/2) connections, opened when
 // first needed (a connection kept open per replica for nothing but
@@ -157,6 +187,9 @@ type Claimer struct {
 	instance string
 	owned    bool // Close closes pool and leases
 	parts    *partitions
+	undos    sync.WaitGroup // abandonLater's, which Close waits for
+	closing  chan struct{}  // closed by Close: abandonLater waits no more
+	close    sync.Once
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -172,7 +205,7 @@ func New(pool *pgxpool.Pool, opts Options) *Claimer {
 	if leases == nil {
 		leases = pool
 	}
-	return &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}}
+	return &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}, closing: make(chan struct{})}
 }
 
 // Open builds a pool for dsn, and a lease pool beside it unless
@@ -185,6 +218,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Claimer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
+	Tune(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", translate(err))
@@ -218,12 +252,73 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		cl.Deadline = cl.Deadline.UTC()
 		return cl, nil
 	case !errors.Is(err, pgx.ErrNoRows):
+		c.abandonIfUnknown(err, []*claim.Claim{cl})
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
 	}
 
 	cl.Requested = time.Now()
-	return takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At))
+	got, err := takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At))
+	if err != nil && !errors.Is(err, claim.ErrHeld) && !errors.Is(err, claim.ErrDone) {
+		c.abandonIfUnknown(err, []*claim.Claim{cl})
+	}
+	return got, err
 }
+
+// abandonIfUnknown hands back, on a goroutine of its own (abandonLater),
+// what a claim statement that failed with err may have granted to cls:
+// unless the server answered err (the statement failed, and its implicit
+// transaction with it) or pgx never sent the statement, the grant may
+// have been made and its reply lost (a dropped connection, a timeout, a
+// caller whose context ended mid-statement). Left alone, it would hold
+// its runs for a whole lease with nobody to run them.
+func (c *Claimer) abandonIfUnknown(err error, cls []*claim.Claim) {
+	var (
+		pgErr      *pgconn.PgError
+		connectErr *pgconn.ConnectError
+	)
+	if len(cls) == 0 || errors.As(err, &pgErr) || errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
+		return
+	}
+	c.abandonLater(cls)
+}
+
+// abandonLater runs abandonRun for cls, in run id order (the order
+// claims lock rows in), in one implicit transaction on the main pool (the
+// lease pool is kept for renewals and releases), detached from the
+// caller, who has its answer already. It runs it again a few times, up to
+// abandonTimeout: a statement whose caller stopped waiting may still be
+// on its way, or queued on the server, when the first hand-back finds no
+// row of its token; a token is the lost grant's alone, so a later one
+// changes nothing but that grant. A statement that lands later still
+// grants all the same; its lease then bounds the hold, as before.
+func (c *Claimer) abandonLater(cls []*claim.Claim) {
+	cls = slices.Clone(cls)
+	slices.SortFunc(cls, func(a, b *claim.Claim) int { return strings.Compare(a.ID(), b.ID()) })
+	c.undos.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+		defer cancel()
+		for _, wait := range []time.Duration{0, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second} {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-c.closing:
+				t.Stop()
+			case <-t.C:
+			}
+			b := &pgx.Batch{}
+			for _, cl := range cls {
+				b.Queue(abandonRun, cl.ID(), cl.Token, cl.Run.At)
+			}
+			_ = c.pool.SendBatch(ctx, b).Close() // best effort: the lease bounds the rest
+		}
+	})
+}
+
+// abandonTimeout bounds a hand-back of grants whose replies were lost,
+// and so Close, which waits for them.
+const abandonTimeout = 5 * time.Second
 
 // takenOver reads takeOverRun's answer for cl.
 func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
@@ -292,9 +387,14 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return claims, errs
 	}
 
+	sent := make([]*claim.Claim, len(pending))
+	for k, i := range pending {
+		sent[k] = claims[i]
+	}
 	requested := time.Now()
 	rows, err := c.pool.Query(ctx, insertRuns, ids, jobs, ats, tokens, c.instance, lease.Microseconds())
 	if err != nil {
+		c.abandonIfUnknown(err, sent)
 		clear(claims)
 		return failAll(pending, translate(err))
 	}
@@ -317,7 +417,9 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	}
 	rows.Close()
 	if err := cmp.Or(rows.Err(), scanErr); err != nil {
-		// The insert failed as a whole: nothing was granted.
+		// The insert failed as a whole: nothing was granted, unless its
+		// reply was lost.
+		c.abandonIfUnknown(err, sent)
 		clear(claims)
 		return failAll(pending, translate(err))
 	}
@@ -335,6 +437,10 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	for _, i := range rest {
 		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At)
 	}
+	taken := make([]*claim.Claim, len(rest))
+	for k, i := range rest {
+		taken[k] = claims[i]
+	}
 	requested = time.Now()
 	res := c.pool.SendBatch(ctx, b)
 	for _, i := range rest {
@@ -350,7 +456,9 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	}
 	if err != nil {
 		// The round's transaction did not commit: none of its takeovers
-		// stand, whatever each statement said.
+		// stand, whatever each statement said. Unless it did and the
+		// reply was lost: then what it granted is handed back.
+		c.abandonIfUnknown(err, taken)
 		for _, i := range rest {
 			if errs[i] == nil {
 				claims[i], errs[i] = nil, fmt.Errorf("claim %s: %w", runs[i].ID(), translate(err))
@@ -446,6 +554,8 @@ func (c *Claimer) Ping(ctx context.Context) error {
 // (cancelled), then closes the pools only if Open built them.
 func (c *Claimer) Close() error {
 	c.parts.close()
+	c.close.Do(func() { close(c.closing) })
+	c.undos.Wait()
 	if c.owned {
 		c.pool.Close()
 		if c.leases != c.pool {
