@@ -258,7 +258,11 @@ type Answer struct {
 // (calls under different leases never share a batch). The zero value is
 // ready to use.
 type ClaimCoalescer struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// byLease keeps a coalescer for every lease ever asked for, never
+	// freed: a runner claims under its one configured lease, so this is
+	// one entry, or a few for a process that also triggers and backfills
+	// under others.
 	byLease map[time.Duration]*Coalescer[Run, Answer]
 }
 
