@@ -131,10 +131,15 @@ func (c *Claimer) release(ctx context.Context, ends []claim.Ending) []error {
 	return errs
 }
 
-// Ping implements claim.Claimer: a majority must answer.
+// Ping implements claim.Claimer: a majority must answer, each within a
+// second at least. The node timeout (50ms by default) bounds a claim's
+// answers so that the lease keeps its validity; a probe of readiness has
+// no validity to keep, and on a connection not yet open (a dial, the
+// handshake, then the write) or a loaded machine it is too short: the
+// replica would read as not ready for want of a warm connection.
 func (c *Claimer) Ping(ctx context.Context) error {
 	errs := make([]error, len(c.nodes))
-	c.each(ctx, c.nodeTimeout, func(ctx context.Context, i int, n *redisnode.Node) {
+	c.each(ctx, max(c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redisnode.Node) {
 		errs[i] = n.Ping(ctx)
 	})
 	if err := ctx.Err(); err != nil {

@@ -119,6 +119,33 @@ func TestSlowNodeStillYieldsCorrectGrants(t *testing.T) {
 	}
 }
 
+// TestReadinessOutwaitsTheNodeTimeout: three of five nodes answer in
+// 100ms, twice the default node timeout, which bounds a claim's answers.
+// Readiness is not a claim: the replica is ready, since a majority
+// answers. (It read as not ready on a loaded machine whose fresh
+// connections took longer than 50ms to open.)
+func TestReadinessOutwaitsTheNodeTimeout(t *testing.T) {
+	addrs := testenv.RedlockAddrs(t, 5)
+	via := map[string]string{}
+	for _, a := range addrs[:3] {
+		proxy, err := faultproxy.New(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = proxy.Close() })
+		proxy.SetLatency(50 * time.Millisecond)
+		via[a] = proxy.Addr()
+	}
+	ns := backends.Prepare(t, "redlock", backends.Options{Servers: addrs})
+	if nt := ns.Config.Redlock.NodeTimeout.Duration(); nt >= 100*time.Millisecond {
+		t.Fatalf("node timeout %v: the slow nodes answer within it, the case checks nothing", nt)
+	}
+	c := ns.OpenClient("slow", backends.Client{Via: via})
+	if err := c.Ping(ctxT(t)); err != nil {
+		t.Fatalf("ping with three of five nodes 100ms away: %v", err)
+	}
+}
+
 // TestRacingReplicasLoseNoRunToSplitVotes: three replicas race for every
 // run on five nodes. A split vote (no majority for anyone) is retried, led
 // by one contender, so every run ends with exactly one holder.
