@@ -28,13 +28,7 @@ import (
 func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel context.CancelCauseFunc) {
 	r := d.r
 	margin := r.trustMargin()
-	// Renewals are timed from when the lease's last request left
-	// (Requested), not from when its reply came back: on a slow link a
-	// grant arrives a round trip late, and a renewal sent RenewEvery after
-	// that would have a round trip less before the trust window closes
-	// (at 900ms round trips on a 3s lease, none: it came back too late
-	// every time, and a long run was cancelled though its lease held).
-	next := time.NewTimer(time.Until(cl.Requested.Add(r.opts.RenewEvery)))
+	next := time.NewTimer(r.renewIn(cl))
 	defer next.Stop()
 	lost := func(msg string, attrs ...any) {
 		if run.Err() == nil {
@@ -64,7 +58,7 @@ func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel
 		r.opts.Metrics.renewed(r.opts.ClaimerName, err)
 		switch {
 		case err == nil:
-			next.Reset(max(time.Until(cl.Requested.Add(r.opts.RenewEvery)), r.opts.RenewEvery/10))
+			next.Reset(r.renewIn(cl))
 		case errors.Is(err, claim.ErrLeaseLost):
 			lost("lease lost; cancelling run", "error", err.Error())
 			return
@@ -81,3 +75,24 @@ func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel
 // (TrustedUntil) this replica stops trusting it: room for the drift between
 // its monotonic clock and the backend's.
 func (r *Runner) trustMargin() time.Duration { return r.opts.Lease / 10 }
+
+// renewIn is when to renew cl next, from a moment its last grant or
+// renewal has just come back: RenewEvery from now, but no later than
+// leaves that request's round trip, and the trust margin again, before
+// the trust window closes. On a fast link that is RenewEvery. On a slow
+// one the window is measured from when the request left (Requested), a
+// round trip before its reply came: a renewal sent RenewEvery after the
+// reply came back after the window (at 900ms round trips on a 3s lease,
+// every time), and a long run was cancelled though its lease held.
+// Renewing sooner than needed costs the backend a round trip's work per
+// renewal, so the cap is as late as is safe, not RenewEvery from
+// Requested.
+func (r *Runner) renewIn(cl *claim.Claim) time.Duration {
+	margin := r.trustMargin()
+	rtt := time.Since(cl.Requested)
+	latest := time.Until(cl.TrustedUntil(margin)) - rtt - margin
+	// The floor keeps a claimer that does not date its renewals anew
+	// (Requested; the conformance suite checks it) from renewing in a
+	// busy loop.
+	return max(min(r.opts.RenewEvery, latest), 10*time.Millisecond)
+}
