@@ -102,6 +102,12 @@ UPDATE scheduler_runs
    SET status = 'interrupted', lease_until = now()
  WHERE run_id = $1 AND scheduled_at = $3 AND token = $2 AND status = 'running'`
 
+	// probe is readiness: a write that changes nothing, which the server
+	// refuses as it would a claim when the database is read-only (a
+	// standby, default_transaction_read_only), the table is missing or
+	// the role may not write it. A SELECT 1 passes all of those.
+	probe = `UPDATE scheduler_runs SET lease_until = lease_until WHERE false`
+
 	historyColumns = `
 SELECT run_id, job, scheduled_at, status, holder, fence, attempt, started_at, lease_until, finished_at
   FROM scheduler_runs`
@@ -269,17 +275,54 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 // unless the server answered err (the statement failed, and its implicit
 // transaction with it) or pgx never sent the statement, the grant may
 // have been made and its reply lost (a dropped connection, a timeout, a
-// caller whose context ended mid-statement). Left alone, it would hold
-// its runs for a whole lease with nobody to run them.
+// caller whose context ended mid-statement, a backend terminated after
+// its commit, whose FATAL came in place of the reply). Left alone, it
+// would hold its runs for a whole lease with nobody to run them.
 func (c *Claimer) abandonIfUnknown(err error, cls []*claim.Claim) {
+	c.failed(err)
 	var (
 		pgErr      *pgconn.PgError
 		connectErr *pgconn.ConnectError
 	)
-	if len(cls) == 0 || errors.As(err, &pgErr) || errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
+	answered := errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC"
+	if len(cls) == 0 || answered || errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
 		return
 	}
 	c.abandonLater(cls)
+}
+
+// failed looks at an error of a statement for what the pools must do
+// about it. A read-only transaction (25006) comes from a server that
+// became a standby (a failover behind the same address) or a database
+// set read-only: both are settings a connection keeps for its life (an
+// hour, by pgxpool's default), so every pooled connection is closed, and
+// the next statements connect anew, to the new primary or under the
+// restored setting.
+func (c *Claimer) failed(err error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "25006" {
+		c.pool.Reset()
+		if c.leases != c.pool {
+			c.leases.Reset()
+		}
+	}
+}
+
+// leasesReady reports whether the lease pool holds a connection or can
+// open one. Claims are refused (unavailable) until it can: a replica that
+// wins runs it cannot renew or release (a server out of connections for
+// the pool opened second) would have every one of them run again once
+// its lease ends.
+func (c *Claimer) leasesReady(ctx context.Context) error {
+	if c.leases == c.pool || c.leases.Stat().TotalConns() > 0 {
+		return nil
+	}
+	conn, err := c.leases.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("the lease pool (renewals, releases) cannot connect: %w", translate(err))
+	}
+	conn.Release()
+	return nil
 }
 
 // abandonLater runs abandonRun for cls, in run id order (the order
@@ -354,6 +397,12 @@ func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
 func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	c.parts.look()
 	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	if err := c.leasesReady(ctx); err != nil {
+		for i, run := range runs {
+			errs[i] = fmt.Errorf("claim %s: %w", run.ID(), err)
+		}
+		return claims, errs
+	}
 	if len(runs) == 1 {
 		if errs[0] = claim.CheckClaim(runs[0], lease); errs[0] == nil {
 			claims[0], errs[0] = c.claimOne(ctx, runs[0], lease)
@@ -480,6 +529,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
 	case err != nil:
+		c.failed(err)
 		return fmt.Errorf("renew %s: %w", cl.ID(), translate(err))
 	}
 	cl.Deadline, cl.Requested, cl.Lease = deadline.UTC(), requested, lease
@@ -491,6 +541,7 @@ func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Statu
 	tag, err := c.leases.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal(), cl.Run.At)
 	switch {
 	case err != nil:
+		c.failed(err)
 		return fmt.Errorf("release %s: %w", cl.ID(), translate(err))
 	case tag.RowsAffected() == 0:
 		return fmt.Errorf("release %s: %w", cl.ID(), claim.ErrLeaseLost)
@@ -527,6 +578,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	}
 	if err := res.Close(); err != nil {
 		// The transaction did not commit: none of its releases stand.
+		c.failed(err)
 		for _, i := range pending {
 			errs[i] = err
 		}
@@ -543,9 +595,18 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 }
 
 // Ping implements claim.Claimer.
+// Both pools must connect and take a write (probe): claims need the
+// one, renewals and releases the other.
 func (c *Claimer) Ping(ctx context.Context) error {
-	if err := c.pool.Ping(ctx); err != nil {
+	if _, err := c.pool.Exec(ctx, probe); err != nil {
+		c.failed(err)
 		return fmt.Errorf("ping: %w", translate(err))
+	}
+	if c.leases != c.pool {
+		if _, err := c.leases.Exec(ctx, probe); err != nil {
+			c.failed(err)
+			return fmt.Errorf("ping: the lease pool (renewals, releases): %w", translate(err))
+		}
 	}
 	return nil
 }
