@@ -179,6 +179,12 @@ func (e *env) trigger(args []string) int {
 	wctx, cancelWait := context.WithTimeout(ctx, *timeout)
 	defer cancelWait()
 	st, err := waitRun(wctx, b, req.Run())
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
+		// The request outlives the wait: say so, or an operator who
+		// triggers again without its key gets a second run.
+		return e.fail("trigger %s: %s did not finish within --timeout %s; request %s stays queued and the fleet will still run it. "+
+			"To wait again without a second run: scheduler trigger --request-id %s --wait %s", name, req.Run().ID(), *timeout, req.ID, req.ID, name)
+	}
 	if err != nil {
 		return e.fail("trigger %s: waiting for %s: %v", name, req.Run().ID(), err)
 	}

@@ -55,3 +55,23 @@ func TestTriggerTimeoutNeedsWait(t *testing.T) {
 		}
 	}
 }
+
+// A --wait that times out leaves the request queued: the message says so
+// and how to wait again without a second run (the same --request-id),
+// which finds the request already made rather than making another.
+func TestTriggerWaitTimeoutSaysTheRequestStays(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// No replica runs: the request waits.
+	code, out, errOut := mainIn(t, dir, "trigger", "--request-id", "k-wait", "--wait", "--timeout", "300ms", "--config", path, "example.sleep")
+	if code != cli.ExitRuntime || !strings.Contains(out, "(request k-wait)") ||
+		!strings.Contains(errOut, "request k-wait stays queued") || !strings.Contains(errOut, "scheduler trigger --request-id k-wait --wait example.sleep") {
+		t.Fatalf("trigger --wait past its timeout: exit %d, stdout %q, stderr %q; want %d, the request said queued and how to wait again", code, out, errOut, cli.ExitRuntime)
+	}
+	code, out, errOut = mainIn(t, dir, "trigger", "--request-id", "k-wait", "--wait", "--timeout", "300ms", "--config", path, "example.sleep")
+	if code != cli.ExitRuntime || !strings.Contains(out, "request k-wait already made") {
+		t.Fatalf("the suggested command: exit %d, stdout %q, stderr %q; want the request found already made", code, out, errOut)
+	}
+}
