@@ -13,6 +13,20 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
+// proxied prepares a namespace and a fault proxy in front of its server;
+// via routes a client through the proxy.
+func proxied(t *testing.T) (*backends.Namespace, *faultproxy.Proxy, map[string]string) {
+	t.Helper()
+	ns := backends.Prepare(t, "postgres", backends.Options{})
+	server := ns.Servers()[0]
+	proxy, err := faultproxy.New(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	return ns, proxy, map[string]string{server: proxy.Addr()}
+}
+
 // TestAClaimWhoseReplyWasLostLeavesNoGhost: the statement granted, the
 // reply never came back (the connection dropped in its place). The caller
 // hears the server was unavailable and runs nothing; the grant is handed
@@ -21,14 +35,8 @@ import (
 // insert, and a lone run's takeover. The row stays, so the attempt the
 // lost grant used is not given back: the next holder's counts it.
 func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
-	ns := backends.Prepare(t, "postgres", backends.Options{})
-	servers := ns.Servers()
-	proxy, err := faultproxy.New(servers[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	lossy := ns.OpenClient("lossy", backends.Client{Via: map[string]string{servers[0]: proxy.Addr()}})
+	ns, proxy, via := proxied(t)
+	lossy := ns.OpenClient("lossy", backends.Client{Via: via})
 	other := ns.Open("other")
 
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
@@ -96,14 +104,8 @@ func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
 // lease. The claimer's pools ping only after a minute: a claim and a
 // renewal after two seconds' idleness send one request each.
 func TestAnIdleConnectionCostsNoPing(t *testing.T) {
-	ns := backends.Prepare(t, "postgres", backends.Options{})
-	servers := ns.Servers()
-	proxy, err := faultproxy.New(servers[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	a := ns.OpenClient("replica-a", backends.Client{Via: map[string]string{servers[0]: proxy.Addr()}, MaxConns: 1})
+	ns, proxy, via := proxied(t)
+	a := ns.OpenClient("replica-a", backends.Client{Via: via, MaxConns: 1})
 	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
 	// One connection each in the main pool and the lease pool, warm.
 	cl, err := claim.ClaimOne(t.Context(), a, claim.Run{Job: "job.idle", At: at}, time.Minute)
