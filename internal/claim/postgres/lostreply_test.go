@@ -75,11 +75,7 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 	for _, run := range []claim.Run{fresh, later, again} {
 		// The hand-back goes on its own goroutine: within moments, not
 		// the lease's minute.
-		cl, err := claim.ClaimOne(t.Context(), other, run, time.Minute)
-		for deadline := time.Now().Add(10 * time.Second); errors.Is(err, claim.ErrHeld) && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond) // the hand-back's landing is not observable from here
-			cl, err = claim.ClaimOne(t.Context(), other, run, time.Minute)
-		}
+		cl, err := claimtest.ClaimWhenFreed(t, other, run, time.Minute)
 		if err != nil {
 			t.Fatalf("%s after a claim whose reply was lost: %v, want granted within moments", run.ID(), err)
 		}

@@ -328,10 +328,10 @@ func (c *Claimer) leasesReady(ctx context.Context) error {
 // abandonLater runs abandonRun for cls, in run id order (the order
 // claims lock rows in), in one implicit transaction on the main pool (the
 // lease pool is kept for renewals and releases), detached from the
-// caller, who has its answer already. It runs it again a few times, up to
-// abandonTimeout: a statement whose caller stopped waiting may still be
-// on its way, or queued on the server, when the first hand-back finds no
-// row of its token; a token is the lost grant's alone, so a later one
+// caller, who has its answer already. It runs it again for the grants not
+// yet found, a few times, up to abandonTimeout: a statement whose caller
+// stopped waiting may still be on its way, or queued on the server, when
+// the first hand-back finds no row of its token; a token is the lost grant's alone, so a later one
 // changes nothing but that grant. A statement that lands later still
 // grants all the same; its lease then bounds the hold, as before.
 func (c *Claimer) abandonLater(cls []*claim.Claim) {
@@ -354,7 +354,22 @@ func (c *Claimer) abandonLater(cls []*claim.Claim) {
 			for _, cl := range cls {
 				b.Queue(abandonRun, cl.ID(), cl.Token, cl.Run.At)
 			}
-			_ = c.pool.SendBatch(ctx, b).Close() // best effort: the lease bounds the rest
+			// Best effort: the lease bounds the rest. A grant handed back
+			// is done with; the rest are tried again (their statements
+			// may still land, or never did).
+			res := c.pool.SendBatch(ctx, b)
+			left := cls[:0:0]
+			for _, cl := range cls {
+				if tag, err := res.Exec(); err != nil || tag.RowsAffected() == 0 {
+					left = append(left, cl)
+				}
+			}
+			if res.Close() != nil {
+				left = cls // not committed: none was handed back
+			}
+			if cls = left; len(cls) == 0 {
+				return
+			}
 		}
 	})
 }
