@@ -10,9 +10,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"sync"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	"modernc.org/sqlite" // also registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/migrations"
@@ -72,7 +76,17 @@ SELECT run_id, job, status, holder, fence, attempt, started_at, lease_until, fin
  WHERE job = ?1 ORDER BY scheduled_at DESC LIMIT ?2`
 
 	pruneRuns = `DELETE FROM scheduler_runs WHERE finished_at < ` + nowMS + ` - ?1`
+
+	// probe is readiness: a write statement that changes nothing. It takes
+	// the write lock like a claim, so it fails where a claim would (a file
+	// or connection that is read-only, a lock held past the busy timeout,
+	// a table gone), which a ping that only opens the file never sees.
+	probe = `UPDATE scheduler_runs SET lease_until = lease_until WHERE 0`
 )
+
+// idleConns is database/sql's default number of idle connections, restored
+// after a read-only connection made the Claimer close them all.
+const idleConns = 2
 
 // Options configure a Claimer.
 type Options struct {
@@ -100,6 +114,49 @@ type Claimer struct {
 	// in SQLite's busy handler, which under load starves some past the busy
 	// timeout. Other processes still wait in the busy handler.
 	writer chan struct{}
+	// file is the file Open opened; nil for New, whose caller owns it.
+	file *file
+}
+
+// file is the identity of the file a Claimer opened. The processes that
+// share a path coordinate only while the path names one file: a process
+// that still has a deleted or replaced file open would keep a ledger of
+// its own (and database/sql, opening connections as it needs them, would
+// even split one process between the old file and the new), so every run
+// could execute once per ledger.
+type file struct {
+	path string
+	info os.FileInfo
+	mu   sync.Mutex
+	lost error // set once the path named another file, or none; never cleared
+}
+
+// check returns ErrUnavailable once path no longer names the file that was
+// opened. It stays unavailable even if the file comes back: connections
+// opened meanwhile may be on the other file.
+func (f *file) check() error {
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.lost != nil {
+		return f.lost
+	}
+	now, err := os.Stat(f.path)
+	switch {
+	case err == nil && os.SameFile(f.info, now):
+		return nil
+	case err == nil:
+		f.lost = fmt.Errorf("%w: %s was deleted or replaced since this process opened it, and names another file now;"+
+			" this process claims nothing more: restart it to use the file now there", claim.ErrUnavailable, f.path)
+	case errors.Is(err, fs.ErrNotExist):
+		f.lost = fmt.Errorf("%w: %s was deleted since this process opened it;"+
+			" this process claims nothing more: restart it to use a new file", claim.ErrUnavailable, f.path)
+	default: // the directory cannot be read now: say so, and look again next time
+		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+	}
+	return f.lost
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -119,8 +176,14 @@ func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, translate(err))
 	}
+	info, err := os.Stat(path)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
 	c := New(db, opts)
 	c.owned = true
+	c.file = &file{path: path, info: info}
 	return c, nil
 }
 
@@ -199,7 +262,8 @@ func (c *Claimer) lostBid(ctx context.Context, id string, beforeBid bool) error 
 	return nil
 }
 
-// write runs f, one write statement, once no other write of c is running.
+// write runs f, one write statement, once no other write of c is running
+// and if the path still names the file c opened.
 func (c *Claimer) write(ctx context.Context, f func() error) error {
 	select {
 	case c.writer <- struct{}{}:
@@ -207,7 +271,21 @@ func (c *Claimer) write(ctx context.Context, f func() error) error {
 		return ctx.Err()
 	}
 	defer func() { <-c.writer }()
-	return f()
+	if err := c.file.check(); err != nil {
+		return err
+	}
+	err := f()
+	var se *sqlite.Error
+	if c.owned && errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_READONLY {
+		// SQLite opens a file it may not write read-only, silently, and the
+		// connection stays so for its life: one opened while the file was
+		// read-only would refuse every write after the file is writable
+		// again. The failed statement's connection is idle now; closing
+		// the idle connections makes the next write open a new one.
+		c.db.SetMaxIdleConns(0)
+		c.db.SetMaxIdleConns(idleConns)
+	}
+	return err
 }
 
 // Renew implements claim.Claimer.
@@ -259,6 +337,14 @@ func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Statu
 // of it was granted.
 func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
+	// Before the reads that skip runs held or done: on another file they
+	// would answer from another ledger.
+	if err := c.file.check(); err != nil {
+		for i, run := range runs {
+			errs[i] = fmt.Errorf("claim %s: %w", run.ID(), err)
+		}
+		return claims, errs
+	}
 	if len(runs) == 1 {
 		if errs[0] = claim.CheckClaim(runs[0], lease); errs[0] == nil {
 			claims[0], errs[0] = c.claimOne(ctx, runs[0], lease)
@@ -364,9 +450,14 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	return errs
 }
 
-// Ping implements claim.Claimer: the file can be opened and read.
+// Ping implements claim.Claimer: a write that changes nothing (probe) can
+// be made to the file c opened.
 func (c *Claimer) Ping(ctx context.Context) error {
-	if err := c.db.PingContext(ctx); err != nil {
+	err := c.write(ctx, func() error {
+		_, err := c.stmts.exec(ctx, probe)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("ping: %w", translate(err))
 	}
 	return nil
