@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -151,6 +152,30 @@ func (e *env) run(args []string) int {
 		}
 	}()
 
+	// The HTTP surface comes up first: while the replica waits for its
+	// backend, probes see it alive and not ready, and a taken address
+	// fails the start at once rather than after the wait.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := runner.NewMetrics(reg)
+	var (
+		srv     *http.Server
+		ln      net.Listener
+		handler lateHandler
+		served  = make(chan error, 1)
+	)
+	if cfg.HTTP.Addr != "" {
+		ln, err = net.Listen("tcp", cfg.HTTP.Addr)
+		if err != nil {
+			log.Error("cannot listen on http.addr", "addr", cfg.HTTP.Addr, "error", err.Error())
+			return ExitRuntime
+		}
+		handler.set(web.Starting(reg))
+		srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: &handler}
+		go func() { served <- srv.Serve(ln) }()
+		defer shutdownHTTP(srv) // the early returns; a no-op after the one below
+	}
+
 	b, err := openReplicaBackend(ctx, cfg, log)
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -162,9 +187,6 @@ func (e *env) run(args []string) int {
 	}
 	defer b.Close()
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := runner.NewMetrics(reg)
 	closeJobs, err := e.openJobs(ctx, cfg, reg, enabledJobs(cfg)...)
 	if err != nil {
 		log.Error("cannot open a job", "database", cfg.Database.Kind, "error", err.Error())
@@ -179,21 +201,14 @@ func (e *env) run(args []string) int {
 		return ExitUsage
 	}
 
-	var srv *http.Server
-	var ln net.Listener
 	var ws *web.Server
-	if cfg.HTTP.Addr != "" {
-		ln, err = net.Listen("tcp", cfg.HTTP.Addr)
-		if err != nil {
-			log.Error("cannot listen on http.addr", "addr", cfg.HTTP.Addr, "error", err.Error())
-			return ExitRuntime
-		}
+	if srv != nil {
 		ws = web.New(web.Options{
 			Instance: cfg.InstanceID, Claimer: cfg.Claimer.Kind, Jobs: info, History: b.Claimer,
 			Ready: b.Ready, Gatherer: reg, Logger: log,
 			Controls: control.New(b.Controls, nil), Token: string(cfg.HTTP.Token), Backfill: r.Backfill,
 			BaseContext: ctx})
-		srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: ws}
+		handler.set(ws)
 	}
 
 	log.Info("scheduler started", "claimer", cfg.Claimer.Kind, "jobs", len(jobsList), "http", ln != nil && srv != nil,
@@ -205,7 +220,7 @@ func (e *env) run(args []string) int {
 	g.Go(func() error { defer close(runnerDone); return r.Run(gctx) })
 	if srv != nil {
 		g.Go(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http: %w", err)
 			}
 			return nil
@@ -267,6 +282,26 @@ func unreachable(err error) bool {
 	msg := err.Error()
 	return strings.Contains(msg, "dial tcp") && (strings.Contains(msg, "connection refused") || strings.Contains(msg, "i/o timeout") ||
 		strings.Contains(msg, "no such host") || strings.Contains(msg, "network is unreachable") || strings.Contains(msg, "no route to host"))
+}
+
+// lateHandler serves one handler until set replaces it: the replica's
+// HTTP surface while it starts, then the full one.
+type lateHandler struct {
+	mu sync.RWMutex
+	h  http.Handler
+}
+
+func (l *lateHandler) set(h http.Handler) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.h = h
+}
+
+func (l *lateHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	l.mu.RLock()
+	h := l.h
+	l.mu.RUnlock()
+	h.ServeHTTP(w, r)
 }
 
 func shutdownHTTP(srv *http.Server) {

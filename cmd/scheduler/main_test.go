@@ -9,11 +9,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -731,13 +734,15 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 // leases) and starts once it answers: a replica that cannot reach its
 // backend recovers by itself (DESIGN's guarantee 6). It used to exit 1 at
 // once (found by an outside review). Stopped while it waits, it exits 0.
+// While it waits, its HTTP surface says it is alive and not ready (a
+// liveness probe that found nothing listening would restart it).
 func TestAReplicaStartedBeforeItsBackendWaitsForIt(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	srv.Stop()
 	dir := t.TempDir()
 	// A lease of 8s: they wait 16s for it, and a fresh server (it looks
 	// like one that lost its data) holds every run for one lease.
-	config := writeConfig(t, dir, `instance_id: ${REPLICA}
+	body := `instance_id: ${REPLICA}
 claimer:
   kind: redis
   lease: 8s
@@ -756,7 +761,22 @@ jobs:
     schedule: "* * * * * *"
     params:
       duration: 10ms
-`)
+`
+	config := writeConfig(t, dir, body)
+	httpAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	withHTTP := filepath.Join(dir, "http.yaml")
+	if err := os.WriteFile(withHTTP, []byte(strings.Replace(body, `addr: ""`, "addr: "+httpAddr, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + httpAddr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
 	waiting := func(name string) bool {
 		for _, e := range readEvents(t, dir, name) {
 			if strings.HasPrefix(e.Msg, "cannot reach claimer backend; retrying") {
@@ -765,8 +785,17 @@ jobs:
 		}
 		return false
 	}
-	early, stopped := startReplica(t, dir, config, "early-1"), startReplica(t, dir, config, "early-2")
+	early, stopped := startReplica(t, dir, withHTTP, "early-1"), startReplica(t, dir, config, "early-2")
 	waitFor(t, "the replicas to say they wait for their backend", func() bool { return waiting("early-1") && waiting("early-2") })
+	if code, body := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz while waiting for the backend: %d %q, want 200", code, body)
+	}
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the claimer backend") {
+		t.Errorf("/readyz while waiting for the backend: %d %q, want 503 saying it waits for its backend", code, body)
+	}
+	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics while waiting for the backend: %d, want 200 with the process's metrics", code)
+	}
 	_ = stopped.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-stopped.done:
@@ -796,4 +825,7 @@ jobs:
 		}
 		return false
 	})
+	if code, body := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz once running: %d %q, want 200", code, body)
+	}
 }

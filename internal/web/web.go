@@ -158,6 +158,25 @@ func New(o Options) *Server {
 	return s
 }
 
+// Starting is the HTTP surface of a replica still waiting for its claimer
+// backend: alive (/healthz), not ready (/readyz, 503, saying why), its
+// metrics, and 503 for everything else. A liveness probe that found
+// nothing listening would restart the replica during a wait meant to
+// outlast a backend's own restart.
+func Starting(g prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	if g != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "not ready: starting: waiting for the claimer backend", http.StatusServiceUnavailable)
+	})
+	return mux
+}
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
