@@ -313,6 +313,7 @@ type event struct {
 	PreviousRunID  string `json:"previous_run_id"`
 	PreviousHolder string `json:"previous_holder"`
 	From           string `json:"from"` // the first instant a catch-up runs
+	Error          string `json:"error"`
 }
 
 func readEvents(t *testing.T, dir string, names ...string) []event {

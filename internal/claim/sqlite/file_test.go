@@ -131,3 +131,62 @@ func TestAReadOnlyConnectionIsNotKept(t *testing.T) {
 		t.Fatalf("claim after a read-only connection failed once: %v", err)
 	}
 }
+
+// TestAFileSwappedDuringOpenIsOpenedAgain: a replica that opens the file
+// while another process deletes it and a third creates it anew must end
+// on one file, the one the path names, not with connections on the
+// deleted file and the new file's identity (what the process test of a
+// deleted file found: that replica claimed in the deleted file, beside
+// the fleet, and never noticed).
+func TestAFileSwappedDuringOpenIsOpenedAgain(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "swap.db")
+	first, err := Open(ctx, path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	swapped := false
+	afterMigrate = func() {
+		if swapped {
+			return
+		}
+		swapped = true
+		for _, suffix := range []string{"", "-wal", "-shm"} {
+			if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Error(err)
+			}
+		}
+		other, err := Open(ctx, path, Options{})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if err := other.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { afterMigrate = nil }()
+	c, err := Open(ctx, path, Options{Instance: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !swapped {
+		t.Fatal("the file was not swapped during the open")
+	}
+	run := claim.Run{Job: "job.swap", At: at}
+	if _, err := claim.ClaimOne(ctx, c, run, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(ctx, path, Options{Instance: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := claim.ClaimOne(ctx, d, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
+		t.Fatalf("a claim on the file the path names: %v, want ErrHeld (the first claim went to another file)", err)
+	}
+}

@@ -168,24 +168,47 @@ func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
 	if opts.SyncNormal {
 		sync = "NORMAL"
 	}
-	db, err := sql.Open("sqlite", migrations.SQLiteDSN(path)+"&_pragma=synchronous("+sync+")")
-	if err != nil {
-		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
-	}
-	if err := migrations.Up(ctx, db, migrations.SQLite); err != nil {
+	// The file's identity is the one the path names both before and after
+	// the connections of the migrations were opened: a file created by
+	// this open, or deleted or replaced during it, may have some of them
+	// on another file than the one the path names after it (found by the
+	// test of replicas on a deleted file: one recorded the new file and
+	// claimed on the old one). Such an open is made again; by then the
+	// file exists.
+	for attempt := 1; ; attempt++ {
+		before, _ := os.Stat(path) // nil if there is no file yet
+		db, err := sql.Open("sqlite", migrations.SQLiteDSN(path)+"&_pragma=synchronous("+sync+")")
+		if err != nil {
+			return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+		}
+		if err := migrations.Up(ctx, db, migrations.SQLite); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("sqlite: open %s: %w", path, translate(err))
+		}
+		if afterMigrate != nil {
+			afterMigrate()
+		}
+		after, err := os.Stat(path)
+		switch {
+		case err != nil:
+			_ = db.Close()
+			return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+		case before != nil && os.SameFile(before, after):
+			c := New(db, opts)
+			c.owned = true
+			c.file = &file{path: path, info: after}
+			return c, nil
+		}
 		_ = db.Close()
-		return nil, fmt.Errorf("sqlite: open %s: %w", path, translate(err))
+		if attempt == 3 {
+			return nil, fmt.Errorf("%w: sqlite: open %s: the path named another file each time it was opened", claim.ErrUnavailable, path)
+		}
 	}
-	info, err := os.Stat(path)
-	if err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
-	}
-	c := New(db, opts)
-	c.owned = true
-	c.file = &file{path: path, info: info}
-	return c, nil
 }
+
+// afterMigrate, if set, runs in Open between the migrations and the
+// second look at the file: a test swaps the file there.
+var afterMigrate func()
 
 // New returns a Claimer on db, which must be migrated and opened with DSN's
 // settings (above all _txlock=immediate). Close does not close db.
