@@ -750,8 +750,8 @@ claimer:
   renew_every: 1s
   max_clock_skew: 500ms
   redis:
-    addr: `+srv.Addr()+`
-    prefix: "early:`+randHex()+`:"
+    addr: ` + srv.Addr() + `
+    prefix: "early:` + randHex() + `:"
 http:
   addr: ""
 log:
