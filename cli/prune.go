@@ -34,7 +34,7 @@ func (e *env) prune(args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	b, err := openForCommand(ctx, cfg)
+	b, err := openExisting(ctx, cfg)
 	if err != nil {
 		return e.fail("%v", err)
 	}

@@ -218,6 +218,21 @@ func (e *env) run(args []string) int {
 	g, gctx := errgroup.WithContext(ctx)
 	runnerDone := make(chan struct{})
 	g.Go(func() error { defer close(runnerDone); return r.Run(gctx) })
+	if b.Lost != nil {
+		// A claimer that stopped for good (a SQLite file deleted or
+		// replaced) never claims again in this process: stop, exit 1, and
+		// let the supervisor start a process that opens what the path
+		// names now, rather than stay up doing nothing, alive to every
+		// probe (found by an outside review).
+		g.Go(func() error {
+			select {
+			case <-b.Lost:
+				return fmt.Errorf("claimer: %w", b.LostErr())
+			case <-gctx.Done():
+				return nil
+			}
+		})
+	}
 	if srv != nil {
 		g.Go(func() error {
 			if err := <-served; !errors.Is(err, http.ErrServerClosed) {

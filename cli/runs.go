@@ -40,7 +40,7 @@ func (e *env) runs(args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := openForCommand(ctx, cfg)
+	b, err := openExisting(ctx, cfg)
 	if err != nil {
 		return e.fail("%v", err)
 	}

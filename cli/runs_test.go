@@ -146,3 +146,25 @@ func sqliteBackend(t *testing.T, jobsYAML string) (dir, path string, b *claimers
 	}
 	return dir, path, b
 }
+
+// `scheduler runs` and `scheduler prune` on a SQLite path that names no
+// file say so and exit 1, and leave no file behind: opening it would have
+// created one, migrated and empty, that replicas started later would join
+// with their fences starting over.
+func TestReadingAMissingSQLiteFileCreatesNone(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "gone.db")
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+db+"\nhttp:\n  addr: \"\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"runs"}, {"prune", "--older-than", "720h"}} {
+		code, _, errOut := mainIn(t, dir, append(args, "--config", cfg)...)
+		if code != cli.ExitRuntime || !strings.Contains(errOut, "no database at "+db) {
+			t.Errorf("%s on a missing file: exit %d, stderr %q; want 1 naming the path", args[0], code, errOut)
+		}
+		if _, err := os.Stat(db); err == nil {
+			t.Fatalf("%s created %s", args[0], db)
+		}
+	}
+}

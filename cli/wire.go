@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -27,6 +30,27 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*claime
 // short of this binary's migrations.
 var errSchemaBehind = errors.New("the database schema lacks this version's migrations: run `scheduler migrate up`, " +
 	"or start a replica (`scheduler run` applies them when claimer.postgres.migrate is set)")
+
+// openExisting is openForCommand for the commands that only read or
+// forget runs (runs, prune): on the embedded SQLite file they refuse a
+// path that names no file, which opening would create, migrated and
+// empty. An operator who looked at the history through a mistyped path,
+// or after the file was deleted, would have made a new file that
+// replicas started later join, fences starting over (found by an outside
+// review).
+func openExisting(ctx context.Context, cfg *config.Config) (*claimers.Backend, error) {
+	if cfg.Claimer.Kind == config.ClaimerSQLite {
+		path := cfg.Claimer.SQLite.Path
+		if abs, err := filepath.Abs(path); err == nil {
+			path = abs
+		}
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("no database at %s (claimer.sqlite.path): no replica has run with this configuration;"+
+				" `scheduler run` creates it", path)
+		}
+	}
+	return openForCommand(ctx, cfg)
+}
 
 // openForCommand opens cfg's backend for an operator's command (runs,
 // pause, trigger, backfill, prune…). It never changes the schema: only

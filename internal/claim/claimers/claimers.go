@@ -35,6 +35,11 @@ type Backend struct {
 	// migrations; DB is nil for the others.
 	DB      *sql.DB
 	Dialect migrations.Dialect
+	// Lost, if not nil, is closed once the claimer stopped claiming for
+	// good (sqlite: its file deleted, replaced or gone back in time), and
+	// LostErr then says why: only a new process claims again.
+	Lost    <-chan struct{}
+	LostErr func() error
 
 	closers []func()
 }

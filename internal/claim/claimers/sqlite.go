@@ -25,6 +25,7 @@ var sqliteDriver = driver{
 			return nil, err
 		}
 		return &Backend{Claimer: cl, Pruner: cl, Controls: cl.Controls(), DB: db, Dialect: migrations.SQLite,
+			Lost: cl.Lost(), LostErr: cl.LostErr,
 			closers: []func(){func() { _ = db.Close() }}}, nil
 	},
 	servers: noServers,

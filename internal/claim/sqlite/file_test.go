@@ -21,6 +21,11 @@ func TestAFileDeletedOrReplacedIsNotClaimedOn(t *testing.T) {
 	for _, tc := range []struct {
 		name, says string
 		swap       func(t *testing.T, path string)
+		// alone: no replica opens the path in this process after the swap.
+		// SQLite shares one -shm mapping between the connections of a
+		// process to one file, so one opened here would find the old one
+		// (the test through the binary opens it in a process of its own).
+		alone bool
 	}{
 		{"deleted", "was deleted since", func(t *testing.T, path string) {
 			for _, suffix := range []string{"", "-wal", "-shm"} {
@@ -28,7 +33,22 @@ func TestAFileDeletedOrReplacedIsNotClaimedOn(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-		}},
+		}, false},
+		// The latest commits live in the -wal until a checkpoint: a new
+		// process would see the file without them, and its -shm apart
+		// from the old processes' would corrupt the file.
+		{"wal and shm deleted", "-wal was deleted", func(t *testing.T, path string) {
+			for _, suffix := range []string{"-wal", "-shm"} {
+				if err := os.Remove(path + suffix); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, true},
+		{"shm deleted", "-shm was deleted", func(t *testing.T, path string) {
+			if err := os.Remove(path + "-shm"); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
 		{"replaced", "was deleted or replaced", func(t *testing.T, path string) {
 			other := filepath.Join(t.TempDir(), "other.db")
 			o, err := Open(t.Context(), other, Options{})
@@ -41,7 +61,7 @@ func TestAFileDeletedOrReplacedIsNotClaimedOn(t *testing.T) {
 			if err := os.Rename(other, path); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
@@ -62,15 +82,17 @@ func TestAFileDeletedOrReplacedIsNotClaimedOn(t *testing.T) {
 			if err := old.Ping(ctx); !errors.Is(err, claim.ErrUnavailable) || !strings.Contains(err.Error(), tc.says) {
 				t.Fatalf("readiness on the old file: %v, want ErrUnavailable saying it %s", err, tc.says)
 			}
-			// A replica started now opens (or creates) the file at path.
-			now, err := Open(ctx, path, Options{Instance: "new"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer now.Close()
 			next := claim.Run{Job: "job.file", At: at.Add(time.Minute)}
-			if _, err := claim.ClaimOne(ctx, now, next, time.Minute); err != nil {
-				t.Fatalf("the replica on the file now at the path: %v", err)
+			var now *Claimer
+			if !tc.alone {
+				// A replica started now opens (or creates) the file at path.
+				if now, err = Open(ctx, path, Options{Instance: "new"}); err != nil {
+					t.Fatal(err)
+				}
+				defer now.Close()
+				if _, err := claim.ClaimOne(ctx, now, next, time.Minute); err != nil {
+					t.Fatalf("the replica on the file now at the path: %v", err)
+				}
 			}
 
 			_, err = claim.ClaimOne(ctx, old, claim.Run{Job: "job.file", At: at.Add(2 * time.Minute)}, time.Minute)
@@ -90,10 +112,120 @@ func TestAFileDeletedOrReplacedIsNotClaimedOn(t *testing.T) {
 			if err := old.Ping(ctx); !errors.Is(err, claim.ErrUnavailable) {
 				t.Fatalf("readiness on the old file: %v, want ErrUnavailable", err)
 			}
+			select {
+			case <-old.Lost():
+			default:
+				t.Fatal("Lost is not closed")
+			}
+			if now == nil {
+				return
+			}
 			if err := now.Ping(ctx); err != nil {
 				t.Fatalf("readiness on the file now at the path: %v", err)
 			}
+			select {
+			case <-now.Lost():
+				t.Fatal("Lost is closed for the replica on the file now at the path")
+			default:
+			}
 		})
+	}
+}
+
+// TestARelativePathInARenamedDirectory: the default path is relative
+// (./scheduler.db). A replica's working directory renamed away, and a new
+// replica started in a new directory under the old name, named two files
+// by one path: each kept a ledger (found by an outside review). The path
+// is made absolute at Open, so the first replica sees the file gone.
+func TestARelativePathInARenamedDirectory(t *testing.T) {
+	ctx := t.Context()
+	root := t.TempDir()
+	app := filepath.Join(root, "app")
+	if err := os.Mkdir(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(app)
+	old, err := Open(ctx, "scheduler.db", Options{Instance: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := os.Rename(app, filepath.Join(root, "app.old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	now, err := Open(ctx, filepath.Join(app, "scheduler.db"), Options{Instance: "new"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer now.Close()
+	if _, err := claim.ClaimOne(ctx, now, claim.Run{Job: "job.rel", At: at}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_, err = claim.ClaimOne(ctx, old, claim.Run{Job: "job.rel", At: at}, time.Minute)
+	if !errors.Is(err, claim.ErrUnavailable) || !strings.Contains(err.Error(), filepath.Join(app, "scheduler.db")) {
+		t.Fatalf("claim through the renamed directory: %v, want ErrUnavailable naming the absolute path", err)
+	}
+}
+
+// TestAFileWrittenOverGoesBackInTime: a backup copied over the live file
+// in place keeps the file's identity, and takes the ledger back to the
+// backup: the runs since are forgotten, and the fence counter starts
+// again below fences already granted (found by an outside review: a run
+// executed twice, fence 7 handed out after 15). The first grant not above
+// every earlier one makes the replica stop claiming. The copy is played
+// here by taking the ledger back in SQL: a copy in place within one
+// process leaves SQLite's locks and caches in a state no replica's
+// process would see.
+func TestAFileWrittenOverGoesBackInTime(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "live.db")
+	c, err := Open(ctx, path, Options{Instance: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	claimAt := func(i int) (*claim.Claim, error) {
+		return claim.ClaimOne(ctx, c, claim.Run{Job: "job.back", At: at.Add(time.Duration(i) * time.Minute)}, time.Minute)
+	}
+	first, err := claimAt(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		if _, err := claimAt(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Back to the backup taken after the first claim.
+	if _, err := c.db.ExecContext(ctx, `DELETE FROM scheduler_runs WHERE fence > ?`, first.Fence); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.db.ExecContext(ctx, `UPDATE scheduler_fence SET value = ? WHERE id = 1`, first.Fence); err != nil {
+		t.Fatal(err)
+	}
+	// Runs 1 to 3 are forgotten; run 1 is granted again, below run 3's
+	// fence.
+	cl, err := claimAt(1)
+	if !errors.Is(err, claim.ErrUnavailable) || !strings.Contains(err.Error(), "went back in time") {
+		t.Fatalf("the first claim after the restore: %v (%+v), want ErrUnavailable saying the file went back in time", err, cl)
+	}
+	// A batch, too.
+	_, errs := c.Claim(ctx, []claim.Run{{Job: "job.back", At: at.Add(5 * time.Minute)}, {Job: "job.back", At: at.Add(6 * time.Minute)}}, time.Minute)
+	for _, err := range errs {
+		if !errors.Is(err, claim.ErrUnavailable) {
+			t.Fatalf("a batch after that: %v, want ErrUnavailable", err)
+		}
+	}
+	if err := c.Ping(ctx); !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("readiness after that: %v, want ErrUnavailable", err)
+	}
+	select {
+	case <-c.Lost():
+	default:
+		t.Fatal("Lost is not closed")
 	}
 }
 
@@ -110,7 +242,7 @@ func TestAReadOnlyConnectionIsNotKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.db.SetMaxOpenConns(1) // so that every statement gets the read-only connection
+	c.db.SetMaxOpenConns(2) // the pinned connection and one more: every statement gets the read-only one
 	conn, err := c.db.Conn(ctx)
 	if err != nil {
 		t.Fatal(err)

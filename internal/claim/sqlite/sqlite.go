@@ -10,9 +10,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"sync"
+	"path/filepath"
 	"time"
 
 	"modernc.org/sqlite" // also registers the "sqlite" driver
@@ -77,11 +76,13 @@ SELECT run_id, job, status, holder, fence, attempt, started_at, lease_until, fin
 
 	pruneRuns = `DELETE FROM scheduler_runs WHERE finished_at < ` + nowMS + ` - ?1`
 
-	// probe is readiness: a write statement that changes nothing. It takes
-	// the write lock like a claim, so it fails where a claim would (a file
-	// or connection that is read-only, a lock held past the busy timeout,
-	// a table gone), which a ping that only opens the file never sees.
-	probe = `UPDATE scheduler_runs SET lease_until = lease_until WHERE 0`
+	// probe is readiness: a write that changes nothing, of a row, so that
+	// it appends a page to the log like a claim and fails where a claim
+	// would (a file or connection that is read-only, a full disk, a lock
+	// held past the busy timeout, a table gone), which a ping that only
+	// opens the file never sees. (A statement that matched no row wrote
+	// nothing, and passed on a full disk: found by an outside review.)
+	probe = `UPDATE scheduler_fence SET value = value WHERE id = 1`
 )
 
 // idleConns is database/sql's default number of idle connections, restored
@@ -118,49 +119,6 @@ type Claimer struct {
 	file *file
 }
 
-// file is the identity of the file a Claimer opened. The processes that
-// share a path coordinate only while the path names one file: a process
-// that still has a deleted or replaced file open would keep a ledger of
-// its own (and database/sql, opening connections as it needs them, would
-// even split one process between the old file and the new), so every run
-// could execute once per ledger.
-type file struct {
-	path string
-	info os.FileInfo
-	mu   sync.Mutex
-	lost error // set once the path named another file, or none; never cleared
-}
-
-// check returns ErrUnavailable once path no longer names the file that was
-// opened. It stays unavailable even if the file comes back: connections
-// opened meanwhile may be on the other file.
-func (f *file) check() error {
-	if f == nil {
-		return nil
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.lost != nil {
-		return f.lost
-	}
-	now, err := os.Stat(f.path)
-	switch {
-	case err == nil && os.SameFile(f.info, now):
-		return nil
-	case err == nil:
-		f.lost = fmt.Errorf("%w: %s was deleted or replaced since this process opened it, and names another file now;"+
-			" this process claims nothing more: restart it to use the file now there", claim.ErrUnavailable, f.path)
-	case errors.Is(err, fs.ErrNotExist):
-		f.lost = fmt.Errorf("%w: %s was deleted since this process opened it;"+
-			" this process claims nothing more: restart it to use a new file", claim.ErrUnavailable, f.path)
-	default: // the directory cannot be read now: say so, and look again next time
-		return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
-	}
-	return f.lost
-}
-
-var _ claim.Claimer = (*Claimer)(nil)
-
 // Open opens (creating it if needed) the SQLite file at path, applies the
 // migrations, and returns a Claimer that closes the file on Close.
 func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
@@ -168,12 +126,20 @@ func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
 	if opts.SyncNormal {
 		sync = "NORMAL"
 	}
-	// The file's identity is the one the path names both before and after
-	// the connections of the migrations were opened: a file created by
-	// this open, or deleted or replaced during it, may have some of them
-	// on another file than the one the path names after it (found by the
-	// test of replicas on a deleted file: one recorded the new file and
-	// claimed on the old one). Such an open is made again; by then the
+	// Absolute: the replicas share the file the path names now, not the
+	// one a relative path would name after the working directory was
+	// renamed away (found by an outside review: the replicas in a renamed
+	// directory and one started in a new one each kept a ledger).
+	path, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	// The files' identities are the ones the path names both before and
+	// after the connections of the migrations were opened: a file created
+	// by this open, or deleted or replaced during it, may have some of
+	// them on another file than the one the path names after it (found
+	// by the test of replicas on a deleted file: one recorded the new file
+	// and claimed on the old one). Such an open is made again; by then the
 	// file exists.
 	for attempt := 1; ; attempt++ {
 		before, _ := os.Stat(path) // nil if there is no file yet
@@ -188,15 +154,15 @@ func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
 		if afterMigrate != nil {
 			afterMigrate()
 		}
-		after, err := os.Stat(path)
-		switch {
-		case err != nil:
+		f, err := pin(ctx, db, path, before)
+		if err != nil {
 			_ = db.Close()
-			return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
-		case before != nil && os.SameFile(before, after):
+			return nil, fmt.Errorf("sqlite: open %s: %w", path, translate(err))
+		}
+		if f != nil {
 			c := New(db, opts)
 			c.owned = true
-			c.file = &file{path: path, info: after}
+			c.file = f
 			return c, nil
 		}
 		_ = db.Close()
@@ -241,9 +207,13 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	var deadline int64
 	err := c.write(ctx, func() error {
 		cl.Requested = time.Now()
-		return c.stmts.queryRow(ctx, claimRun,
+		err := c.stmts.queryRow(ctx, claimRun,
 			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease)},
 			&cl.Fence, &cl.Attempt, &deadline)
+		if err != nil {
+			return err
+		}
+		return c.file.granted(cl.Fence)
 	})
 	switch {
 	case err == nil:
@@ -393,7 +363,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	won := make([]bool, len(runs))
 	err := c.write(ctx, func() error {
 		requested := time.Now()
-		return c.stmts.inTx(ctx, func(stmt func(string) (*sql.Stmt, error)) error {
+		err := c.stmts.inTx(ctx, func(stmt func(string) (*sql.Stmt, error)) error {
 			st, err := stmt(claimRun)
 			if err != nil {
 				return err
@@ -412,6 +382,16 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 			}
 			return nil
 		})
+		if err != nil {
+			return err
+		}
+		var fences []int64
+		for _, i := range bids {
+			if won[i] {
+				fences = append(fences, claims[i].Fence)
+			}
+		}
+		return c.file.granted(fences...)
 	})
 	for _, i := range bids {
 		id := claims[i].ID()
@@ -490,6 +470,9 @@ func (c *Claimer) Ping(ctx context.Context) error {
 // opened it.
 func (c *Claimer) Close() error {
 	err := c.stmts.close()
+	if c.file != nil {
+		err = errors.Join(err, c.file.pin.Close())
+	}
 	if c.owned {
 		err = errors.Join(err, c.db.Close())
 	}

@@ -1,0 +1,154 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sync"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// The processes that share a path coordinate only while the path names one
+// database, and the database is three files: the file, its write-ahead log
+// (-wal, where the latest commits live until a checkpoint copies them into
+// the file) and its shared-memory index (-shm, through which connections
+// agree on what the log holds). A process that still has a deleted or
+// replaced one of them open keeps a ledger of its own, or corrupts the
+// file, while processes that open the path now keep another; database/sql,
+// opening connections as it needs them, would even split one process
+// between the two. Every run could then execute once per ledger. So a
+// Claimer records the three files' identities at Open and, before each
+// write, checks that the path still names them.
+var suffixes = [...]string{"", "-wal", "-shm"}
+
+// file is the database a Claimer opened.
+type file struct {
+	path  string // absolute
+	infos [len(suffixes)]os.FileInfo
+	// pin is a connection held for the Claimer's life. SQLite deletes the
+	// -wal and -shm when the last connection to the database closes, and
+	// they are created anew by the next: held open, they stay the same
+	// files unless someone else deletes them.
+	pin *sql.Conn
+
+	mu   sync.Mutex
+	lost error // set once the path named other files, or none; never cleared
+	// fence is the highest fence granted through this file, to tell when
+	// the file went back in time (see granted).
+	fence int64
+	// gone is closed when lost is set.
+	gone chan struct{}
+}
+
+// pin holds a connection open on db and records the identities of the
+// files the path names, or returns nil if the path named no file before
+// the open (before) or another one after it: the open must be made again.
+func pin(ctx context.Context, db *sql.DB, path string, before os.FileInfo) (*file, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// A read opens (creating them if need be) the -wal and -shm.
+	var n int64
+	if err := conn.QueryRowContext(ctx, `SELECT value FROM scheduler_fence WHERE id = 1`).Scan(&n); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	f := &file{path: path, pin: conn, gone: make(chan struct{})}
+	for i, suffix := range suffixes {
+		info, err := os.Stat(path + suffix)
+		if err != nil || i == 0 && (before == nil || !os.SameFile(before, info)) {
+			_ = conn.Close()
+			return nil, nil
+		}
+		f.infos[i] = info
+	}
+	return f, nil
+}
+
+// check returns ErrUnavailable once the path no longer names the files
+// that were opened. It stays unavailable even if they come back:
+// connections opened meanwhile may be on others.
+func (f *file) check() error {
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.lost != nil {
+		return f.lost
+	}
+	for i, suffix := range suffixes {
+		name := f.path + suffix
+		now, err := os.Stat(name)
+		switch {
+		case err == nil && os.SameFile(f.infos[i], now):
+			continue
+		case err == nil:
+			f.lose(fmt.Errorf("%w: %s was deleted or replaced since this process opened it, and names another file now;"+
+				" this process claims nothing more (a process started now opens the database there)", claim.ErrUnavailable, name))
+		case errors.Is(err, fs.ErrNotExist):
+			f.lose(fmt.Errorf("%w: %s was deleted since this process opened it;"+
+				" this process claims nothing more (a process started now opens the database there)", claim.ErrUnavailable, name))
+		default: // the directory cannot be read now: say so, and look again next time
+			return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+		}
+		return f.lost
+	}
+	return nil
+}
+
+// granted records fences granted through the file, in the order of their
+// commits, and returns ErrUnavailable if one is not above every fence
+// granted before it: the counter only grows, so the file went back in
+// time (a copy written over it in place, a backup restored under running
+// replicas), which no file identity shows. It forgot the runs since, and
+// this process claims nothing more from it. Called with c's write queue
+// held, after the commit, so that the order is the commits'.
+func (f *file) granted(fences ...int64) error {
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fence := range fences {
+		if fence <= f.fence && f.lost == nil {
+			f.lose(fmt.Errorf("%w: %s went back in time: fence %d was granted after %d (a copy written over it, a backup restored"+
+				" under running replicas?); the runs since are forgotten, and this process claims nothing more from it",
+				claim.ErrUnavailable, f.path, fence, f.fence))
+		}
+		f.fence = max(f.fence, fence)
+	}
+	return f.lost
+}
+
+func (f *file) lose(err error) {
+	f.lost = err
+	close(f.gone)
+}
+
+// Lost is closed once c stopped claiming for good: the path no longer
+// names the database c opened, or the database went back in time. Only a
+// new process (or Claimer) can claim from the path again; `scheduler run`
+// exits 1 then, so that its supervisor restarts it. Nil for a Claimer
+// made by New.
+func (c *Claimer) Lost() <-chan struct{} {
+	if c.file == nil {
+		return nil
+	}
+	return c.file.gone
+}
+
+// LostErr says why Lost is closed; nil while it is not.
+func (c *Claimer) LostErr() error {
+	if c.file == nil {
+		return nil
+	}
+	c.file.mu.Lock()
+	defer c.file.mu.Unlock()
+	return c.file.lost
+}
