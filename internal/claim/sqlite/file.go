@@ -52,7 +52,18 @@ func pin(ctx context.Context, db *sql.DB, path string, before os.FileInfo) (*fil
 	if err != nil {
 		return nil, err
 	}
-	// A read opens (creating them if need be) the -wal and -shm.
+	// A read opens (creating them if need be) the -wal and -shm, in WAL
+	// mode, which the DSN asks for but SQLite declines where the file
+	// system cannot share memory.
+	var mode string
+	if err := conn.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	if mode != "wal" {
+		_ = conn.Close()
+		return nil, fmt.Errorf("journal mode %q, not wal: the file system holding %s cannot hold the database's shared memory", mode, path)
+	}
 	var n int64
 	if err := conn.QueryRowContext(ctx, `SELECT value FROM scheduler_fence WHERE id = 1`).Scan(&n); err != nil {
 		_ = conn.Close()
