@@ -28,7 +28,7 @@ const controlTimeout = 30 * time.Second
 
 // openControls opens cfg's backend for a control command.
 func (e *env) openControls(ctx context.Context, cfg *config.Config) (*claimers.Backend, *control.Store, bool) {
-	b, err := openForCommand(ctx, cfg)
+	b, err := openExisting(ctx, cfg)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "scheduler: cannot open claimer %s: %v\n", cfg.Claimer.Kind, err)
 		return nil, nil, false

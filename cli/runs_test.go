@@ -147,18 +147,21 @@ func sqliteBackend(t *testing.T, jobsYAML string) (dir, path string, b *claimers
 	return dir, path, b
 }
 
-// `scheduler runs` and `scheduler prune` on a SQLite path that names no
-// file say so and exit 1, and leave no file behind: opening it would have
-// created one, migrated and empty, that replicas started later would join
-// with their fences starting over.
+// The commands that read the fleet's state or write to the fleet, on a
+// SQLite path that names no file, say so and exit 1, and leave no file
+// behind: opening it would have created one, migrated and empty, that
+// replicas started later would join with their fences starting over, and
+// a pause or a run requested there would reach no replica.
 func TestReadingAMissingSQLiteFileCreatesNone(t *testing.T) {
 	dir := t.TempDir()
 	db := filepath.Join(dir, "gone.db")
 	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+db+"\nhttp:\n  addr: \"\"\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("claimer:\n  kind: sqlite\n  sqlite:\n    path: "+db+"\nhttp:\n  addr: \"\"\n"+
+		"jobs:\n  example.sleep:\n    schedule: \"@daily\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{{"runs"}, {"prune", "--older-than", "720h"}} {
+	for _, args := range [][]string{{"runs"}, {"prune", "--older-than", "720h"}, {"pause", "example.sleep"}, {"resume", "example.sleep"},
+		{"trigger", "example.sleep"}} {
 		code, _, errOut := mainIn(t, dir, append(args, "--config", cfg)...)
 		if code != cli.ExitRuntime || !strings.Contains(errOut, "no database at "+db) {
 			t.Errorf("%s on a missing file: exit %d, stderr %q; want 1 naming the path", args[0], code, errOut)

@@ -31,25 +31,37 @@ func openBackend(ctx context.Context, cfg *config.Config, migrate bool) (*claime
 var errSchemaBehind = errors.New("the database schema lacks this version's migrations: run `scheduler migrate up`, " +
 	"or start a replica (`scheduler run` applies them when claimer.postgres.migrate is set)")
 
-// openExisting is openForCommand for the commands that only read or
-// forget runs (runs, prune): on the embedded SQLite file they refuse a
-// path that names no file, which opening would create, migrated and
-// empty. An operator who looked at the history through a mistyped path,
-// or after the file was deleted, would have made a new file that
-// replicas started later join, fences starting over (found by an outside
-// review).
+// openExisting is openForCommand for the commands that read the fleet's
+// state or write to the fleet (runs, prune, pause, resume, trigger): on
+// the embedded SQLite file they refuse a path that
+// names no file, which opening would create, migrated and empty. An
+// operator who looked at the history through a mistyped path, or after
+// the file was deleted, would have made a file that replicas started
+// later join, fences starting over; a pause or a run requested there
+// would reach no replica (found by an outside review). trigger --here and
+// backfill run the job themselves, as a replica would, and may create it.
 func openExisting(ctx context.Context, cfg *config.Config) (*claimers.Backend, error) {
-	if cfg.Claimer.Kind == config.ClaimerSQLite {
-		path := cfg.Claimer.SQLite.Path
-		if abs, err := filepath.Abs(path); err == nil {
-			path = abs
-		}
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("no database at %s (claimer.sqlite.path): no replica has run with this configuration;"+
-				" `scheduler run` creates it", path)
-		}
+	if err := sqliteMissing(cfg); err != nil {
+		return nil, err
 	}
 	return openForCommand(ctx, cfg)
+}
+
+// sqliteMissing says so if cfg's claimer is the SQLite file and its path
+// names no file.
+func sqliteMissing(cfg *config.Config) error {
+	if cfg.Claimer.Kind != config.ClaimerSQLite {
+		return nil
+	}
+	path := cfg.Claimer.SQLite.Path
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("no database at %s (claimer.sqlite.path): no replica has run with this configuration;"+
+			" `scheduler run` creates it", path)
+	}
+	return nil
 }
 
 // openForCommand opens cfg's backend for an operator's command (runs,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -27,7 +28,12 @@ var suffixes = [...]string{"", "-wal", "-shm"}
 
 // file is the database a Claimer opened.
 type file struct {
-	path  string // absolute
+	path string // absolute, as configured: the file is what it names
+	// real is path with its symbolic links resolved at open: SQLite keeps
+	// the -wal and -shm beside the file a link names, not beside the link
+	// (found by an outside review: a path that was a link never started).
+	// A link retargeted later still shows, as the file's identity.
+	real  string
 	infos [len(suffixes)]os.FileInfo
 	// pin is a connection held for the Claimer's life. SQLite deletes the
 	// -wal and -shm when the last connection to the database closes, and
@@ -69,9 +75,14 @@ func pin(ctx context.Context, db *sql.DB, path string, before os.FileInfo) (*fil
 		_ = conn.Close()
 		return nil, err
 	}
-	f := &file{path: path, pin: conn, gone: make(chan struct{})}
-	for i, suffix := range suffixes {
-		info, err := os.Stat(path + suffix)
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil
+	}
+	f := &file{path: path, real: real, pin: conn, gone: make(chan struct{})}
+	for i := range suffixes {
+		info, err := os.Stat(f.name(i))
 		if err != nil || i == 0 && (before == nil || !os.SameFile(before, info)) {
 			_ = conn.Close()
 			return nil, nil
@@ -79,6 +90,15 @@ func pin(ctx context.Context, db *sql.DB, path string, before os.FileInfo) (*fil
 		f.infos[i] = info
 	}
 	return f, nil
+}
+
+// name is the name of the database's file i: the path itself, then the
+// -wal and -shm beside the file it named at open.
+func (f *file) name(i int) string {
+	if i == 0 {
+		return f.path
+	}
+	return f.real + suffixes[i]
 }
 
 // check returns ErrUnavailable once the path no longer names the files
@@ -93,8 +113,8 @@ func (f *file) check() error {
 	if f.lost != nil {
 		return f.lost
 	}
-	for i, suffix := range suffixes {
-		name := f.path + suffix
+	for i := range suffixes {
+		name := f.name(i)
 		now, err := os.Stat(name)
 		switch {
 		case err == nil && os.SameFile(f.infos[i], now):
@@ -113,28 +133,65 @@ func (f *file) check() error {
 	return nil
 }
 
-// granted records fences granted through the file, in the order of their
-// commits, and returns ErrUnavailable if one is not above every fence
-// granted before it: the counter only grows, so the file went back in
-// time (a copy written over it in place, a backup restored under running
-// replicas), which no file identity shows. It forgot the runs since, and
-// this process claims nothing more from it. Called with c's write queue
-// held, after the commit, so that the order is the commits'.
-func (f *file) granted(fences ...int64) error {
+// The fence counter only grows. A replica watches it: every grant and
+// every read of a run (which reads the counter too) must see it at least
+// where it saw it last (a grant strictly above), or the file went back in
+// time: a copy written over it in place, a backup restored under running
+// replicas, which no file identity shows (found by an outside review: a
+// run executed twice, fence 7 handed out after 15). It forgot the runs
+// since, and the replica claims nothing more from it. What an operation
+// must see is what had been seen when it began (mark): a read begun
+// before a grant's commit may end after it with the counter below it.
+
+// mark returns the highest counter value seen so far, for observed or
+// granted to compare with when the operation that began now ends.
+func (f *file) mark() int64 {
+	if f == nil {
+		return 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fence
+}
+
+// observed records counter value v, read by an operation begun at mark.
+func (f *file) observed(mark, v int64) error {
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if v < mark {
+		f.wentBack(fmt.Sprintf("the fence counter read %d after %d", v, mark))
+	}
+	f.fence = max(f.fence, v)
+	return f.lost
+}
+
+// granted records the fences of grants committed by a write begun at mark,
+// in the order of their commits. Called with c's write queue held.
+func (f *file) granted(mark int64, fences ...int64) error {
 	if f == nil {
 		return nil
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, fence := range fences {
-		if fence <= f.fence && f.lost == nil {
-			f.lose(fmt.Errorf("%w: %s went back in time: fence %d was granted after %d (a copy written over it, a backup restored"+
-				" under running replicas?); the runs since are forgotten, and this process claims nothing more from it",
-				claim.ErrUnavailable, f.path, fence, f.fence))
+		if fence <= mark {
+			f.wentBack(fmt.Sprintf("fence %d was granted after %d", fence, mark))
 		}
+		mark = max(mark, fence)
 		f.fence = max(f.fence, fence)
 	}
 	return f.lost
+}
+
+func (f *file) wentBack(what string) {
+	if f.lost == nil {
+		f.lose(fmt.Errorf("%w: %s went back in time: %s (a copy written over it, a backup restored"+
+			" under running replicas?); the runs since are forgotten, and this process claims nothing more from it",
+			claim.ErrUnavailable, f.path, what))
+	}
 }
 
 func (f *file) lose(err error) {

@@ -199,6 +199,15 @@ func TestAFileWrittenOverGoesBackInTime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A replica that won none of those grants, only lost a bid after them.
+	d, err := Open(ctx, path, Options{Instance: "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := claim.ClaimOne(ctx, d, claim.Run{Job: "job.back", At: at.Add(3 * time.Minute)}, time.Minute); !errors.Is(err, claim.ErrHeld) {
+		t.Fatalf("a bid for a held run: %v, want ErrHeld", err)
+	}
 	// Back to the backup taken after the first claim.
 	if _, err := c.db.ExecContext(ctx, `DELETE FROM scheduler_runs WHERE fence > ?`, first.Fence); err != nil {
 		t.Fatal(err)
@@ -226,6 +235,53 @@ func TestAFileWrittenOverGoesBackInTime(t *testing.T) {
 	case <-c.Lost():
 	default:
 		t.Fatal("Lost is not closed")
+	}
+	// The other replica sees it at its next bid, which reads the counter
+	// (found by an outside review: only the replica that had been granted
+	// the higher fences stopped, and the others ran a run again).
+	_, err = claim.ClaimOne(ctx, d, claim.Run{Job: "job.back", At: at.Add(7 * time.Minute)}, time.Minute)
+	if !errors.Is(err, claim.ErrUnavailable) || !strings.Contains(err.Error(), "went back in time") {
+		t.Fatalf("the other replica's next bid: %v, want ErrUnavailable saying the file went back in time", err)
+	}
+}
+
+// TestALinkToTheFileIsFollowed: SQLite keeps the -wal and -shm beside the
+// file a symbolic link names. A path that is a link must open and claim
+// (found by an outside review: it never started), and a link retargeted
+// later is a replaced file.
+func TestALinkToTheFileIsFollowed(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real.db")
+	link := filepath.Join(dir, "link.db")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(ctx, link, Options{Instance: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := claim.ClaimOne(ctx, c, claim.Run{Job: "job.link", At: at}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "other.db")
+	o, err := Open(ctx, other, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(ctx); !errors.Is(err, claim.ErrUnavailable) || !strings.Contains(err.Error(), "replaced") {
+		t.Fatalf("readiness through a retargeted link: %v, want ErrUnavailable saying the file was replaced", err)
 	}
 }
 
@@ -320,5 +376,44 @@ func TestAFileSwappedDuringOpenIsOpenedAgain(t *testing.T) {
 	defer d.Close()
 	if _, err := claim.ClaimOne(ctx, d, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
 		t.Fatalf("a claim on the file the path names: %v, want ErrHeld (the first claim went to another file)", err)
+	}
+}
+
+// TestReadinessReportsARefusedClaim: a probe that rewrites one row can
+// pass where claims fail (a full disk, whose log still has room for a
+// page: found by an outside review), so readiness reports the file's last
+// refusal of a claim until a claim succeeds. A read-only connection plays
+// the refusal here.
+func TestReadinessReportsARefusedClaim(t *testing.T) {
+	ctx := t.Context()
+	c, err := Open(ctx, filepath.Join(t.TempDir(), "refused.db"), Options{Instance: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.db.SetMaxOpenConns(2) // the pinned connection and one more
+	conn, err := c.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "PRAGMA query_only = ON"); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := claim.ClaimOne(ctx, c, claim.Run{Job: "job.refused", At: at}, time.Minute); !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("claim on a read-only connection: %v, want ErrUnavailable", err)
+	}
+	// The probe would pass now (the connection was replaced): readiness
+	// still says what the claim met.
+	if err := c.Ping(ctx); !errors.Is(err, claim.ErrUnavailable) || !strings.Contains(err.Error(), "the last write was refused") {
+		t.Fatalf("readiness after a refused claim: %v, want ErrUnavailable saying the last write was refused", err)
+	}
+	if _, err := claim.ClaimOne(ctx, c, claim.Run{Job: "job.refused", At: at.Add(time.Minute)}, time.Minute); err != nil {
+		t.Fatalf("claim on a new connection: %v", err)
+	}
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("readiness once a claim succeeded: %v", err)
 	}
 }

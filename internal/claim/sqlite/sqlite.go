@@ -46,8 +46,12 @@ ON CONFLICT (run_id) DO UPDATE
 RETURNING fence, attempt, lease_until`
 
 	// runState reads a run without taking the write lock (WAL readers never
-	// wait): whether it exists, its status, and whether its lease is live.
-	runState = `SELECT status, lease_until > ` + nowMS + ` FROM scheduler_runs WHERE run_id = ?1`
+	// wait): the fence counter (see file.observed), and whether the run
+	// exists, its status, and whether its lease is live.
+	runState = `
+SELECT f.value, r.status, r.lease_until > ` + nowMS + `
+  FROM scheduler_fence f LEFT JOIN scheduler_runs r ON r.run_id = ?1
+ WHERE f.id = 1`
 
 	renewRun = `
 UPDATE scheduler_runs
@@ -117,6 +121,14 @@ type Claimer struct {
 	writer chan struct{}
 	// file is the file Open opened; nil for New, whose caller owns it.
 	file *file
+	// refused is the file's latest refusal of a claim, renewal or release
+	// (full, an I/O error, read-only, locked past the busy timeout), until
+	// one succeeds: readiness reports it for a minute. A probe that
+	// rewrites one row can fit where claims do not: on a full disk, in the
+	// space the log already has (found by an outside review). Guarded by
+	// writer.
+	refused   error
+	refusedAt time.Time
 }
 
 // Open opens (creating it if needed) the SQLite file at path, applies the
@@ -207,13 +219,14 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	var deadline int64
 	err := c.write(ctx, func() error {
 		cl.Requested = time.Now()
+		mark := c.file.mark()
 		err := c.stmts.queryRow(ctx, claimRun,
 			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease)},
 			&cl.Fence, &cl.Attempt, &deadline)
 		if err != nil {
 			return err
 		}
-		return c.file.granted(cl.Fence)
+		return c.file.granted(mark, cl.Fence)
 	})
 	switch {
 	case err == nil:
@@ -234,30 +247,51 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 // pruned (done) after it.
 func (c *Claimer) lostBid(ctx context.Context, id string, beforeBid bool) error {
 	var (
-		status claim.Status
-		live   bool
+		counter int64
+		status  sql.NullString
+		live    sql.NullBool
 	)
-	err := c.stmts.queryRow(ctx, runState, []any{id}, &status, &live)
+	mark := c.file.mark()
+	err := c.stmts.queryRow(ctx, runState, []any{id}, &counter, &status, &live)
+	if err == nil {
+		err = c.file.observed(mark, counter)
+	}
 	switch {
-	case errors.Is(err, sql.ErrNoRows) && beforeBid:
+	case err != nil:
+		return translate(err)
+	case !status.Valid && beforeBid:
 		return nil
-	case errors.Is(err, sql.ErrNoRows):
+	case !status.Valid:
 		// The row existed at the bid and only Prune deletes rows, and only
 		// finished ones.
 		return claim.ErrDone
-	case err != nil:
-		return translate(err)
-	case !status.Live():
+	case !claim.Status(status.String).Live():
 		return claim.ErrDone
-	case status == claim.Running && live:
+	case claim.Status(status.String) == claim.Running && live.Bool:
 		return claim.ErrHeld
 	}
 	return nil
 }
 
 // write runs f, one write statement, once no other write of c is running
-// and if the path still names the file c opened.
+// and if the path still names the file c opened, and notes whether the
+// file refused it.
 func (c *Claimer) write(ctx context.Context, f func() error) error {
+	return c.queue(ctx, func() error {
+		err := f()
+		switch {
+		case err == nil:
+			c.refused = nil
+		case errors.As(err, new(*sqlite.Error)) && errors.Is(translate(err), claim.ErrUnavailable):
+			c.refused, c.refusedAt = err, time.Now()
+		}
+		return err
+	})
+}
+
+// queue is write without the note of the outcome: for readiness, which
+// reads it.
+func (c *Claimer) queue(ctx context.Context, f func() error) error {
 	select {
 	case c.writer <- struct{}{}:
 	case <-ctx.Done():
@@ -363,6 +397,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	won := make([]bool, len(runs))
 	err := c.write(ctx, func() error {
 		requested := time.Now()
+		mark := c.file.mark()
 		err := c.stmts.inTx(ctx, func(stmt func(string) (*sql.Stmt, error)) error {
 			st, err := stmt(claimRun)
 			if err != nil {
@@ -391,7 +426,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				fences = append(fences, claims[i].Fence)
 			}
 		}
-		return c.file.granted(fences...)
+		return c.file.granted(mark, fences...)
 	})
 	for _, i := range bids {
 		id := claims[i].ID()
@@ -456,7 +491,10 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 // Ping implements claim.Claimer: a write that changes nothing (probe) can
 // be made to the file c opened.
 func (c *Claimer) Ping(ctx context.Context) error {
-	err := c.write(ctx, func() error {
+	err := c.queue(ctx, func() error {
+		if c.refused != nil && time.Since(c.refusedAt) < time.Minute {
+			return fmt.Errorf("the last write was refused, and none succeeded since: %w", c.refused)
+		}
 		_, err := c.stmts.exec(ctx, probe)
 		return err
 	})
