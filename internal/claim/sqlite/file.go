@@ -43,8 +43,9 @@ type file struct {
 
 	mu   sync.Mutex
 	lost error // set once the path named other files, or none; never cleared
-	// fence is the highest fence granted through this file, to tell when
-	// the file went back in time (see granted).
+	// fence is the highest value of the fence counter seen, at open, in
+	// grants or in reads, to tell when the file went back in time (see
+	// mark).
 	fence int64
 	// gone is closed when lost is set.
 	gone chan struct{}
@@ -80,7 +81,7 @@ func pin(ctx context.Context, db *sql.DB, path string, before os.FileInfo) (*fil
 		_ = conn.Close()
 		return nil, nil
 	}
-	f := &file{path: path, real: real, pin: conn, gone: make(chan struct{})}
+	f := &file{path: path, real: real, pin: conn, fence: n, gone: make(chan struct{})}
 	for i := range suffixes {
 		info, err := os.Stat(f.name(i))
 		if err != nil || i == 0 && (before == nil || !os.SameFile(before, info)) {
