@@ -298,17 +298,7 @@ func TestAReadOnlyConnectionIsNotKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.db.SetMaxOpenConns(2) // the pinned connection and one more: every statement gets the read-only one
-	conn, err := c.db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "PRAGMA query_only = ON"); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Close(); err != nil { // back to the pool, read-only
-		t.Fatal(err)
-	}
+	readOnlyConnection(t, c)
 	if err := c.Ping(ctx); !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("readiness on a read-only connection: %v, want ErrUnavailable", err)
 	}
@@ -391,17 +381,7 @@ func TestReadinessReportsARefusedClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.db.SetMaxOpenConns(2) // the pinned connection and one more
-	conn, err := c.db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "PRAGMA query_only = ON"); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.Close(); err != nil {
-		t.Fatal(err)
-	}
+	readOnlyConnection(t, c)
 	if _, err := claim.ClaimOne(ctx, c, claim.Run{Job: "job.refused", At: at}, time.Minute); !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("claim on a read-only connection: %v, want ErrUnavailable", err)
 	}
@@ -415,5 +395,22 @@ func TestReadinessReportsARefusedClaim(t *testing.T) {
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("readiness once a claim succeeded: %v", err)
+	}
+}
+
+// readOnlyConnection leaves c's pool with one connection besides the
+// pinned one, read-only (query_only), so that every statement gets it.
+func readOnlyConnection(t *testing.T, c *Claimer) {
+	t.Helper()
+	c.db.SetMaxOpenConns(2)
+	conn, err := c.db.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(t.Context(), "PRAGMA query_only = ON"); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Close(); err != nil { // back to the pool, read-only
+		t.Fatal(err)
 	}
 }
