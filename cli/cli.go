@@ -287,6 +287,14 @@ func (e *env) migrate(args []string) int {
 	if !ok {
 		return ExitUsage
 	}
+	// Opening the SQLite file creates it, migrated: status would report a
+	// fresh file's migrations as the fleet's, and leave a file replicas
+	// started later join with fences starting over. Only up may create it.
+	if fs.Arg(0) != "up" {
+		if err := sqliteMissing(cfg); err != nil {
+			return e.fail("migrate %s: %v", fs.Arg(0), err)
+		}
+	}
 	ctx := context.Background()
 	b, err := openBackend(ctx, cfg, false)
 	if err != nil {
@@ -389,6 +397,12 @@ func (e *env) jobs(args []string) int {
 // readPauses reads the pause switches from cfg's backend for `jobs`; nil,
 // with a warning, if it cannot.
 func (e *env) readPauses(cfg *config.Config) control.Pauses {
+	// No SQLite file yet: nothing can be paused, and opening would create
+	// the file (see openExisting).
+	if err := sqliteMissing(cfg); err != nil {
+		fmt.Fprintf(e.stderr, "scheduler jobs: %v; no job is paused\n", err)
+		return control.Pauses{}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	b, err := openBackend(ctx, cfg, false)

@@ -60,10 +60,11 @@ func TestEverySubcommandReadsFlagsInAnyOrder(t *testing.T) {
 		code   int
 	}{
 		{"run", [][]string{{"run", "--check", "--config", cfg}, {"run", "--config", cfg, "--check"}}, "configuration ok", 0},
-		{"migrate", [][]string{{"migrate", "status", "--config", cfg}, {"migrate", "--config", cfg, "status"}, {"migrate", "--config", cfg, "--", "status"}}, "00001_create_runs.sql", 0},
 		{"jobs", [][]string{{"jobs", "--json", "--config", cfg}, {"jobs", "--config", cfg, "--json"}}, `"name": "example.sleep"`, 0},
-		{"runs", [][]string{{"runs", "--job", "example.sleep", "--limit", "5", "--config", cfg}, {"runs", "--config", cfg, "--limit", "5", "--job", "example.sleep"}}, "JOB", 0},
 		{"trigger --here", [][]string{{"trigger", "example.sleep", "--here", "--config", cfg}, {"trigger", "--here", "--config", cfg, "example.sleep"}, {"trigger", "--here", "--config", cfg, "--", "example.sleep"}}, "example.sleep: succeeded", 0},
+		// After trigger --here, which created the file they read.
+		{"runs", [][]string{{"runs", "--job", "example.sleep", "--limit", "5", "--config", cfg}, {"runs", "--config", cfg, "--limit", "5", "--job", "example.sleep"}}, "JOB", 0},
+		{"migrate", [][]string{{"migrate", "status", "--config", cfg}, {"migrate", "--config", cfg, "status"}, {"migrate", "--config", cfg, "--", "status"}}, "00001_create_runs.sql", 0},
 		{"pause", [][]string{{"pause", "example.sleep", "--note", "n", "--by", "me", "--config", cfg}, {"pause", "--by", "me", "--note", "n", "--config", cfg, "example.sleep"}}, "example.sleep paused by me", 0},
 		{"pause --all", [][]string{{"pause", "--all", "--by", "me", "--config", cfg}, {"pause", "--config", cfg, "--by", "me", "--all"}}, "every job paused by me", 0},
 		{"resume", [][]string{{"resume", "example.sleep", "--by", "me", "--config", cfg}, {"resume", "--config", cfg, "--by", "me", "example.sleep"}}, "example.sleep resumed by me", 0},

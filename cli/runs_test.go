@@ -160,8 +160,16 @@ func TestReadingAMissingSQLiteFileCreatesNone(t *testing.T) {
 		"jobs:\n  example.sleep:\n    schedule: \"@daily\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// jobs lists the schedule: with no file, nothing is paused.
+	if code, out, errOut := mainIn(t, dir, "jobs", "--config", cfg); code != cli.ExitOK || !strings.Contains(out, "example.sleep") ||
+		!strings.Contains(errOut, "no database at "+db) {
+		t.Errorf("jobs on a missing file: exit %d, stdout %q, stderr %q; want 0, the job, and a note naming the path", code, out, errOut)
+	}
+	if _, err := os.Stat(db); err == nil {
+		t.Fatalf("jobs created %s", db)
+	}
 	for _, args := range [][]string{{"runs"}, {"prune", "--older-than", "720h"}, {"pause", "example.sleep"}, {"resume", "example.sleep"},
-		{"trigger", "example.sleep"}} {
+		{"trigger", "example.sleep"}, {"migrate", "status"}, {"migrate", "down"}} {
 		code, _, errOut := mainIn(t, dir, append(args, "--config", cfg)...)
 		if code != cli.ExitRuntime || !strings.Contains(errOut, "no database at "+db) {
 			t.Errorf("%s on a missing file: exit %d, stderr %q; want 1 naming the path", args[0], code, errOut)
