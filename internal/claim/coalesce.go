@@ -25,7 +25,7 @@ type Coalescer[In, Out any] struct {
 	mu    sync.Mutex
 	busy  bool // a batch is in flight
 	queue []*waiter[In, Out]
-	sends sync.WaitGroup // batches sent on a goroutine of their own (Wait)
+	sends Stragglers // batches sent on a goroutine of their own (Wait)
 }
 
 type waiter[In, Out any] struct {

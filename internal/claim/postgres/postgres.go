@@ -193,8 +193,8 @@ type Claimer struct {
 	instance string
 	owned    bool // Close closes pool and leases
 	parts    *partitions
-	undos    sync.WaitGroup // abandonLater's, which Close waits for
-	closing  chan struct{}  // closed by Close: abandonLater waits no more
+	undos    claim.Stragglers // abandonLater's, which Close waits for
+	closing  chan struct{}    // closed by Close: abandonLater waits no more
 	close    sync.Once
 }
 

@@ -47,7 +47,7 @@ type Claimer struct {
 	// who come at once.
 	claims   claim.ClaimCoalescer
 	releases claim.ReleaseCoalescer
-	undos    sync.WaitGroup // abortLater's
+	undos    claim.Stragglers // abortLater's
 
 	// loss is the data loss a cluster's buckets report, one per failover
 	// (see lossUntil).
