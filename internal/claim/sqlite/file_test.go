@@ -293,12 +293,7 @@ func TestALinkToTheFileIsFollowed(t *testing.T) {
 // is made on a new connection.
 func TestAReadOnlyConnectionIsNotKept(t *testing.T) {
 	ctx := t.Context()
-	c, err := Open(ctx, filepath.Join(t.TempDir(), "ro.db"), Options{Instance: "ro"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	readOnlyConnection(t, c)
+	c := withReadOnlyConnection(t)
 	if err := c.Ping(ctx); !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("readiness on a read-only connection: %v, want ErrUnavailable", err)
 	}
@@ -376,12 +371,7 @@ func TestAFileSwappedDuringOpenIsOpenedAgain(t *testing.T) {
 // the refusal here.
 func TestReadinessReportsARefusedClaim(t *testing.T) {
 	ctx := t.Context()
-	c, err := Open(ctx, filepath.Join(t.TempDir(), "refused.db"), Options{Instance: "r"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	readOnlyConnection(t, c)
+	c := withReadOnlyConnection(t)
 	if _, err := claim.ClaimOne(ctx, c, claim.Run{Job: "job.refused", At: at}, time.Minute); !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("claim on a read-only connection: %v, want ErrUnavailable", err)
 	}
@@ -398,10 +388,16 @@ func TestReadinessReportsARefusedClaim(t *testing.T) {
 	}
 }
 
-// readOnlyConnection leaves c's pool with one connection besides the
-// pinned one, read-only (query_only), so that every statement gets it.
-func readOnlyConnection(t *testing.T, c *Claimer) {
+// withReadOnlyConnection opens a Claimer on a new file (closed when the
+// test ends) whose pool keeps one connection besides the pinned one,
+// read-only (query_only), so that every statement gets it.
+func withReadOnlyConnection(t *testing.T) *Claimer {
 	t.Helper()
+	c, err := Open(t.Context(), filepath.Join(t.TempDir(), "ro.db"), Options{Instance: "ro"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
 	c.db.SetMaxOpenConns(2)
 	conn, err := c.db.Conn(t.Context())
 	if err != nil {
@@ -413,4 +409,5 @@ func readOnlyConnection(t *testing.T, c *Claimer) {
 	if err := conn.Close(); err != nil { // back to the pool, read-only
 		t.Fatal(err)
 	}
+	return c
 }
