@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"slices"
 	"strings"
@@ -26,16 +27,48 @@ import (
 )
 
 const (
+	// lockHead and lockTail, around a parameter holding an int[] of job
+	// buckets (bucketOf; repeats allowed), take those buckets' advisory
+	// locks (keyed 23789, bucket) shared until the end of the
+	// transaction: grants of one job do not wait for each other, and in
+	// ascending order, so nothing that takes them deadlocks. A history
+	// read takes them exclusively (scheduler_histories, migration
+	// 00005). Renders the number of buckets locked.
+	lockHead = `SELECT count(l) FROM (SELECT pg_advisory_xact_lock_shared(23789, b)::text AS l
+  FROM (SELECT DISTINCT b FROM unnest(`
+	lockTail = `::int[]) AS b ORDER BY b) AS s) AS x`
+	// lockJobs is the first statement of a transaction that grants
+	// several runs one statement at a time: each statement's own lock is
+	// then taken already, so none waits for a lock while its transaction
+	// holds the rows an earlier one wrote.
+	lockJobs = lockHead + `$1` + lockTail
+
+	// A grant's statement starts with its jobs' locks and then reads the
+	// stamp (started_at), after them: a history read that holds the locks
+	// either waits for the grant to commit, and sees it, or has read
+	// before the grant was stamped, which then comes after the run that
+	// read in the runner's overlap order (runs are ordered by their
+	// stamps). now(), the transaction's start, would predate the lock: a
+	// grant committed after a read could come first in that order, unseen
+	// by it. Its buckets are $7 (insertRun, insertRuns) or $6
+	// (takeOverRun).
+	stampAfterLocks = `,
+     stamp AS MATERIALIZED (SELECT clock_timestamp() AS t FROM locked)`
+	lockedStamped7 = `locked AS MATERIALIZED (` + lockHead + `$7` + lockTail + `)` + stampAfterLocks
+	lockedStamped6 = `locked AS MATERIALIZED (` + lockHead + `$6` + lockTail + `)` + stampAfterLocks
+
 	// insertRun grants a run nobody has claimed yet. nextval is evaluated
 	// even when the row exists: fences may skip values, never repeat. The
 	// conflict target is the primary key, (run_id, scheduled_at): the run
 	// id is the job and the instant, so the pair is unique exactly when the
 	// id is, and the partitioned table's key must contain scheduled_at.
 	insertRun = `
+WITH ` + lockedStamped7 + `
 INSERT INTO scheduler_runs
        (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
-VALUES ($1, $2, $3, 'running', $4, $5, nextval('scheduler_fence_seq'), 1,
-        now(), now() + $6 * interval '1 microsecond')
+SELECT $1, $2, $3, 'running', $4, $5, nextval('scheduler_fence_seq'), 1,
+       stamp.t, now() + $6 * interval '1 microsecond'
+  FROM stamp
 ON CONFLICT (run_id, scheduled_at) DO NOTHING
 RETURNING fence, attempt, lease_until`
 
@@ -46,11 +79,12 @@ RETURNING fence, attempt, lease_until`
 	// non-terminal status then reads as held, which is what it is. $5 is
 	// the run's instant, as in every statement below that names a run.
 	takeOverRun = `
-WITH taken AS (
+WITH ` + lockedStamped6 + `,
+taken AS (
     UPDATE scheduler_runs
        SET status = 'running', token = $2, holder = $3,
            fence = nextval('scheduler_fence_seq'), attempt = attempt + 1,
-           started_at = now(), lease_until = now() + $4 * interval '1 microsecond',
+           started_at = (SELECT t FROM stamp), lease_until = now() + $4 * interval '1 microsecond',
            finished_at = NULL
      WHERE run_id = $1 AND scheduled_at = $5
        AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now()))
@@ -65,11 +99,12 @@ SELECT false, 0, 0, lease_until, status FROM scheduler_runs
 	// batch takes the rows' locks in the same order, so two batches that
 	// race for the same runs cannot deadlock.
 	insertRuns = `
+WITH ` + lockedStamped7 + `
 INSERT INTO scheduler_runs
        (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
 SELECT r.run_id, r.job, r.scheduled_at, 'running', r.token, $5, nextval('scheduler_fence_seq'), 1,
-       now(), now() + $6 * interval '1 microsecond'
-  FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(run_id, job, scheduled_at, token)
+       stamp.t, now() + $6 * interval '1 microsecond'
+  FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(run_id, job, scheduled_at, token), stamp
  ORDER BY r.run_id
 ON CONFLICT (run_id, scheduled_at) DO NOTHING
 RETURNING run_id, fence, attempt, lease_until`
@@ -116,16 +151,13 @@ SELECT run_id, job, scheduled_at, status, holder, fence, attempt, started_at, le
  ORDER BY scheduled_at DESC, job LIMIT $1`
 	historyJob = historyColumns + `
  WHERE job = $1 ORDER BY scheduled_at DESC LIMIT $2`
-	// historyJobs answers many jobs' queries in one statement: query i
-	// is job $1[i] with limit $2[i] (NULL: none), each read by the same
-	// index scan as historyJob, its rows tagged with i.
-	historyJobs = `
-SELECT q.i, r.run_id, r.job, r.scheduled_at, r.status, r.holder, r.fence, r.attempt, r.started_at, r.lease_until, r.finished_at
-  FROM unnest($1::text[], $2::int[]) WITH ORDINALITY AS q(job, lim, i)
- CROSS JOIN LATERAL (
-       SELECT * FROM scheduler_runs
-        WHERE job = q.job ORDER BY scheduled_at DESC LIMIT q.lim) AS r
- ORDER BY q.i, r.scheduled_at DESC`
+	// readHistories answers many jobs' queries in one statement: query
+	// i is job $1[i] with limit $2[i] (NULL: none), each read by the same
+	// index scan as historyJob, its rows tagged with i. It is the
+	// runner's read (the overlap probe, recovery), so it first waits for
+	// the grants of those jobs in flight (their buckets, $3) to commit:
+	// see lockHead and migration 00005.
+	readHistories = `SELECT * FROM scheduler_histories($1, $2, $3)`
 
 	// pruneCutoff is the instant before which finished runs are
 	// forgotten, on the database clock, fixed once for the partitions
@@ -158,7 +190,7 @@ type Options struct {
 }
 
 // Tune sets what a pool the claimer uses needs beyond its DSN's settings:
-// a connection is pinged before use only once it has been idle for a
+// READ COMMITTED, and a connection is pinged before use only once it has been idle for a
 // minute (pgxpool's default is a second). A claim or a renewal comes
 // every few seconds per pool at most, so the default pinged before nearly
 // every one, a round trip more on each: on a 900ms link that alone put
@@ -168,6 +200,12 @@ type Options struct {
 // Without it, a closed connection fails the statement, which the runner
 // retries.
 func Tune(c *pgxpool.Config) {
+	// The history read waits for grants in flight and then reads with a
+	// fresh snapshot (scheduler_histories): only READ COMMITTED takes one
+	// per statement inside a function; under a database's default of
+	// REPEATABLE READ it would read with the snapshot of its call, taken
+	// before the wait, and miss the grant it waited for.
+	c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
 	if c.ShouldPing == nil {
 		c.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > time.Minute }
 	}
@@ -251,7 +289,8 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	cl := &claim.Claim{Run: run, Token: claim.NewToken(), Holder: c.instance, Lease: lease}
 
 	cl.Requested = time.Now()
-	err := c.pool.QueryRow(ctx, insertRun, id, run.Job, run.At, cl.Token, c.instance, lease.Microseconds()).
+	buckets := []int32{bucketOf(run.Job)}
+	err := c.pool.QueryRow(ctx, insertRun, id, run.Job, run.At, cl.Token, c.instance, lease.Microseconds(), buckets).
 		Scan(&cl.Fence, &cl.Attempt, &cl.Deadline)
 	switch {
 	case err == nil:
@@ -263,7 +302,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	}
 
 	cl.Requested = time.Now()
-	got, err := takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At))
+	got, err := takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets))
 	if err != nil && !errors.Is(err, claim.ErrHeld) && !errors.Is(err, claim.ErrDone) {
 		c.abandonIfUnknown(err, []*claim.Claim{cl})
 	}
@@ -444,8 +483,10 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	slices.SortFunc(pending, func(a, b int) int { return strings.Compare(claims[a].ID(), claims[b].ID()) })
 	ids, jobs, ats, tokens := make([]string, len(pending)), make([]string, len(pending)),
 		make([]time.Time, len(pending)), make([]string, len(pending))
+	buckets := make([]int32, len(pending))
 	for k, i := range pending {
 		ids[k], jobs[k], ats[k], tokens[k] = claims[i].ID(), claims[i].Run.Job, claims[i].Run.At, claims[i].Token
+		buckets[k] = bucketOf(jobs[k])
 	}
 	if len(pending) == 0 {
 		return claims, errs
@@ -456,7 +497,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		sent[k] = claims[i]
 	}
 	requested := time.Now()
-	rows, err := c.pool.Query(ctx, insertRuns, ids, jobs, ats, tokens, c.instance, lease.Microseconds())
+	rows, err := c.pool.Query(ctx, insertRuns, ids, jobs, ats, tokens, c.instance, lease.Microseconds(), buckets)
 	if err != nil {
 		c.abandonIfUnknown(err, sent)
 		clear(claims)
@@ -498,8 +539,13 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return claims, errs
 	}
 	b := &pgx.Batch{}
-	for _, i := range rest {
-		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At)
+	restBuckets := make([]int32, len(rest))
+	for k, i := range rest {
+		restBuckets[k] = bucketOf(claims[i].Run.Job)
+	}
+	b.Queue(lockJobs, restBuckets)
+	for k, i := range rest {
+		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1])
 	}
 	taken := make([]*claim.Claim, len(rest))
 	for k, i := range rest {
@@ -507,12 +553,14 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	}
 	requested = time.Now()
 	res := c.pool.SendBatch(ctx, b)
+	var locked int64
+	lockErr := res.QueryRow().Scan(&locked)
 	for _, i := range rest {
 		cl := claims[i]
 		cl.Requested = requested
 		claims[i], errs[i] = takenOver(cl, res.QueryRow())
 	}
-	err = res.Close()
+	err = cmp.Or(res.Close(), lockErr)
 	for _, i := range rest {
 		if e := errs[i]; err == nil && e != nil && !errors.Is(e, claim.ErrHeld) && !errors.Is(e, claim.ErrDone) {
 			err = e
@@ -673,31 +721,18 @@ func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.R
 var _ claim.Historian = (*Claimer)(nil)
 
 // Histories implements claim.Historian: one statement for every query
-// (historyJobs). A lone query is History's statement, which costs a third
-// of historyJobs' for one job (about 110 against 310 µs here; ten jobs
-// cost 450 µs in one historyJobs, a thousand 4.6 ms).
+// (readHistories), which sees every grant of their jobs stamped before
+// it reads.
 func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
-	if len(qs) == 1 {
-		recs, err := c.History(ctx, qs[0].Job, qs[0].Limit)
-		if err != nil {
-			return nil, err
-		}
-		return [][]claim.Record{recs}, nil
-	}
-	jobs, limits := make([]string, len(qs)), make([]*int32, len(qs))
+	jobs, limits, buckets := make([]string, len(qs)), make([]*int32, len(qs)), make([]int32, len(qs))
 	for i, q := range qs {
-		jobs[i] = q.Job
+		jobs[i], buckets[i] = q.Job, bucketOf(q.Job)
 		if q.Limit > 0 {
 			l := int32(min(q.Limit, math.MaxInt32))
 			limits[i] = &l
 		}
 	}
-	// Planned at each execution (an unnamed statement), not cached: a plan
-	// made while the table was empty (start-up recovery reads every job
-	// before the first run) scans each partition whole for every job once
-	// the table fills, and took seconds for a thousand jobs; planned with
-	// the table as it is, each job is an index scan.
-	rows, err := c.pool.Query(ctx, historyJobs, pgx.QueryExecModeExec, jobs, limits)
+	rows, err := c.pool.Query(ctx, readHistories, jobs, limits, buckets)
 	if err != nil {
 		return nil, fmt.Errorf("history: %w", translate(err))
 	}
@@ -717,6 +752,19 @@ func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]c
 		return nil, fmt.Errorf("history: %w", translate(err))
 	}
 	return hists, nil
+}
+
+// buckets is how many locks the jobs share (lockHead): few enough that a
+// claim of every job of a large fleet takes a few hundred locks, not one
+// per job (PostgreSQL's lock table holds 64 per connection by default).
+const buckets = 256
+
+// bucketOf is the lock bucket of job: FNV-1a of its name, modulo
+// buckets. Every replica must compute it alike; it is not stored.
+func bucketOf(job string) int32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(job))
+	return int32(h.Sum32() % buckets)
 }
 
 // scanRecord reads one history row into r.
