@@ -33,6 +33,13 @@ type Unwatched struct {
 	// Ends marks the run ended here: the entry only says it need not be
 	// watched, until it expires.
 	Ends bool `json:"ends,omitempty"`
+	// Alongside says the run executes beside live runs of its job,
+	// whatever the job's overlap policy (a backfill's run, a trigger
+	// --here with --overlap allow); so does a replica that takes it
+	// over. Under the policy, a takeover of a backfill's run next to a
+	// live scheduled run would be skipped, and the instant, recorded
+	// skipped, never run: a backfill run again keeps it.
+	Alongside bool `json:"alongside,omitempty"`
 }
 
 // Run returns the run u names.

@@ -25,7 +25,7 @@ const (
 	HandedBackDone  = "handed-back-done" // a handler finished its work, and the run was handed back to run again
 	Unscheduled     = "unscheduled"      // a scheduled run started at an instant no version of its job's schedule names
 	RetryOverlap    = "retry-overlap"    // a retry of a run started before the attempt it retries had returned
-	AlongsideHeld   = "alongside-held"   // a run requested with overlap allow was skipped for overlap
+	AlongsideHeld   = "alongside-held"   // a run requested with overlap allow, or a backfill's, was skipped for overlap
 )
 
 // Spec is what a history is checked against.
@@ -51,9 +51,11 @@ type Spec struct {
 	// ignores the jobs' overlap policy by design (an operator's explicit
 	// request for past instants), and a run it started is a backfilled
 	// run wherever it goes on (a replica's takeover of it included): so
-	// their executions, and those of runs a backfill was granted first,
-	// are left out of job-overlap. Every other invariant holds for them
-	// as for any run.
+	// their executions, those of runs a backfill was granted first, and
+	// those of a run from when a backfill started executing it, are left
+	// out of job-overlap; and such a takeover skipped for overlap is
+	// alongside-held (its instant would never run). Every other
+	// invariant holds for them as for any run.
 	Backfills map[string]bool
 	// Alongside holds the runs an operator requested with overlap allow
 	// (control.Request.Overlap): each may run beside the job's other
@@ -333,20 +335,45 @@ func (c *checker) executions(events []Event) {
 	done = slices.DeleteFunc(done, func(x *execution) bool { return !x.stop.After(x.start) })
 	slices.SortFunc(done, func(a, b *execution) int { return a.start.Compare(b.start) })
 	c.overlaps(done, func(x *execution) string { return x.run.ID() }, RunOverlap)
-	backfilled := map[string]bool{} // runs a backfill was granted first
-	for _, h := range c.order {
-		id := h.grant.Run.ID()
-		if _, seen := backfilled[id]; !seen {
-			backfilled[id] = c.spec.Backfills[h.grant.Replica]
-		}
-	}
+	backfilled, resumed := c.backfilled(), backfillStarts(events, c.spec)
 	var forbidden []*execution
 	for _, x := range done {
-		if c.spec.Forbid[x.run.Job] && !c.spec.Backfills[x.replica] && !backfilled[x.run.ID()] && !c.spec.Alongside[x.run.ID()] {
+		since, ok := resumed[x.run.ID()]
+		afterBackfill := ok && !x.start.Before(since)
+		if c.spec.Forbid[x.run.Job] && !c.spec.Backfills[x.replica] && !backfilled[x.run.ID()] && !afterBackfill && !c.spec.Alongside[x.run.ID()] {
 			forbidden = append(forbidden, x)
 		}
 	}
 	c.overlaps(forbidden, func(x *execution) string { return x.run.Job }, JobOverlap)
+}
+
+// backfilled reports, by run id, whether a backfill was granted the run
+// first: it then runs beside the job's other runs wherever it goes on.
+func (c *checker) backfilled() map[string]bool {
+	first := map[string]bool{}
+	for _, h := range c.order {
+		id := h.grant.Run.ID()
+		if _, seen := first[id]; !seen {
+			first[id] = c.spec.Backfills[h.grant.Replica]
+		}
+	}
+	return first
+}
+
+// backfillStarts reports, by run id, when a backfill first started
+// executing the run: from then on it runs beside the job's other runs,
+// and so do the takeovers of it that follow (a backfill that took over
+// a run the fleet had been granted first resumes it so).
+func backfillStarts(events []Event, spec Spec) map[string]time.Time {
+	first := map[string]time.Time{}
+	for _, e := range events {
+		if e.Kind == Start && spec.Backfills[e.Replica] {
+			if t, ok := first[e.Run.ID()]; !ok || e.At.Before(t) {
+				first[e.Run.ID()] = e.At
+			}
+		}
+	}
+	return first
 }
 
 // overlaps reports executions, sorted by start, that overlap another of the
@@ -406,12 +433,24 @@ func (c *checker) settled() {
 // work: handing its run back (interrupted) would have it done again.
 func (c *checker) policy(events []Event) {
 	completed := map[string]bool{} // tokens whose handler returned nil
+	// Runs a backfill started executing: their takeovers run beside live
+	// runs as the backfill did, until the run's work is done once. (A
+	// backfill's grant whose answer it never had is the fleet's, under
+	// the job's policy; so is a takeover the register could not tell of,
+	// of a run whose handler had finished: the work was done.)
+	backfilled := backfillStarts(events, c.spec)
+	ran := map[string]bool{} // runs a handler of which returned nil
 	for _, e := range events {
+		if e.Kind == Return && e.Status == claim.Succeeded {
+			ran[e.Run.ID()] = true
+		}
 		switch {
 		case e.Kind == Skip && e.Reason == "missed" && e.Attempt > 1:
 			c.add(TakeoverMisfire, e.Run.ID(), fmt.Sprintf("%s skipped attempt %d as a misfire", e.Replica, e.Attempt))
 		case e.Kind == Skip && e.Reason == "overlap" && e.Token != "" && c.spec.Alongside[e.Run.ID()]:
 			c.add(AlongsideHeld, e.Run.ID(), fmt.Sprintf("%s skipped a run requested with overlap allow, for overlap", e.Replica))
+		case e.Kind == Skip && e.Reason == "overlap" && e.Token != "" && !backfilled[e.Run.ID()].IsZero() && e.At.After(backfilled[e.Run.ID()]) && !ran[e.Run.ID()]:
+			c.add(AlongsideHeld, e.Run.ID(), fmt.Sprintf("%s skipped attempt %d of a backfill's run, for overlap", e.Replica, e.Attempt))
 		case e.Kind == Return && e.Status == claim.Succeeded:
 			completed[e.Token] = true
 		case (e.Kind == Release || e.Kind == LetGo) && e.Status == claim.Interrupted && completed[e.Token]:

@@ -74,6 +74,31 @@ func (r *Runner) setRequests(reqs []control.Request) {
 	r.requests.Store(&byRun)
 }
 
+// noteAlongside remembers the runs of us whose holders were granted
+// them to execute beside their job's live runs (Runner.alongside). An
+// entry not marked granted names a bid only: the run may have gone to
+// the fleet on its schedule, under its policy.
+func (r *Runner) noteAlongside(us []control.Unwatched) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, u := range us {
+		if u.Alongside && u.Granted {
+			if len(r.alongside) >= maxUnrequested {
+				clear(r.alongside)
+			}
+			r.alongside[u.Run().ID()] = true
+		}
+	}
+}
+
+// isAlongside reports whether the register named run as executed beside
+// its job's live runs (noteAlongside).
+func (r *Runner) isAlongside(run claim.Run) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.alongside[run.ID()]
+}
+
 // requestOf returns the request that asked for run, a manual run, or nil
 // (a backfill's rerun, a request no longer remembered). A run's takeover
 // or retry is still the request's: it runs beside a live run if the
@@ -161,6 +186,7 @@ func (d *dispatcher) watchControls(ctx, execCtx context.Context) {
 		r.setRevoked(snap.Revoked)
 		r.setRequests(snap.Requests)
 		d.requests(ctx, execCtx, snap.Requests, seen)
+		r.noteAlongside(snap.Unwatched)
 		d.unwatched(ctx, execCtx, snap.Unwatched)
 		if schedules {
 			drift.compare(ctx, snap.Schedules)

@@ -106,12 +106,15 @@ type origin struct {
 	// catchup marks a run caught up after an outage (misfire: run-all):
 	// it runs in its turn, after the earlier ones.
 	catchup bool
+	// alongside marks a run its first holder executed beside live runs
+	// of its job (control.Unwatched.Alongside): so does its takeover.
+	alongside bool
 }
 
 // admission is how the run's execution treats an earlier live run.
 func (o origin) admission() admission {
 	switch {
-	case o.request != nil && o.request.Overlap == OverlapAllow:
+	case o.alongside, o.request != nil && o.request.Overlap == OverlapAllow:
 		return admitAlways
 	case o.catchup:
 		return admitInTurn
@@ -142,6 +145,7 @@ func (d *dispatcher) start(ctx, execCtx context.Context, j *jobState, at time.Ti
 			// still the request's: its overlap is its own.
 			o.request = d.r.requestOf(ctx, run)
 		}
+		o.alongside = o.alongside || d.r.isAlongside(run)
 		scheduled := !o.takeover && o.request == nil
 		if scheduled && d.r.paused(ctx, j.Name) {
 			// Recorded once, like an overlap: whichever replica wins the
@@ -452,7 +456,7 @@ type contention struct {
 func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *claim.Claim, err error) bool {
 	r := d.r
 	switch {
-	case err == nil && c.skip != "" && !d.requestedAlongside(ctx, c):
+	case err == nil && c.skip != "" && !d.requestedAlongside(ctx, c) && !d.takenOverAlongside(ctx, c, cl):
 		d.skip(ctx, c.run, cl, c.skip, slog.LevelInfo)
 		d.release(ctx, cl, claim.Skipped)
 		return true
@@ -506,6 +510,43 @@ func (d *dispatcher) requestedAlongside(ctx context.Context, c *contention) bool
 	}
 	c.o.request = q
 	return true
+}
+
+// takenOverAlongside reports whether c, contended for only to record it
+// skipped for overlap, was granted as the takeover of a run its first
+// holder executed beside its job's live runs (a backfill's run): then it
+// runs, as that holder did.
+func (d *dispatcher) takenOverAlongside(ctx context.Context, c *contention, cl *claim.Claim) bool {
+	if c.skip != ReasonOverlap || cl.Attempt == 1 || !d.startedAlongside(ctx, cl.Run) {
+		return false
+	}
+	c.o.alongside = true
+	return true
+}
+
+// startedAlongside reports whether the register names run as executed
+// beside its job's live runs (control.Unwatched.Alongside: a backfill's
+// run), reading the register afresh if this replica has not seen it so:
+// a takeover of such a run, skipped for overlap, would never run, and a
+// backfill run again keeps a skipped instant. Asked only on the way to
+// such a skip. An entry outlives its holder by unwatchedTTL: a takeover
+// later than that (the backend down for longer) goes by the policy.
+func (d *dispatcher) startedAlongside(ctx context.Context, run claim.Run) bool {
+	r := d.r
+	if r.isAlongside(run) {
+		return true
+	}
+	if r.opts.Controls == nil {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	snap, err := r.opts.Controls.Snapshot(rctx, false)
+	cancel()
+	if err != nil {
+		return false
+	}
+	r.noteAlongside(snap.Unwatched)
+	return r.isAlongside(run)
 }
 
 // wait is how long to stand by after the bid numbered attempt. With
@@ -632,7 +673,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 			// request's run stays the request's: its overlap is its own
 			// (explorer: a retry of a run requested with overlap allow
 			// was skipped behind the live run it was asked to run beside).
-			next := origin{takeover: true, request: o.request}
+			next := origin{takeover: true, request: o.request, alongside: o.alongside}
 			if status == claim.Retrying {
 				next.after = j.backoff(cl.Attempt)
 			}
@@ -818,8 +859,10 @@ func (j *jobState) isLive(at time.Time) bool {
 // start-up recovery reads (explorer seed 133110: a claim from a stopped
 // incarnation, held in a stalled server's socket, landed after its
 // successor had read the history; its run stayed live for good). A
-// holder that lives keeps it: the standby hears done in the end.
-func (d *dispatcher) adopt(ctx, execCtx context.Context, j *jobState, runs []claim.Record) {
+// holder that lives keeps it: the standby hears done in the end. Each
+// is started as o: a takeover, beside live runs of the job if its entry
+// in the register says its holder ran it so (a backfill's run).
+func (d *dispatcher) adopt(ctx, execCtx context.Context, j *jobState, runs []claim.Record, o origin) {
 	if !d.adopts {
 		return
 	}
@@ -827,7 +870,7 @@ func (d *dispatcher) adopt(ctx, execCtx context.Context, j *jobState, runs []cla
 		if !j.isLive(rec.At) {
 			d.r.log.DebugContext(ctx, "standing by for a live run nobody here watched", append(runAttrs(d.r, claim.Run{Job: j.Name, At: rec.At}, nil),
 				"holder", rec.Holder, "attempt", rec.Attempt)...)
-			d.start(ctx, execCtx, j, rec.At, origin{takeover: true}, 0)
+			d.start(ctx, execCtx, j, rec.At, o, 0)
 		}
 	}
 }

@@ -118,7 +118,10 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		case errors.As(err, &replaced):
 			return skip(ReasonReplaced)
 		case errors.Is(err, errBufferFull), errors.Is(err, errOvertaken):
-			return skip(ReasonOverlap)
+			if cl.Attempt == 1 || !d.startedAlongside(ctx, cl.Run) {
+				return skip(ReasonOverlap)
+			}
+			// A backfill's run, taken over: it runs as the backfill ran it.
 		case errors.Is(err, errStopped):
 			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
 		case err != nil:
@@ -126,11 +129,11 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		}
 	default: // forbid
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
-		d.adopt(ctx, execCtx, j, p.unwatched)
+		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
 		switch {
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
-		case len(p.owners) > 0 || p.ahead != nil:
+		case (len(p.owners) > 0 || p.ahead != nil) && (cl.Attempt == 1 || !d.startedAlongside(ctx, cl.Run)):
 			return skip(ReasonOverlap)
 		}
 	}
@@ -288,11 +291,13 @@ const (
 // backendNow must not run ahead of the backend's clock, or a live run
 // would look expired, and cl could probe before its instant.
 //
-// That holds where a grant becomes visible when it is stamped. PostgreSQL
-// stamps it when its statement starts (now()) and shows it when it
-// commits: a run stamped before another's first chance can still be
-// invisible to that run's probe, come first here, and start beside it. So
-// a live run that comes after cl but was granted before it (a lower
+// That holds where a grant becomes visible when it is stamped, or where
+// a read waits for the grants stamped before it (PostgreSQL, which shows
+// a grant only when it commits: its history read waits for the grants
+// of its jobs in flight, migration 00005). Where neither holds, a run
+// stamped before another's first chance can be invisible to that run's
+// probe, come first here, and start beside it. So, as a second line, a
+// live run that comes after cl but was granted before it (a lower
 // fence) is returned as ahead: cl cannot know whether that run saw cl,
 // and never starts beside it (see probe).
 func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (probe, error) {

@@ -76,7 +76,7 @@ func (d *dispatcher) awaitTurn(ctx, execCtx, ectx context.Context, j *jobState, 
 	revoked := map[string]bool{}
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
-		d.adopt(ctx, execCtx, j, p.unwatched)
+		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
 		owners, newer := p.owners, p.newer
 		if err == nil && revoke && newer != nil {
 			// A later instant is live: it replaces this one, which must

@@ -171,7 +171,7 @@ func (d *dispatcher) sweep(ctx, execCtx context.Context) {
 					orphans = append(orphans, rec)
 				}
 			}
-			d.adopt(ctx, execCtx, j, orphans)
+			d.adopt(ctx, execCtx, j, orphans, origin{takeover: true})
 		})
 		if err != nil && ctx.Err() == nil {
 			r.log.DebugContext(ctx, "cannot read live runs to sweep", "instance", r.opts.Instance,
@@ -211,13 +211,13 @@ type carrier struct {
 
 // carry starts naming run in the register as bid for here; nil if this
 // Runner has no register.
-func (d *dispatcher) carry(ctx context.Context, run claim.Run) *carrier {
+func (d *dispatcher) carry(ctx context.Context, run claim.Run, alongside bool) *carrier {
 	r := d.r
 	if r.opts.Controls == nil {
 		return nil
 	}
 	c := &carrier{d: d, ctx: ctx, ttl: r.unwatchedTTL(), stop: make(chan struct{}), renewed: make(chan struct{}),
-		u: control.Unwatched{Job: run.Job, At: run.At, Holder: r.opts.Instance, Since: r.opts.Now()}}
+		u: control.Unwatched{Job: run.Job, At: run.At, Holder: r.opts.Instance, Since: r.opts.Now(), Alongside: alongside}}
 	// The bid waits for the first write: a process killed at once
 	// leaves its entry, and the bid a server may still grant it.
 	c.put(r.opts.Lease / 6)
@@ -312,6 +312,7 @@ func (d *dispatcher) unwatched(ctx, execCtx context.Context, us []control.Unwatc
 			// win an instant the process was asked to run.
 			continue
 		}
-		d.adopt(ctx, execCtx, j, []claim.Record{{RunID: u.Run().ID(), Job: u.Job, At: u.At, Status: claim.Running, Holder: u.Holder}})
+		d.adopt(ctx, execCtx, j, []claim.Record{{RunID: u.Run().ID(), Job: u.Job, At: u.At, Status: claim.Running, Holder: u.Holder}},
+			origin{takeover: true, alongside: u.Alongside})
 	}
 }

@@ -188,6 +188,12 @@ type Runner struct {
 	// unrequested holds the manual runs a fresh read of the requests did
 	// not name, by run id (see requestOf).
 	unrequested map[string]bool
+	// alongside holds the runs the register named as executed beside
+	// their job's live runs (control.Unwatched.Alongside: a backfill's),
+	// by run id, as read so far: a takeover of one here, by whatever
+	// path it comes (a standby of the instant, the sweep, recovery),
+	// runs beside them too. Bounded as unrequested is.
+	alongside map[string]bool
 	// twinWarned is when checkTwin last warned.
 	twinWarned time.Time
 
@@ -235,7 +241,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	if opts.RenewEvery >= opts.Lease {
 		return nil, fmt.Errorf("runner: renew_every %v must be shorter than lease %v", opts.RenewEvery, opts.Lease)
 	}
-	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}, unrequested: map[string]bool{}}
+	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}, unrequested: map[string]bool{}, alongside: map[string]bool{}}
 	seen := map[string]bool{}
 	for _, j := range jobs {
 		switch {
@@ -504,7 +510,7 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	defer wg.Wait()
 	d := r.dispatcher(&wg, &wg)
 	run := claim.Run{Job: name, At: at}
-	c := d.carry(ctx, run)
+	c := d.carry(ctx, run, o.Overlap == OverlapAllow)
 	cl, err := d.claimUnwatched(ctx, run, false)
 	if err != nil {
 		c.done(errors.Is(err, claim.ErrDone))

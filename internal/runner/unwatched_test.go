@@ -163,3 +163,81 @@ func statusOf(t *testing.T, ctx context.Context, store *memory.Store, run claim.
 	t.Fatalf("%s is not in the history", run.ID())
 	return ""
 }
+
+// A backfill runs its instants whatever the job's overlap policy, and one
+// stopped mid-run hands its run back for the fleet to take over. The
+// takeover must run beside live runs too: a forbid job whose scheduled
+// runs (5s of work every second) are nearly always live would otherwise
+// skip it for overlap, and the instant, recorded skipped, would never run
+// (a backfill run again keeps it). Found by an outside review.
+func TestAFleetTakeoverOfABackfillsRunIgnoresTheOverlapPolicyAsTheBackfillDid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sched, err := schedule.Parse("* * * * * *", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const lease = 2 * time.Second
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store := memory.NewStore(time.Now)
+		run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
+		ran := make(chan job.Run, 1)
+		handler := func(ctx context.Context, r job.Run) error {
+			if r.ScheduledAt.Equal(run.At) {
+				ran <- r
+				return nil
+			}
+			select {
+			case <-time.After(5 * time.Second):
+			case <-ctx.Done():
+			}
+			return nil
+		}
+		newRunner := func(instance string, h job.Handler) *runner.Runner {
+			r, err := runner.New(runner.Options{Claimer: memory.New(store, instance), Instance: instance, Lease: lease,
+				Controls: control.New(store.Controls(), nil)},
+				[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: h}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		fleet := newRunner("r1", handler)
+		done := make(chan error, 1)
+		go func() { done <- fleet.Run(ctx) }()
+		time.Sleep(10 * time.Second) // scheduled runs overlap the backfill from now on
+
+		started := make(chan struct{}, 1)
+		bf := newRunner("cli", func(ctx context.Context, r job.Run) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		bctx, stop := context.WithCancel(ctx)
+		sums := make(chan runner.BackfillSummary, 1)
+		go func() {
+			_, sum, _ := bf.Backfill(bctx, "report", runner.BackfillOptions{From: run.At, To: run.At})
+			sums <- sum
+		}()
+		<-started
+		stop()
+		if sum := <-sums; sum.Interrupted != 1 {
+			t.Fatalf("stopped backfill: %+v, want its run handed back", sum)
+		}
+		select {
+		case r := <-ran:
+			if r.Instance != "r1" || r.Attempt != 2 {
+				t.Errorf("the backfill's run ran as attempt %d on %s, want attempt 2 on r1", r.Attempt, r.Instance)
+			}
+		case <-time.After(time.Minute):
+			t.Errorf("the fleet never ran the run the stopped backfill handed back; it is %s", statusOf(t, ctx, store, run))
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if st := statusOf(t, context.Background(), store, run); st != claim.Succeeded {
+			t.Errorf("the backfill's run ended %s, want succeeded", st)
+		}
+	})
+}
