@@ -168,9 +168,15 @@ func (e *env) trigger(args []string) int {
 	if err != nil {
 		return e.fail("trigger %s: %v", name, err)
 	}
-	if created {
+	switch {
+	case created:
 		fmt.Fprintf(e.stdout, "requested %s (request %s); the fleet runs it within a second\n", req.Run().ID(), req.ID)
-	} else {
+	case req.Job != name:
+		// The key is taken: the request it names runs another job, and
+		// this one would never run. (The API answers 409.)
+		return e.fail("trigger %s: request %s was already made for job %s (%s, by %s at %s); choose another --request-id",
+			name, req.ID, req.Job, req.Run().ID(), req.By, req.Created.Format(time.RFC3339))
+	default:
 		fmt.Fprintf(e.stdout, "request %s already made by %s at %s: %s\n", req.ID, req.By, req.Created.Format(time.RFC3339), req.Run().ID())
 	}
 	if !*wait {
@@ -179,6 +185,12 @@ func (e *env) trigger(args []string) int {
 	wctx, cancelWait := context.WithTimeout(ctx, *timeout)
 	defer cancelWait()
 	st, err := waitRun(wctx, b, req.Run())
+	window := runner.RequestWindow(cfg.Jobs[name].Misfire.Grace.Duration(), cfg.Claimer.MaxClockSkew.Duration())
+	if err != nil && wctx.Err() != nil && ctx.Err() == nil && time.Since(req.Created) > window && !recorded(ctx, b, req.Run()) {
+		// Nobody picked it up in its window: no replica will now.
+		return e.fail("trigger %s: %s did not start within %s of request %s (the larger of misfire.grace and the late tolerance), "+
+			"and no replica will run it now: is a replica running that runs job %s?", name, req.Run().ID(), window.Round(time.Second), req.ID, name)
+	}
 	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
 		// The request outlives the wait: say so, or an operator who
 		// triggers again without its key gets a second run.
@@ -193,6 +205,15 @@ func (e *env) trigger(args []string) int {
 		return ExitRuntime
 	}
 	return ExitOK
+}
+
+// recorded reports whether the backend holds a record of run (or could
+// not be asked: then the fleet may still have it).
+func recorded(ctx context.Context, c claim.Claimer, run claim.Run) bool {
+	hctx, cancel := context.WithTimeout(ctx, controlTimeout)
+	defer cancel()
+	recs, err := c.History(hctx, run.Job, 200)
+	return err != nil || slices.ContainsFunc(recs, func(r claim.Record) bool { return r.RunID == run.ID() })
 }
 
 // waitRun polls the backend until run is recorded in a terminal status.

@@ -1,12 +1,16 @@
 package cli_test
 
 import (
+	"bytes"
+	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/cli"
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/job"
 )
 
 // `trigger --here` obeys the job's overlap policy, and runs beside a live
@@ -73,5 +77,58 @@ func TestTriggerWaitTimeoutSaysTheRequestStays(t *testing.T) {
 	code, out, errOut = mainIn(t, dir, "trigger", "--request-id", "k-wait", "--wait", "--timeout", "300ms", "--config", path, "example.sleep")
 	if code != cli.ExitRuntime || !strings.Contains(out, "request k-wait already made") {
 		t.Fatalf("the suggested command: exit %d, stdout %q, stderr %q; want the request found already made", code, out, errOut)
+	}
+}
+
+// A request nobody picked up within its window (the larger of
+// misfire.grace and the late tolerance) is never run: --wait past it says
+// so, rather than that the fleet will still run it. Found by an outside
+// review.
+func TestTriggerWaitPastTheRequestsWindowSaysItWillNotRun(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n    misfire:\n      grace: 1s\n")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The late tolerance: 2×100ms + 5s.
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(strings.Replace(string(raw), "claimer:\n", "claimer:\n  max_clock_skew: 100ms\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := mainIn(t, dir, "trigger", "--wait", "--timeout", "6s", "--config", path, "example.sleep")
+	if code != cli.ExitRuntime || strings.Contains(errOut, "the fleet will still run it") || !strings.Contains(errOut, "no replica will run it now") {
+		t.Fatalf("trigger --wait past the request's window: exit %d, stderr %q; want %d and that no replica will run it", code, errOut, cli.ExitRuntime)
+	}
+}
+
+// A request id names one request: reusing it for another job runs
+// nothing, so it is an error, not "already made" (the API answers 409).
+// Found by an outside review.
+func TestTriggerWithAnotherJobsRequestIDFails(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n  other.job:\n    schedule: \"@daily\"\n")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	reg := job.NewRegistry()
+	reg.MustRegister("example.sleep", func(context.Context, job.Run) error { return nil })
+	reg.MustRegister("other.job", func(context.Context, job.Run) error { return nil })
+	trigger := func(name string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := cli.Main([]string{"trigger", "--request-id", "k1", "--config", path, name}, reg, &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	if code, out, errOut := trigger("example.sleep"); code != cli.ExitOK {
+		t.Fatalf("first trigger: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if code, out, errOut := trigger("example.sleep"); code != cli.ExitOK || !strings.Contains(out, "already made") {
+		t.Fatalf("the same trigger again: exit %d, stdout %q, stderr %q; want it found already made", code, out, errOut)
+	}
+	code, out, errOut := trigger("other.job")
+	if code != cli.ExitRuntime || !strings.Contains(errOut, "already made for job example.sleep") {
+		t.Fatalf("trigger other.job under example.sleep's request id: exit %d, stdout %q, stderr %q; want %d naming the job the id is taken by",
+			code, out, errOut, cli.ExitRuntime)
 	}
 }

@@ -207,7 +207,7 @@ func (d *dispatcher) requests(ctx, execCtx context.Context, reqs []control.Reque
 	for _, req := range reqs {
 		listed[req.ID] = true
 		j := r.job(req.Job)
-		if j == nil || seen[req.ID] || now.Sub(req.Created) > max(j.Grace, r.lateTolerance()) {
+		if j == nil || seen[req.ID] || now.Sub(req.Created) > RequestWindow(j.Grace, r.opts.MaxClockSkew) {
 			continue
 		}
 		seen[req.ID] = true

@@ -267,7 +267,17 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 // lateTolerance is how far past its instant, on the local clock, a run may
 // be dispatched before it counts as misfired: the skew between replicas plus
 // room for a loaded machine.
-func (r *Runner) lateTolerance() time.Duration { return 2*r.opts.MaxClockSkew + 5*time.Second }
+func (r *Runner) lateTolerance() time.Duration { return lateTolerance(r.opts.MaxClockSkew) }
+
+func lateTolerance(maxClockSkew time.Duration) time.Duration { return 2*maxClockSkew + 5*time.Second }
+
+// RequestWindow is how long after it was made a request for a run of a
+// job with misfire grace grace is still picked up by the fleet, whose
+// clocks may differ by maxClockSkew; a request older than that is never
+// run (it stays remembered, so a retry of it does not run either).
+func RequestWindow(grace, maxClockSkew time.Duration) time.Duration {
+	return max(grace, lateTolerance(maxClockSkew))
+}
 
 // spreadPerRun widens the spread of an instant at which many runs fall due
 // at once (see Options.Spread).
