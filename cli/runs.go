@@ -69,7 +69,9 @@ func (e *env) runs(args []string) int {
 			fin = r.FinishedAt.UTC().Format(time.RFC3339)
 			dur = r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Job, r.At.UTC().Format(time.RFC3339), r.Status,
+		// The instant to the nanosecond where it has any: a manual run's
+		// (its request time) must not read as its second's scheduled run.
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Job, r.At.UTC().Format(time.RFC3339Nano), r.Status,
 			r.Holder, ofMax(r.Attempt, r.MaxAttempts), r.Fence, r.StartedAt.UTC().Format(time.RFC3339), fin, dur, runNote(r, *attempts))
 		if !*attempts {
 			continue

@@ -179,3 +179,34 @@ func TestReadingAMissingSQLiteFileCreatesNone(t *testing.T) {
 		}
 	}
 }
+
+// A manual run's instant is its request time, in the second of a
+// scheduled instant it may share: the table shows it to the nanosecond,
+// so the two never read as one run recorded twice. Found by an outside
+// review.
+func TestRunsTellsAManualRunFromTheScheduledRunOfItsSecond(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n")
+	day := time.Now().UTC().Truncate(24 * time.Hour)
+	scheduled := claim.Run{Job: "example.sleep", At: day}
+	manual := claim.Run{Job: "example.sleep", At: day.Add(592 * time.Millisecond)}
+	for _, run := range []claim.Run{scheduled, manual} {
+		cl, err := claim.ClaimOne(t.Context(), b, run, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := claim.ReleaseOne(t.Context(), b, cl, claim.Succeeded); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := mainIn(t, dir, "runs", "--config", path)
+	if code != cli.ExitOK {
+		t.Fatalf("runs: exit %d: %s", code, errOut)
+	}
+	second := day.Format("2006-01-02T15:04:05")
+	if !strings.Contains(out, second+"Z ") || !strings.Contains(out, second+".592Z ") {
+		t.Fatalf("runs does not tell the two runs of %s apart:\n%s", second, out)
+	}
+}
