@@ -428,7 +428,7 @@ func backfillSummary(name string, o runner.BackfillOptions, sum runner.BackfillS
 		name, sum.Instants, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339), ran, sum.Kept,
 		sum.Succeeded, sum.Failed, sum.Elsewhere, sum.Errors)
 	if sum.Interrupted > 0 {
-		fmt.Fprintf(&b, "%d interrupted mid-run and handed back: run the same backfill again to resume them\n", sum.Interrupted)
+		fmt.Fprintf(&b, "%d interrupted mid-run (handed back, or its lease lost): a replica takes them over, or run the same backfill again to resume them\n", sum.Interrupted)
 	}
 	if n := sum.Planned - sum.Settled; n > 0 && !o.DryRun {
 		fmt.Fprintf(&b, "%d not started: the backfill stopped first; run the same backfill again to run them\n", n)
