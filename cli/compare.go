@@ -12,8 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/scheduler-dev/scheduler/internal/compare"
 )
 
@@ -75,9 +73,6 @@ func (e *env) compare(args []string) int {
 		}
 		return ExitUsage
 	}
-	// go-redis logs every failed dial to stderr; under faults that is a
-	// flood, and the report says what matters.
-	goredis.SetLogger(quietRedis{})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	rep, err := compare.Run(ctx, o)
@@ -104,10 +99,6 @@ func (e *env) compare(args []string) int {
 	}
 	return ExitOK
 }
-
-type quietRedis struct{}
-
-func (quietRedis) Printf(context.Context, string, ...any) {}
 
 func splitList(s string) []string {
 	var out []string

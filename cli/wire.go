@@ -110,6 +110,19 @@ func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 	return log
 }
 
+// go-redis prints its own messages (a pool that cannot dial, …) as plain
+// text on stderr, beside a command's output, in no configured format;
+// every command says what failed in its own words (an outside review
+// found `scheduler runs` with a Redlock node down printing one per dial).
+// So they are dropped from the start, set while the process is still
+// single-threaded (SetLogger is a plain write of a global), and `run`
+// takes them into its log (newLogger).
+func init() { goredis.SetLogger(quietRedis{}) }
+
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
 // redisLogger takes go-redis's own messages (a pool that cannot dial, …),
 // which it would print as plain text on stderr, into the process log, where
 // JSON stays JSON. They repeat failures the caller logs once at error, so

@@ -830,3 +830,22 @@ jobs:
 		t.Errorf("/readyz once running: %d %q, want 200", code, body)
 	}
 }
+
+// An operator command that meets a Redis node down says so in its own
+// words, or not at all when a quorum answers: go-redis's own dial
+// failures (plain text, in no configured format) stay off its stderr.
+// Found by an outside review: `scheduler runs` with a Redlock node down
+// printed one line per dial.
+func TestOperatorCommandsPrintNoClientLibraryLogs(t *testing.T) {
+	dir := t.TempDir()
+	// Four live nodes and one nobody listens on: a quorum answers.
+	addrs := append(testenv.RedlockAddrs(t, 4), "127.0.0.1:1")
+	config := writeConfig(t, dir, "claimer:\n  kind: redlock\n  redlock:\n    addrs: ["+strings.Join(addrs, ", ")+
+		"]\n    prefix: \"quiet:"+randHex()+":\"\njobs:\n  example.sleep:\n    schedule: \"@daily\"\n")
+	for _, args := range [][]string{{"runs"}, {"jobs"}, {"pause", "example.sleep"}} {
+		r := run(t, dir, append(args, "--config", config)...)
+		if r.code != 0 || strings.Contains(r.stderr, "redis: ") || strings.Contains(r.stderr, "pool.go") {
+			t.Errorf("%v with a node down: exit %d, stderr %q; want 0 and no go-redis lines", args, r.code, r.stderr)
+		}
+	}
+}
