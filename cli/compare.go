@@ -1,15 +1,12 @@
 package cli
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/signal"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/compare"
@@ -73,7 +70,7 @@ func (e *env) compare(args []string) int {
 		}
 		return ExitUsage
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := e.stoppable("compare")
 	defer stop()
 	rep, err := compare.Run(ctx, o)
 	if err != nil {

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -155,7 +153,7 @@ func (e *env) trigger(args []string) int {
 		}
 		return e.triggerHere(cfg, *path, name, runner.TriggerOptions{Overlap: *overlap, By: *by, Note: *note})
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := e.stoppable("trigger")
 	defer stop()
 	octx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
@@ -247,7 +245,7 @@ func (e *env) triggerHere(cfg *config.Config, file, name string, o runner.Trigge
 		e.configError(err)
 		return ExitUsage
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := e.stoppable("trigger")
 	defer stop()
 	r, closeAll, code := e.localRunner(ctx, cfg, jobsList, name, true)
 	if code != ExitOK {
@@ -255,10 +253,22 @@ func (e *env) triggerHere(cfg *config.Config, file, name string, o runner.Trigge
 	}
 	defer closeAll()
 	status, err := r.Trigger(ctx, name, o)
-	if status == claim.Interrupted && ctx.Err() != nil {
+	switch {
+	case status == claim.Interrupted && ctx.Err() != nil:
 		// Stopped mid-run: the run was handed back, not failed.
 		fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
-		return e.fail("stopped mid-run: the run was handed back interrupted; a replica of the fleet takes it over")
+		return e.fail("trigger %s: stopped mid-run: the run was handed back interrupted; a replica of the fleet takes it over", name)
+	case status == claim.LeaseLost && ctx.Err() != nil:
+		// Stopped mid-run while the backend was out of reach: the hand-back
+		// was not confirmed, so the run waits out its lease.
+		fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
+		return e.fail("trigger %s: stopped mid-run: the hand-back was not confirmed (the backend did not answer); a replica of the fleet takes the run over once its lease lapses", name)
+	}
+	if status == "" && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Stopped while the claim waited on the backend (an outage): the
+		// run is named in the register before its bid, so a grant that
+		// lands after this process has gone is taken over by the fleet.
+		return e.fail("trigger %s: stopped before the run was granted: nothing ran here; should the backend still grant it, a replica of the fleet takes it over", name)
 	}
 	if err != nil {
 		return e.fail("%v", err)
@@ -360,7 +370,7 @@ func (e *env) backfill(args []string) int {
 		fmt.Fprintf(e.stderr, "scheduler backfill: job %q is disabled in the configuration\n", name)
 		return ExitUsage
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := e.stoppable("backfill")
 	defer stop()
 	r, closeAll, code := e.localRunner(ctx, cfg, jobsList, name, !o.DryRun)
 	if code != ExitOK {

@@ -6,9 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -125,7 +123,7 @@ func (e *env) command(c Command, args []string) int {
 	if !ok {
 		return ExitUsage
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := e.stoppable(c.Name)
 	defer stop()
 	err := action(ctx, Invocation{Args: fs.Args(), Resources: resources(cfg, nil), Stdout: e.stdout})
 	var ue usageError

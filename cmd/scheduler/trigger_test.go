@@ -1,10 +1,18 @@
 package main_test
 
 import (
+	"bytes"
+	"context"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
@@ -81,5 +89,151 @@ func TestAReplicaTakesOverARunATriggerHereLeft(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A `trigger --here` stopped while its Redis server stalls (SIGSTOP) cannot
+// hand its run back: it says so, and that the fleet takes the run over once
+// its lease lapses, instead of a bare "context canceled". Its hand-back
+// waits out the backend's timeouts (seconds), so a second signal ends it at
+// once, as it ends a replica (it used to be swallowed: an operator's only
+// way out was kill -9).
+func TestATriggerStoppedWhileItsBackendStallsSaysWhatItLeft(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	dir := t.TempDir()
+	config := writeConfig(t, dir, `instance_id: operator
+claimer:
+  kind: redis
+  lease: 3s
+  renew_every: 500ms
+  redis:
+    addr: `+srv.Addr()+`
+http:
+  addr: ""
+log:
+  format: json
+jobs:
+  example.sleep:
+    schedule: "0 0 0 29 2 *"
+    overlap: allow
+    params:
+      duration: 1h
+`)
+	// A server up for less than a lease looks like one that restarted
+	// empty, and holds every run for a lease.
+	waitFor(t, "the server to be up for a lease", func() bool {
+		out, err := exec.Command("redis-cli", "-p", strconv.Itoa(srv.Port()), "info", "server").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := bytes.Index(out, []byte("uptime_in_seconds:"))
+		up, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(out[i+len("uptime_in_seconds:"):]), "\n", 2)[0]))
+		return up >= 4
+	})
+	started := func(name string) bool {
+		return slices.ContainsFunc(readEvents(t, dir, name), func(e event) bool { return e.Msg == "run started" })
+	}
+	once, onceOut, onceExited := startOperator(t, dir, "once", "trigger", "--here", "example.sleep", "--config", config)
+	twice, _, twiceExited := startOperator(t, dir, "twice", "trigger", "--here", "example.sleep", "--config", config)
+	waitFor(t, "both triggers to start their runs", func() bool { return started("once") && started("twice") })
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Resume() })
+	for _, p := range []*exec.Cmd{once, twice} {
+		_ = p.Process.Signal(syscall.SIGTERM)
+	}
+	waitFor(t, "the trigger to say it is stopping", func() bool {
+		return strings.Contains(readLog(t, dir, "twice"), "a second signal exits at once")
+	})
+	select {
+	case <-twiceExited:
+		t.Fatal("the trigger exited before its hand-back had waited on the stalled server; the second signal proves nothing")
+	default:
+	}
+	_ = twice.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-twiceExited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second SIGTERM did not end the trigger")
+	}
+	if ws, ok := twice.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Errorf("the trigger signalled twice ended %v, want killed by the second SIGTERM", twice.ProcessState)
+	}
+
+	select {
+	case <-onceExited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the trigger stopped once did not exit")
+	}
+	stderr := readLog(t, dir, "once")
+	if code := once.ProcessState.ExitCode(); code != 1 ||
+		!strings.Contains(onceOut.String(), "example.sleep: lease_lost") ||
+		!strings.Contains(stderr, "the hand-back was not confirmed") || strings.Contains(stderr, "context canceled") {
+		t.Errorf("the trigger stopped once exited %d, printing %q and\n%s\nwant 1, its run's lease lost and that the fleet takes it over", code, onceOut.String(), stderr)
+	}
+}
+
+// A `trigger --here` stopped while its claim waits on the backend (the
+// runs table locked by another transaction) says that nothing ran here,
+// not "context canceled", and exits 1.
+func TestATriggerStoppedBeforeItsGrantSaysNothingRan(t *testing.T) {
+	dsn := pgSchema(t)
+	dir := t.TempDir()
+	config := writeConfig(t, dir, `instance_id: operator
+claimer:
+  kind: postgres
+  lease: 30s
+  renew_every: 5s
+  postgres:
+    dsn: "`+dsn+`"
+http:
+  addr: ""
+log:
+  format: json
+jobs:
+  example.sleep:
+    schedule: "0 0 0 29 2 *"
+    params:
+      duration: 10ms
+`)
+	if r := run(t, dir, "migrate", "up", "--config", config); r.code != 0 {
+		t.Fatalf("migrate up: exit %d\n%s", r.code, r.stderr)
+	}
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(t.Context(), "LOCK TABLE scheduler_runs IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	trig, out, exited := startOperator(t, dir, "trigger", "trigger", "--here", "example.sleep", "--config", config)
+	waitFor(t, "the trigger's claim to wait for the lock", func() bool {
+		var n int
+		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'scheduler_runs'::regclass`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	_ = trig.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stopped trigger did not exit")
+	}
+	stderr := readLog(t, dir, "trigger")
+	if code := trig.ProcessState.ExitCode(); code != 1 || out.String() != "" ||
+		!strings.Contains(stderr, "stopped before the run was granted: nothing ran here") || strings.Contains(stderr, "context canceled") {
+		t.Errorf("the trigger stopped as its claim waited exited %d, printing %q and\n%s\nwant 1 and that nothing ran here", code, out.String(), stderr)
+	}
+	if slices.ContainsFunc(readEvents(t, dir, "trigger"), func(e event) bool { return e.Msg == "run started" }) {
+		t.Error("the stopped trigger started its run")
 	}
 }
