@@ -243,11 +243,14 @@ func interspersed(fs *flag.FlagSet, args []string) []string {
 func (e *env) load(path string) (*config.Config, bool) {
 	var cfg *config.Config
 	var err error
+	// The handlers' checks of their params are reported with the file's
+	// other problems, at their lines, not once those are fixed.
+	params := func(c *config.Config) error { return e.checkParams(c, path) }
 	if path == "" {
 		cfg = config.Default()
-		err = cfg.Validate(e.reg.Has)
+		err = errors.Join(cfg.Validate(e.reg.Has), params(cfg))
 	} else {
-		cfg, err = config.LoadFor(path, e.reg.Has)
+		cfg, err = config.LoadFor(path, e.reg.Has, params)
 	}
 	if err != nil {
 		e.configError(err)

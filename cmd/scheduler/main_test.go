@@ -212,17 +212,38 @@ func TestBadConfigAndArgumentsExitTwoNamingTheKey(t *testing.T) {
 	}
 }
 
+// Every problem of a file is reported at once, the handlers' params among
+// them (they came only once the rest was fixed), and a lease that is not
+// valid is not reported again as the renewal interval it could not give.
 func TestEveryProblemIsReportedAtOnce(t *testing.T) {
 	dir := t.TempDir()
-	path := writeConfig(t, dir, "claimer:\n  kind: sqlite\n  lease: -1s\nlog:\n  format: xml\njobs:\n  example.sleep:\n    schedule: \"* * *\"\n")
+	path := writeConfig(t, dir, `claimer:
+  kind: sqlite
+  lease: -1s
+log:
+  format: xml
+jobs:
+  example.sleep:
+    schedule: "* * *"
+    params:
+      duration: -1s
+  billing.nightly:
+    schedule: "@daily"
+    params:
+      nope: 3
+`)
 	r := run(t, dir, "run", "--config", path)
 	if r.code != 2 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	for _, key := range []string{"claimer.lease", "log.format", "jobs.example.sleep.schedule"} {
+	for _, key := range []string{"claimer.lease", "log.format", "jobs.example.sleep.schedule",
+		`jobs.example.sleep.params.duration: "-1s"`, "jobs.billing.nightly.params.nope"} {
 		if !strings.Contains(r.stderr, key) {
 			t.Errorf("stderr lacks %s:\n%s", key, r.stderr)
 		}
+	}
+	if strings.Contains(r.stderr, "renew_every") {
+		t.Errorf("an invalid lease is reported again as claimer.renew_every, which the file does not set:\n%s", r.stderr)
 	}
 }
 

@@ -37,19 +37,22 @@ func Load(path string) (*Config, error) { return LoadFor(path, nil) }
 // LoadFor is Load, validating against the job names registered reports
 // true for (Validate(registered)): a job without a handler is reported
 // with the file's other problems and its line, not after they are fixed.
-func LoadFor(path string, registered func(job string) bool) (*Config, error) {
+// So are the problems of each check (the binary's handlers' checks of
+// their params, which this package cannot see): an *Error among them is
+// given its key's line.
+func LoadFor(path string, registered func(job string) bool, checks ...func(*Config) error) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: "cannot read: " + withoutPath(err).Error()}
 	}
-	return parseFor(path, data, os.LookupEnv, registered)
+	return parseFor(path, data, os.LookupEnv, registered, checks...)
 }
 
 func parse(file string, data []byte, lookup func(string) (string, bool)) (*Config, error) {
 	return parseFor(file, data, lookup, nil)
 }
 
-func parseFor(file string, data []byte, lookup func(string) (string, bool), registered func(string) bool) (*Config, error) {
+func parseFor(file string, data []byte, lookup func(string) (string, bool), registered func(string) bool, checks ...func(*Config) error) (*Config, error) {
 	data, errs := expand(file, data, lookup)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -80,7 +83,11 @@ func parseFor(file string, data []byte, lookup func(string) (string, bool), regi
 	for _, err := range p.errs {
 		failed[err.(*Error).Key] = true
 	}
-	for _, err := range unjoin(c.Validate(registered)) {
+	found := unjoin(c.Validate(registered))
+	for _, check := range checks {
+		found = append(found, unjoin(check(c))...)
+	}
+	for _, err := range found {
 		ce, ok := err.(*Error)
 		if ok && coveredBy(ce.Key, failed) {
 			continue

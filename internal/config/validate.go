@@ -107,7 +107,9 @@ func (c *Config) validateClaimer(p *problems) {
 		p.add("claimer.kind", kind, "unknown kind; want postgres, redis, redlock, etcd, sqlite or memory")
 	}
 	leaseOK := positive(p, "claimer.lease", cl.Lease)
-	if positive(p, "claimer.renew_every", cl.RenewEvery) && leaseOK && cl.RenewEvery >= cl.Lease {
+	// Unset, renew_every is derived from the lease (a third): an invalid
+	// lease is reported once, not again as the zero it left.
+	if (leaseOK || cl.RenewEvery != 0) && positive(p, "claimer.renew_every", cl.RenewEvery) && leaseOK && cl.RenewEvery >= cl.Lease {
 		p.add("claimer.renew_every", cl.RenewEvery.String(),
 			"must be shorter than claimer.lease (%s), or the claim expires between renewals", cl.Lease)
 	}
