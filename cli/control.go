@@ -264,6 +264,12 @@ func (e *env) triggerHere(cfg *config.Config, file, name string, o runner.Trigge
 		fmt.Fprintf(e.stdout, "%s: %s\n", name, status)
 		return e.fail("trigger %s: stopped mid-run: the hand-back was not confirmed (the backend did not answer); a replica of the fleet takes the run over once its lease lapses", name)
 	}
+	var loss *claim.DataLossError
+	if errors.As(err, &loss) {
+		// Not another replica's: the backend holds every run for a lease.
+		return e.fail("trigger %s: %s lost its data or just restarted, and holds every run until %s, by when every holder from before has stood down; nothing ran: trigger again then",
+			name, loss.Backend, loss.Until.UTC().Format(time.RFC3339))
+	}
 	if status == "" && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		// Stopped while the claim waited on the backend (an outage): the
 		// run is named in the register before its bid, so a grant that

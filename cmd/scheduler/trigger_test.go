@@ -101,13 +101,13 @@ func TestAReplicaTakesOverARunATriggerHereLeft(t *testing.T) {
 func TestATriggerStoppedWhileItsBackendStallsSaysWhatItLeft(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	dir := t.TempDir()
-	config := writeConfig(t, dir, `instance_id: operator
+	body := `instance_id: operator
 claimer:
   kind: redis
   lease: 3s
   renew_every: 500ms
   redis:
-    addr: `+srv.Addr()+`
+    addr: ` + srv.Addr() + `
 http:
   addr: ""
 log:
@@ -118,9 +118,17 @@ jobs:
     overlap: allow
     params:
       duration: 1h
-`)
+`
+	config := writeConfig(t, dir, body)
 	// A server up for less than a lease looks like one that restarted
-	// empty, and holds every run for a lease.
+	// empty, and holds every run for a lease: a trigger says so, not that
+	// another replica holds its run. (A lease of 30s: the server is surely
+	// younger.)
+	fresh := writeConfig(t, t.TempDir(), strings.Replace(strings.Replace(body, "lease: 3s", "lease: 30s", 1), "duration: 1h", "duration: 10ms", 1))
+	if r := run(t, dir, "trigger", "--here", "example.sleep", "--config", fresh); r.code != 1 ||
+		!strings.Contains(r.stderr, "lost its data or just restarted") || strings.Contains(r.stderr, "another replica") {
+		t.Errorf("trigger on a server just started: exit %d\n%s\nwant 1, saying the server holds every run for a lease", r.code, r.stderr)
+	}
 	waitFor(t, "the server to be up for a lease", func() bool {
 		out, err := exec.Command("redis-cli", "-p", strconv.Itoa(srv.Port()), "info", "server").Output()
 		if err != nil {
