@@ -101,24 +101,11 @@ func TestAReplicaTakesOverARunATriggerHereLeft(t *testing.T) {
 func TestATriggerStoppedWhileItsBackendStallsSaysWhatItLeft(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	dir := t.TempDir()
-	body := `instance_id: operator
-claimer:
-  kind: redis
+	body := leapDayConfig(`  kind: redis
   lease: 3s
   renew_every: 500ms
   redis:
-    addr: ` + srv.Addr() + `
-http:
-  addr: ""
-log:
-  format: json
-jobs:
-  example.sleep:
-    schedule: "0 0 0 29 2 *"
-    overlap: allow
-    params:
-      duration: 1h
-`
+    addr: `+srv.Addr()+"\n", "1h")
 	config := writeConfig(t, dir, body)
 	// A server up for less than a lease looks like one that restarted
 	// empty, and holds every run for a lease: a trigger says so, not that
@@ -189,23 +176,11 @@ jobs:
 func TestATriggerStoppedBeforeItsGrantSaysNothingRan(t *testing.T) {
 	dsn := pgSchema(t)
 	dir := t.TempDir()
-	config := writeConfig(t, dir, `instance_id: operator
-claimer:
-  kind: postgres
+	config := writeConfig(t, dir, leapDayConfig(`  kind: postgres
   lease: 30s
   renew_every: 5s
   postgres:
-    dsn: "`+dsn+`"
-http:
-  addr: ""
-log:
-  format: json
-jobs:
-  example.sleep:
-    schedule: "0 0 0 29 2 *"
-    params:
-      duration: 10ms
-`)
+    dsn: "`+dsn+"\"\n", "10ms"))
 	if r := run(t, dir, "migrate", "up", "--config", config); r.code != 0 {
 		t.Fatalf("migrate up: exit %d\n%s", r.code, r.stderr)
 	}
@@ -244,4 +219,20 @@ jobs:
 	if slices.ContainsFunc(readEvents(t, dir, "trigger"), func(e event) bool { return e.Msg == "run started" }) {
 		t.Error("the stopped trigger started its run")
 	}
+}
+
+// leapDayConfig is an operator's configuration on the claimer block given:
+// example.sleep, sleeping duration, falls due on 29 February only (no
+// replica's schedule meets its manual runs) and allows overlap.
+func leapDayConfig(claimer, duration string) string {
+	return "instance_id: operator\nclaimer:\n" + claimer + `http:
+  addr: ""
+log:
+  format: json
+jobs:
+  example.sleep:
+    schedule: "0 0 0 29 2 *"
+    overlap: allow
+    params:
+      duration: ` + duration + "\n"
 }
