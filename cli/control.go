@@ -420,6 +420,10 @@ func (e *env) backfill(args []string) int {
 		fmt.Fprint(e.stdout, backfillSummary(name, o, sum))
 	}
 	switch {
+	case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) && sum.Planned == 0 && sum.Settled == 0:
+		// Stopped before its plan was made (the history read waited on
+		// the backend): nothing was claimed.
+		return e.fail("backfill %s: stopped before it claimed anything: nothing ran; run it again to backfill the range", name)
 	case err != nil:
 		return e.fail("backfill %s: %v", name, err)
 	case sum.Failed > 0 || sum.Interrupted > 0 || sum.Errors > 0:

@@ -171,17 +171,20 @@ func TestATriggerStoppedWhileItsBackendStallsSaysWhatItLeft(t *testing.T) {
 }
 
 // A `trigger --here` stopped while its claim waits on the backend (the
-// runs table locked by another transaction) says that nothing ran here,
-// not "context canceled", and exits 1.
-func TestATriggerStoppedBeforeItsGrantSaysNothingRan(t *testing.T) {
+// runs table locked by another transaction), and a backfill stopped while
+// its history read waits, say that nothing ran, not "context canceled",
+// and exit 1.
+func TestOperatorCommandsStoppedBeforeTheirGrantSayNothingRan(t *testing.T) {
 	dsn := pgSchema(t)
 	dir := t.TempDir()
-	config := writeConfig(t, dir, leapDayConfig(`  kind: postgres
+	configFor := func(app string) string {
+		return writeConfig(t, t.TempDir(), leapDayConfig(`  kind: postgres
   lease: 30s
   renew_every: 5s
   postgres:
-    dsn: "`+dsn+"\"\n", "10ms"))
-	if r := run(t, dir, "migrate", "up", "--config", config); r.code != 0 {
+    dsn: "`+dsn+"&application_name="+app+"\"\n", "10ms"))
+	}
+	if r := run(t, dir, "migrate", "up", "--config", configFor("migrate")); r.code != 0 {
 		t.Fatalf("migrate up: exit %d\n%s", r.code, r.stderr)
 	}
 	conn, err := pgx.Connect(t.Context(), dsn)
@@ -197,27 +200,43 @@ func TestATriggerStoppedBeforeItsGrantSaysNothingRan(t *testing.T) {
 	if _, err := tx.Exec(t.Context(), "LOCK TABLE scheduler_runs IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
-	trig, out, exited := startOperator(t, dir, "trigger", "trigger", "--here", "example.sleep", "--config", config)
-	waitFor(t, "the trigger's claim to wait for the lock", func() bool {
-		var n int
-		if err := conn.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'scheduler_runs'::regclass`).Scan(&n); err != nil {
-			t.Fatal(err)
+	// Watched from outside the transaction: within it, pg_stat_activity is
+	// read once and kept.
+	watch, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	for _, c := range []struct {
+		name, said string
+		args       []string
+	}{
+		{"trigger", "stopped before the run was granted: nothing ran here", []string{"trigger", "--here", "example.sleep"}},
+		{"backfill", "stopped before it claimed anything: nothing ran", []string{"backfill", "--from", "2024-02-29", "--to", "2024-02-29", "example.sleep"}},
+	} {
+		p, out, exited := startOperator(t, dir, c.name, append(c.args, "--config", configFor(c.name))...)
+		waitFor(t, "the "+c.name+" to wait for the lock", func() bool {
+			var n int
+			if err := watch.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+				WHERE NOT l.granted AND l.relation = 'scheduler_runs'::regclass AND a.application_name = $1`, c.name).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		})
+		_ = p.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the stopped %s did not exit", c.name)
 		}
-		return n > 0
-	})
-	_ = trig.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the stopped trigger did not exit")
-	}
-	stderr := readLog(t, dir, "trigger")
-	if code := trig.ProcessState.ExitCode(); code != 1 || out.String() != "" ||
-		!strings.Contains(stderr, "stopped before the run was granted: nothing ran here") || strings.Contains(stderr, "context canceled") {
-		t.Errorf("the trigger stopped as its claim waited exited %d, printing %q and\n%s\nwant 1 and that nothing ran here", code, out.String(), stderr)
-	}
-	if slices.ContainsFunc(readEvents(t, dir, "trigger"), func(e event) bool { return e.Msg == "run started" }) {
-		t.Error("the stopped trigger started its run")
+		stderr := readLog(t, dir, c.name)
+		if code := p.ProcessState.ExitCode(); code != 1 ||
+			!strings.Contains(stderr, c.said) || strings.Contains(stderr, "context canceled") {
+			t.Errorf("the %s stopped as it waited exited %d, printing %q and\n%s\nwant 1 and %q", c.name, code, out.String(), stderr, c.said)
+		}
+		if slices.ContainsFunc(readEvents(t, dir, c.name), func(e event) bool { return e.Msg == "run started" }) {
+			t.Errorf("the stopped %s started a run", c.name)
+		}
 	}
 }
 
