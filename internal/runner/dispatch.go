@@ -516,12 +516,21 @@ func (d *dispatcher) requestedAlongside(ctx context.Context, c *contention) bool
 // skipped for overlap, was granted as the takeover of a run its first
 // holder executed beside its job's live runs (a backfill's run): then it
 // runs, as that holder did.
+//
+// Unable to tell (the register out of reach, or shutting down), it says
+// yes: the run then goes on to execute, where the overlap probe asks the
+// same question again and, still unable to tell, hands the run back
+// rather than skip it for good.
 func (d *dispatcher) takenOverAlongside(ctx context.Context, c *contention, cl *claim.Claim) bool {
-	if c.skip != ReasonOverlap || cl.Attempt == 1 || !d.startedAlongside(ctx, cl.Run) {
+	if c.skip != ReasonOverlap || cl.Attempt == 1 {
 		return false
 	}
-	c.o.alongside = true
-	return true
+	along, err := d.startedAlongside(ctx, cl.Run)
+	if err != nil {
+		return true
+	}
+	c.o.alongside = along
+	return along
 }
 
 // startedAlongside reports whether the register names run as executed
@@ -530,23 +539,24 @@ func (d *dispatcher) takenOverAlongside(ctx context.Context, c *contention, cl *
 // a takeover of such a run, skipped for overlap, would never run, and a
 // backfill run again keeps a skipped instant. Asked only on the way to
 // such a skip. An entry outlives its holder by unwatchedTTL: a takeover
-// later than that (the backend down for longer) goes by the policy.
-func (d *dispatcher) startedAlongside(ctx context.Context, run claim.Run) bool {
+// later than that (the backend down for longer) goes by the policy. The
+// error says the register could not be read.
+func (d *dispatcher) startedAlongside(ctx context.Context, run claim.Run) (bool, error) {
 	r := d.r
 	if r.isAlongside(run) {
-		return true
+		return true, nil
 	}
 	if r.opts.Controls == nil {
-		return false
+		return false, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
 	snap, err := r.opts.Controls.Snapshot(rctx, false)
 	cancel()
 	if err != nil {
-		return false
+		return false, fmt.Errorf("read the register for a backfill's run: %w", err)
 	}
 	r.noteAlongside(snap.Unwatched)
-	return r.isAlongside(run)
+	return r.isAlongside(run), nil
 }
 
 // wait is how long to stand by after the bid numbered attempt. With

@@ -108,6 +108,37 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		endRun(span, claim.Skipped, nil)
 		return claim.Skipped
 	}
+	// overlapped settles a run an earlier live run keeps out: skipped
+	// (for good), unless it is the takeover of a run a backfill executed
+	// beside its job's live runs, which runs as the backfill ran it (ok
+	// false). Unable to tell (the register out of reach), it asks again
+	// each RenewEvery while it holds the run: a skip would lose the
+	// instant, and a hand-back would spend an attempt (MaxAttempts) on
+	// each try. The lease lost, or shutting down, it hands the run back.
+	overlapped := func() (status claim.Status, ok bool) {
+		if cl.Attempt == 1 {
+			return skip(ReasonOverlap), true
+		}
+		for {
+			along, err := d.startedAlongside(ctx, cl.Run)
+			switch {
+			case err == nil && !along:
+				return skip(ReasonOverlap), true
+			case err == nil:
+				return "", false
+			}
+			t := time.NewTimer(r.opts.RenewEvery)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown), true
+			case <-ectx.Done():
+				t.Stop()
+				return settle(claim.LeaseLost, claim.Interrupted, 0, context.Cause(ectx)), true
+			case <-t.C:
+			}
+		}
+	}
 	switch {
 	case mode == admitAlways || j.Overlap == OverlapAllow:
 	case mode == admitInTurn || j.Overlap == OverlapBufferOne || j.Overlap == OverlapReplace:
@@ -118,10 +149,9 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		case errors.As(err, &replaced):
 			return skip(ReasonReplaced)
 		case errors.Is(err, errBufferFull), errors.Is(err, errOvertaken):
-			if cl.Attempt == 1 || !d.startedAlongside(ctx, cl.Run) {
-				return skip(ReasonOverlap)
+			if status, ok := overlapped(); ok {
+				return status
 			}
-			// A backfill's run, taken over: it runs as the backfill ran it.
 		case errors.Is(err, errStopped):
 			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
 		case err != nil:
@@ -130,11 +160,13 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	default: // forbid
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
 		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
-		switch {
-		case err != nil:
+		if err != nil {
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
-		case (len(p.owners) > 0 || p.ahead != nil) && (cl.Attempt == 1 || !d.startedAlongside(ctx, cl.Run)):
-			return skip(ReasonOverlap)
+		}
+		if len(p.owners) > 0 || p.ahead != nil {
+			if status, ok := overlapped(); ok {
+				return status
+			}
 		}
 	}
 	if _, ok := r.replacedBy(cl.ID()); ok {

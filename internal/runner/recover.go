@@ -240,27 +240,37 @@ func (d *dispatcher) carry(ctx context.Context, run claim.Run, alongside bool) *
 // put writes the entry as it stands, even once ctx ended: a run stopped
 // as soon as it started is handed back, and its entry is what leads the
 // fleet to it. A write that fails is tried again at the next renewal.
-func (c *carrier) put(timeout time.Duration) {
+func (c *carrier) put(timeout time.Duration) error {
 	c.mu.Lock()
 	u := c.u
 	c.mu.Unlock()
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), timeout)
 	defer cancel()
-	_ = c.d.r.opts.Controls.Carry(wctx, u, c.ttl)
+	return c.d.r.opts.Controls.Carry(wctx, u, c.ttl)
 }
 
 // granted says the run was granted here: replicas may stand by for it at
 // once. Written before the run executes (the lease runs meanwhile, and
 // its first renewal comes a RenewEvery after the execution starts: the
-// write waits a sixth of the lease at most).
-func (c *carrier) granted() {
+// write is tried three times, for a sixth of the lease each). It reports
+// whether the write landed: until it has, the register names a bid only,
+// and a replica that takes the run over goes by the job's overlap
+// policy (noteAlongside), so a run meant to execute alongside must not
+// start unmarked (runToEnd).
+func (c *carrier) granted() bool {
 	if c == nil {
-		return
+		return true
 	}
 	c.mu.Lock()
 	c.u.Granted = true
 	c.mu.Unlock()
-	c.put(c.d.r.opts.Lease / 6)
+	var err error
+	for range 3 {
+		if err = c.put(c.d.r.opts.Lease / 6); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // done stops the renewals. ended: the run ended here (or was found
@@ -306,6 +316,9 @@ func (d *dispatcher) unwatched(ctx, execCtx context.Context, us []control.Unwatc
 		if u.Ends || j == nil || !j.fire(u.At).Before(before) {
 			continue
 		}
+		// Alongside only if its process was granted the run: a bid alone
+		// (held by the fleet, its answer lost) leaves the run the fleet's,
+		// under its policy (see noteAlongside).
 		if !u.Granted && now.Sub(u.Since) <= r.opts.Lease+2*r.opts.MaxClockSkew {
 			// Its process may still be granted the bid it sent, and run
 			// the run itself: a standby here would bid too, and might
@@ -313,6 +326,6 @@ func (d *dispatcher) unwatched(ctx, execCtx context.Context, us []control.Unwatc
 			continue
 		}
 		d.adopt(ctx, execCtx, j, []claim.Record{{RunID: u.Run().ID(), Job: u.Job, At: u.At, Status: claim.Running, Holder: u.Holder}},
-			origin{takeover: true, alongside: u.Alongside})
+			origin{takeover: true, alongside: u.Alongside && u.Granted})
 	}
 }

@@ -575,8 +575,22 @@ func handBackOnStop(ctx context.Context) (execCtx context.Context, done func()) 
 // stayed out of reach: it may be left live (a grant whose answer was
 // lost), for the caller to report; run again, a backfill resumes it.
 func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission, c *carrier) (status claim.Status, err error) {
-	c.granted()
 	defer func() { c.done(status.Terminal() || status == claim.Timeout) }()
+	if !c.granted() && mode == admitAlways {
+		// The register still names a bid only: a replica taking the run
+		// over (this process stopped or gone) would go by the job's
+		// policy, and skip for overlap, for good, an instant that ran
+		// here beside live runs. Handed back unstarted instead: the
+		// fleet takes it over under its policy, or a backfill run again
+		// resumes it. Found by the explorer (seed 8137: a partition as
+		// the grant came back).
+		d.r.log.WarnContext(ctx, "cannot mark the run granted in the register; handing it back unstarted",
+			runAttrs(d.r, cl.Run, cl)...)
+		if err := d.release(ctx, cl, claim.Interrupted); err != nil {
+			return claim.LeaseLost, nil
+		}
+		return claim.Interrupted, nil
+	}
 	status = d.execute(ctx, execCtx, j, cl, mode)
 	for (status == claim.Retrying || status == claim.LeaseLost) && ctx.Err() == nil && execCtx.Err() == nil {
 		lost := status == claim.LeaseLost

@@ -2,6 +2,8 @@ package runner_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -238,6 +240,190 @@ func TestAFleetTakeoverOfABackfillsRunIgnoresTheOverlapPolicyAsTheBackfillDid(t 
 		}
 		if st := statusOf(t, context.Background(), store, run); st != claim.Succeeded {
 			t.Errorf("the backfill's run ended %s, want succeeded", st)
+		}
+	})
+}
+
+// The register's entry of a backfill's bid that was never granted (the
+// run was the fleet's, held by a replica that then died) does not make
+// the fleet's takeover run beside live runs: the run is the fleet's, under
+// its policy, and a forbid job's takeover next to a live run is skipped.
+// It ran beside the live run before (found by an outside code review):
+// two runs of a forbid job at once. The replica stands by for the run
+// while nothing else is live, and takes it over once the dead holder's
+// lease lapses, by when a scheduled run has started.
+func TestABackfillsBidNeverGrantedLeavesTheRunToThePolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sched, err := schedule.Parse("30 * * * * *", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const lease = 2 * time.Second
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store := memory.NewStore(time.Now)
+		controls := control.New(store.Controls(), nil)
+		run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
+		// A fleet of the past ran 20 instants of the job, all after the
+		// run's: the sweep, which reads a job's 16 newest records, does
+		// not reach the run; only the register's entry does.
+		past := memory.New(store, "past")
+		for i := range 20 {
+			cl, err := claim.ClaimOne(ctx, past, claim.Run{Job: run.Job, At: time.Now().Add(time.Duration(i-20) * time.Minute)}, lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := claim.ReleaseOne(ctx, past, cl, claim.Succeeded); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ran := make(chan job.Run, 1)
+		handler := func(ctx context.Context, r job.Run) error {
+			if r.ScheduledAt.Equal(run.At) {
+				ran <- r
+				return nil
+			}
+			select { // the scheduled run at :30 lasts 50s
+			case <-time.After(50 * time.Second):
+			case <-ctx.Done():
+			}
+			return nil
+		}
+		fleet, err := runner.New(runner.Options{Claimer: memory.New(store, "r1"), Instance: "r1", Lease: lease, Controls: controls},
+			[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: handler}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- fleet.Run(ctx) }()
+		// Once the scheduled run at :30 is live, the run is granted, for
+		// 10s, to a replica of the fleet that dies; a backfill bid for
+		// it, was refused (held), and gave up.
+		time.Sleep(35 * time.Second)
+		if _, err := claim.ClaimOne(ctx, memory.New(store, "dead"), run, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := controls.Carry(ctx, control.Unwatched{Job: run.Job, At: run.At, Holder: "cli", Since: time.Now(), Alongside: true}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.After(2 * time.Minute)
+		for st := claim.Running; st == claim.Running; st = statusOf(t, ctx, store, run) {
+			select {
+			case r := <-ran:
+				t.Fatalf("the fleet ran the run as attempt %d beside its live run, though the backfill was never granted it", r.Attempt)
+			case <-deadline:
+				t.Fatalf("the fleet never settled the run the dead replica held; it is %s", st)
+			case <-time.After(time.Second):
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if st := statusOf(t, context.Background(), store, run); st != claim.Skipped {
+			t.Errorf("the run ended %s, want skipped for overlap, as the forbid policy asks of a takeover beside a live run", st)
+		}
+	})
+}
+
+// downControls is a register whose reads fail while down is set.
+type downControls struct {
+	claim.Controls
+	down *atomic.Bool
+}
+
+func (c downControls) List(ctx context.Context, prefix string) ([]claim.Control, error) {
+	if c.down.Load() {
+		return nil, fmt.Errorf("register read: %w", claim.ErrUnavailable)
+	}
+	return c.Controls.List(ctx, prefix)
+}
+
+// A replica that cannot read the register when it takes over a stopped
+// backfill's run cannot tell that the run executes beside live runs: it
+// hands the run back to be asked again, rather than skip it for overlap
+// for good (the instant never ran: a backfill run again keeps a skipped
+// instant). Found by an outside code review. The register comes back
+// after 5s; the run then runs.
+func TestATakeoverThatCannotReadTheRegisterHandsABackfillsRunBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sched, err := schedule.Parse("* * * * * *", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const lease = 2 * time.Second
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store := memory.NewStore(time.Now)
+		run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
+		ran := make(chan job.Run, 1)
+		var down atomic.Bool
+		fleet, err := runner.New(runner.Options{Claimer: memory.New(store, "r1"), Instance: "r1", Lease: lease,
+			Controls: control.New(downControls{store.Controls(), &down}, nil)},
+			[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: func(ctx context.Context, r job.Run) error {
+				if r.ScheduledAt.Equal(run.At) {
+					ran <- r
+					return nil
+				}
+				select { // scheduled runs of 5s every second: one is nearly always live
+				case <-time.After(5 * time.Second):
+				case <-ctx.Done():
+				}
+				return nil
+			}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- fleet.Run(ctx) }()
+		time.Sleep(10 * time.Second)
+
+		started := make(chan struct{}, 1)
+		bf, err := runner.New(runner.Options{Claimer: memory.New(store, "cli"), Instance: "cli", Lease: lease,
+			Controls: control.New(store.Controls(), nil)},
+			[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: func(ctx context.Context, r job.Run) error {
+				started <- struct{}{}
+				<-ctx.Done()
+				return ctx.Err()
+			}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		down.Store(true) // the fleet's replica has not read the backfill's entry
+		bctx, stop := context.WithCancel(ctx)
+		sums := make(chan runner.BackfillSummary, 1)
+		go func() {
+			_, sum, _ := bf.Backfill(bctx, "report", runner.BackfillOptions{From: run.At, To: run.At})
+			sums <- sum
+		}()
+		<-started
+		stop()
+		if sum := <-sums; sum.Interrupted != 1 {
+			t.Fatalf("stopped backfill: %+v, want its run handed back", sum)
+		}
+		// Back before the backfill's entry expires (unwatchedTTL): the
+		// replica then reads it and runs the run.
+		up, deadline := time.After(5*time.Second), time.After(2*time.Minute)
+		for {
+			select {
+			case r := <-ran: // in a gap between live runs, or beside them once the register is back
+				if r.Attempt < 2 {
+					t.Errorf("the backfill's run ran as attempt %d, want a takeover", r.Attempt)
+				}
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				return
+			case <-up:
+				down.Store(false)
+			case <-time.After(time.Second):
+				if st := statusOf(t, ctx, store, run); st == claim.Skipped {
+					t.Fatalf("the backfill's run was skipped for good (register down: %v)", down.Load())
+				}
+			case <-deadline:
+				t.Fatalf("the backfill's run never ran; it is %s", statusOf(t, ctx, store, run))
+			}
 		}
 	})
 }
