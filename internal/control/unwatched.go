@@ -10,7 +10,12 @@ import (
 )
 
 // unwatchedPrefix keys each run a process executes that no replica
-// dispatched (unwatched/<run id>): a backfill's, a `trigger --here`'s.
+// dispatched (unwatched/<run id>/<holder>): a backfill's, a `trigger
+// --here`'s. One entry per holder: a backfill run again, bidding for a run
+// the first one was granted, must not overwrite the entry that says so (a
+// replica that read only the bid would take the run over under the job's
+// overlap policy, and skip for good a run a backfill started; found by the
+// explorer, seed 7202).
 // Nothing on any replica's schedule leads to such a run, and a backfill's
 // instant may sit behind any number of later runs of its job, deeper than
 // the history the sweep reads. So its holder names it here while it
@@ -71,7 +76,7 @@ func (s *Store) putUnwatched(ctx context.Context, u Unwatched, ttl time.Duration
 		return err
 	}
 	now := s.now()
-	_, err = s.reg.Put(ctx, claim.Control{Key: unwatchedPrefix + u.Run().ID(), Value: v,
+	_, err = s.reg.Put(ctx, claim.Control{Key: unwatchedPrefix + u.Run().ID() + "/" + u.Holder, Value: v,
 		Version: s.nextVersion(now), Expires: now.Add(ttl)})
 	return err
 }

@@ -249,81 +249,110 @@ func TestAFleetTakeoverOfABackfillsRunIgnoresTheOverlapPolicyAsTheBackfillDid(t 
 // the fleet's takeover run beside live runs: the run is the fleet's, under
 // its policy, and a forbid job's takeover next to a live run is skipped.
 // It ran beside the live run before (found by an outside code review):
-// two runs of a forbid job at once. The replica stands by for the run
-// while nothing else is live, and takes it over once the dead holder's
-// lease lapses, by when a scheduled run has started.
+// two runs of a forbid job at once.
 func TestABackfillsBidNeverGrantedLeavesTheRunToThePolicy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sched, err := schedule.Parse("30 * * * * *", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		const lease = 2 * time.Second
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		store := memory.NewStore(time.Now)
-		controls := control.New(store.Controls(), nil)
-		run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
-		// A fleet of the past ran 20 instants of the job, all after the
-		// run's: the sweep, which reads a job's 16 newest records, does
-		// not reach the run; only the register's entry does.
-		past := memory.New(store, "past")
-		for i := range 20 {
-			cl, err := claim.ClaimOne(ctx, past, claim.Run{Job: run.Job, At: time.Now().Add(time.Duration(i-20) * time.Minute)}, lease)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := claim.ReleaseOne(ctx, past, cl, claim.Succeeded); err != nil {
-				t.Fatal(err)
-			}
-		}
-		ran := make(chan job.Run, 1)
-		handler := func(ctx context.Context, r job.Run) error {
-			if r.ScheduledAt.Equal(run.At) {
-				ran <- r
-				return nil
-			}
-			select { // the scheduled run at :30 lasts 50s
-			case <-time.After(50 * time.Second):
-			case <-ctx.Done():
-			}
-			return nil
-		}
-		fleet, err := runner.New(runner.Options{Claimer: memory.New(store, "r1"), Instance: "r1", Lease: lease, Controls: controls},
-			[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: handler}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- fleet.Run(ctx) }()
-		// Once the scheduled run at :30 is live, the run is granted, for
-		// 10s, to a replica of the fleet that dies; a backfill bid for
-		// it, was refused (held), and gave up.
-		time.Sleep(35 * time.Second)
-		if _, err := claim.ClaimOne(ctx, memory.New(store, "dead"), run, 10*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if err := controls.Carry(ctx, control.Unwatched{Job: run.Job, At: run.At, Holder: "cli", Since: time.Now(), Alongside: true}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-		deadline := time.After(2 * time.Minute)
-		for st := claim.Running; st == claim.Running; st = statusOf(t, ctx, store, run) {
-			select {
-			case r := <-ran:
-				t.Fatalf("the fleet ran the run as attempt %d beside its live run, though the backfill was never granted it", r.Attempt)
-			case <-deadline:
-				t.Fatalf("the fleet never settled the run the dead replica held; it is %s", st)
-			case <-time.After(time.Second):
-			}
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if st := statusOf(t, context.Background(), store, run); st != claim.Skipped {
-			t.Errorf("the run ended %s, want skipped for overlap, as the forbid policy asks of a takeover beside a live run", st)
+		ran, st := takeOverBesideALiveRun(t, control.Unwatched{Holder: "cli", Alongside: true})
+		if ran != nil || st != claim.Skipped {
+			t.Errorf("the run ended %s (ran: %v), want skipped for overlap, as the forbid policy asks of a takeover beside a live run", st, ran != nil)
 		}
 	})
+}
+
+// A backfill run again, bidding for a run the first backfill was granted
+// (and started beside live runs), leaves the first one's entry as it was:
+// a replica that never saw it before takes the run over beside the live
+// run, as the first backfill ran it. The bid used to overwrite it, and the
+// replica skipped the run for good (explorer seed 7202).
+func TestASecondBackfillsBidLeavesTheFirstOnesGrantSeen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ran, st := takeOverBesideALiveRun(t, control.Unwatched{Holder: "cli", Alongside: true, Granted: true},
+			control.Unwatched{Holder: "cli-again", Alongside: true})
+		if ran == nil || ran.Attempt != 2 || st != claim.Succeeded {
+			t.Errorf("the run ended %s (ran: %v), want taken over beside the live run and succeeded", st, ran != nil)
+		}
+	})
+}
+
+// takeOverBesideALiveRun has a replica take over, beside a live later run
+// of its forbid job, a run an hour old that a replica of the fleet held
+// and died with, and which the register names with entries (their Job,
+// At and Since are filled in). It returns the takeover's execution, if
+// any, and the run's status after.
+//
+// A fleet of the past ran 20 instants of the job after the run's, so the
+// sweep (a job's 16 newest records) does not reach the run: only the
+// register leads to it. The replica stands by while nothing else is
+// live; the dead holder's lease lapses once a scheduled run has started.
+func takeOverBesideALiveRun(t *testing.T, entries ...control.Unwatched) (*job.Run, claim.Status) {
+	sched, err := schedule.Parse("30 * * * * *", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 2 * time.Second
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	store := memory.NewStore(time.Now)
+	controls := control.New(store.Controls(), nil)
+	run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
+	past := memory.New(store, "past")
+	for i := range 20 {
+		cl, err := claim.ClaimOne(ctx, past, claim.Run{Job: run.Job, At: time.Now().Add(time.Duration(i-20) * time.Minute)}, lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := claim.ReleaseOne(ctx, past, cl, claim.Succeeded); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ran := make(chan job.Run, 1)
+	handler := func(ctx context.Context, r job.Run) error {
+		if r.ScheduledAt.Equal(run.At) {
+			ran <- r
+			return nil
+		}
+		select { // the scheduled run at :30 lasts 50s
+		case <-time.After(50 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	fleet, err := runner.New(runner.Options{Claimer: memory.New(store, "r1"), Instance: "r1", Lease: lease, Controls: controls},
+		[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: handler}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fleet.Run(ctx) }()
+	// Once the scheduled run at :30 is live, the run is granted, for
+	// 10s, to a replica of the fleet that then dies; the entries name it.
+	time.Sleep(35 * time.Second)
+	if _, err := claim.ClaimOne(ctx, memory.New(store, "dead"), run, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range entries {
+		u.Job, u.At, u.Since = run.Job, run.At, time.Now()
+		if err := controls.Carry(ctx, u, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got *job.Run
+	deadline := time.After(2 * time.Minute)
+	for st := claim.Running; st == claim.Running && got == nil; st = statusOf(t, ctx, store, run) {
+		select {
+		case r := <-ran:
+			got = &r
+		case <-deadline:
+			t.Fatalf("the fleet never settled the run the dead replica held; it is %s", st)
+		case <-time.After(time.Second):
+		}
+	}
+	synctest.Wait()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return got, statusOf(t, context.Background(), store, run)
 }
 
 // downControls is a register whose reads fail while down is set.
