@@ -112,6 +112,13 @@ func (c *cell) analyze(res *Cell) {
 	}
 
 	from, to := c.t0.Add(c.plan.steady[0]), c.t0.Add(c.plan.steady[1])
+	if !c.cut.IsZero() {
+		// Interrupted: judge only the runs that had their chance, by the
+		// margin the window keeps before a cell's end (window).
+		if last := c.cut.Add(-margin(c.o, c.work, c.plan.skewAbs)); last.Before(to) {
+			to = last
+		}
+	}
 	var expected []claim.Run
 	for _, j := range c.work.jobs {
 		for at := j.sched.Next(from); at.Before(to); at = j.sched.Next(at) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -198,6 +199,9 @@ type namespace struct {
 	// for this cell, which a restart fault may crash.
 	servers []server
 	closers []func()
+	// left are what close could not remove from a server the cell did not
+	// own (a team's): a schema, a key prefix, named.
+	left []error
 }
 
 // server is a backend process compare owns (internal/procs).
@@ -208,9 +212,19 @@ type server interface {
 	Close()
 }
 
-func (n *namespace) close() {
+// close stops what the cell started and removes what it created; the
+// error names what it could not remove, for the report.
+func (n *namespace) close() error {
 	for i := len(n.closers) - 1; i >= 0; i-- {
 		n.closers[i]()
+	}
+	return errors.Join(n.left...)
+}
+
+// closeInto closes n and notes in res what it left behind.
+func (n *namespace) closeInto(res *Cell) {
+	if err := n.close(); err != nil {
+		res.Notes = append(res.Notes, fmt.Sprintf("cleanup incomplete, remove by hand: %v", err))
 	}
 }
 
@@ -279,7 +293,11 @@ func openNamespace(ctx context.Context, o *Options, kind string, f faultSet) (*n
 		return nil, err
 	}
 	ns.ns, ns.targets = cns, cns.Servers()
-	ns.closers = append(ns.closers, cns.Drop)
+	ns.closers = append(ns.closers, func() {
+		if err := cns.Drop(); err != nil {
+			ns.left = append(ns.left, err)
+		}
+	})
 	ok = true
 	return ns, nil
 }

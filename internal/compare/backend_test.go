@@ -50,7 +50,11 @@ func TestReplicasOpenThroughTheOpener(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer ns.close()
+				defer func() {
+					if err := ns.close(); err != nil {
+						t.Error(err)
+					}
+				}()
 				c := &cell{o: o, kind: kind, faults: scenario, plan: plan{offsets: make([]time.Duration, 2)},
 					rec: newRecorder(time.Now()), ns: ns, stop: make(chan struct{})}
 				err = c.openReplicas(ctx)

@@ -35,6 +35,9 @@ type cell struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	t0       time.Time
+	// cut is when the cell was interrupted, if it was: the steady window
+	// is judged up to there (analyze).
+	cut time.Time
 }
 
 // trigger fires a fault once, on the first replica that meets it after it
@@ -73,8 +76,10 @@ func runCell(ctx context.Context, o *Options, kind, scenario string) *Cell {
 	if err != nil {
 		return res.unopened(err)
 	}
-	defer ns.close()
+	defer ns.closeInto(res)
 	c.ns = ns
+	var cut atomic.Int64 // when ctx ended, in Unix ns
+	defer context.AfterFunc(ctx, func() { cut.Store(time.Now().UnixNano()) })()
 	if f.network() && len(ns.targets) == 0 {
 		res.Status, res.Reason = StatusSkipped, "no TCP link to the backend to fault"
 		return res
@@ -88,10 +93,19 @@ func runCell(ctx context.Context, o *Options, kind, scenario string) *Cell {
 		res.Status, res.Reason = StatusError, err.Error()
 		return res
 	}
+	if ctx.Err() != nil {
+		// Cut short: the runs due after the interruption never had their
+		// chance, and are not counted missed.
+		c.cut = time.Now()
+		if n := cut.Load(); n != 0 { // else its AfterFunc has yet to run
+			c.cut = time.Unix(0, n)
+		}
+	}
 	c.analyze(res)
 	if ctx.Err() != nil {
-		// Cut short: runs in the window never had their chance.
 		res.Status, res.Reason = StatusError, "interrupted before the cell ended"
+		res.Notes = append(res.Notes, fmt.Sprintf("interrupted %s into the cell: only the runs due up to a margin before then are judged",
+			c.cut.Sub(c.t0).Round(time.Millisecond)))
 	}
 	return res
 }

@@ -47,8 +47,13 @@ func skewBound(f faultSet, maxSkew time.Duration) time.Duration {
 // end so that runs near it could finish, or be taken over, before shutdown.
 func window(o *Options, w *workload, skewAbs time.Duration) (from, to time.Duration) {
 	from = maxStagger + skewAbs + time.Second
-	margin := w.longRun + 2*o.Lease + time.Second + skewAbs
-	return from, o.Duration - margin
+	return from, o.Duration - margin(o, w, skewAbs)
+}
+
+// margin is how long before its end a cell stops counting instants: the
+// last ones must have time to finish, or be taken over.
+func margin(o *Options, w *workload, skewAbs time.Duration) time.Duration {
+	return w.longRun + 2*o.Lease + time.Second + skewAbs
 }
 
 // minSteady is the shortest steady window worth running: long enough for

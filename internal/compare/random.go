@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -15,8 +16,10 @@ import (
 // nemesis (internal/nemesis) composes seeded faults of at least five
 // classes over the cell, on the explorer's replicas and workload, and the
 // history checker (internal/history) judges what every replica did. It is
-// the same engine CI runs (internal/explore): a failure here replays with
-// the same --seed there, and the other way round.
+// the same engine CI runs (internal/explore). The plan follows from the
+// seed and from every setting that shapes it (replicas, lease, skew,
+// duration, and whether compare started the servers, which adds their
+// restarts): the replay command a cell prints carries them all.
 const FaultRandom = "random"
 
 // duplicateInvariants and missedInvariants map the checker's violations
@@ -34,8 +37,8 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 	if err != nil {
 		return res.unopened(err)
 	}
-	defer ns.close()
-	cfg := explore.Config{Seed: o.Seed, Replicas: o.Replicas, Lease: o.Lease, MaxSkew: o.MaxClockSkew,
+	defer ns.closeInto(res)
+	cfg := explore.Config{Context: ctx, Seed: o.Seed, Replicas: o.Replicas, Lease: o.Lease, MaxSkew: o.MaxClockSkew,
 		Faults: max(o.Duration/2, 2*o.Lease), Extra: 2,
 		Open: func(id string) (claim.Claimer, error) { return ns.open(ctx, id, nil) }}
 	if ns.ns != nil {
@@ -63,6 +66,9 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 	r, err := explore.Run(cfg)
 	if err != nil {
 		res.Status, res.Reason = StatusError, err.Error()
+		if ctx.Err() != nil {
+			res.Reason = "interrupted before the cell ended"
+		}
 		return res
 	}
 	res.DurationMS = ms(time.Since(start))
@@ -87,7 +93,7 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 			DurationMS: ms(op.For), Note: op.String()})
 	}
 	res.Notes = append(res.Notes, fmt.Sprintf("nemesis %s (%d classes: %v); %d replicas", r.Plan, len(r.Plan.Classes()),
-		r.Plan.Classes(), r.Replicas), fmt.Sprintf("replay: scheduler compare --claimers %s --faults random --seed %d", kind, o.Seed))
+		r.Plan.Classes(), r.Replicas), "replay: "+replayCommand(o, kind))
 	for _, v := range r.Violations {
 		switch {
 		case slices.Contains(duplicateInvariants, v.Invariant):
@@ -104,4 +110,24 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 		res.Status = StatusFailed
 	}
 	return res
+}
+
+// replayCommand is the command that draws kind's plan again: the seed and
+// every flag the plan depends on, the servers' included (whether compare
+// starts its own decides whether restarts are drawn). A DSN is written as
+// $POSTGRES_DSN: it may hold a password.
+func replayCommand(o *Options, kind string) string {
+	cmd := fmt.Sprintf("scheduler compare --claimers %s --faults random --seed %d --replicas %d --lease %s --max-clock-skew %s --duration %s",
+		kind, o.Seed, o.Replicas, o.Lease, o.MaxClockSkew, o.Duration)
+	switch {
+	case kind == "postgres" && o.PostgresDSN != "":
+		cmd += ` --postgres-dsn "$POSTGRES_DSN"`
+	case kind == "redis" && o.RedisAddr != "":
+		cmd += " --redis-addr " + o.RedisAddr
+	case kind == "redlock" && len(o.RedlockAddrs) > 0:
+		cmd += " --redlock-addrs " + strings.Join(o.RedlockAddrs, ",")
+	case kind == "etcd" && len(o.EtcdEndpoints) > 0:
+		cmd += " --etcd-endpoints " + strings.Join(o.EtcdEndpoints, ",")
+	}
+	return cmd
 }

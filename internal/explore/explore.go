@@ -36,6 +36,9 @@ import (
 // Config shapes one exploration. Zero fields take defaults; the seed
 // decides the rest (replica count, the plan).
 type Config struct {
+	// Context, if set, stops the exploration when it ends: the replicas
+	// and the nemesis stop, and Run returns its error (compare's Ctrl-C).
+	Context  context.Context
 	Seed     uint64
 	Replicas int           // default 3 to 5, by seed
 	Lease    time.Duration // default 3s
@@ -316,7 +319,11 @@ func Run(cfg Config) (*Result, error) {
 		}
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
+	parent := cfg.Context
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithCancel(parent)
 	for i := range cfg.Replicas {
 		r := &replica{w: w, idx: i, id: fmt.Sprintf("r%d", i+1)}
 		w.reps = append(w.reps, r)
@@ -335,6 +342,9 @@ func Run(cfg Config) (*Result, error) {
 	sleepUntil(ctx, end)
 	cancel()
 	w.wg.Wait()
+	if err := parent.Err(); err != nil {
+		return nil, fmt.Errorf("seed %d: interrupted %s into the exploration: %w", cfg.Seed, time.Since(w.t0).Round(time.Millisecond), err)
+	}
 	if cfg.Controls != nil {
 		w.noteAlongside()
 	}

@@ -96,7 +96,7 @@ type driver struct {
 	dial func(c config.Claimer, addrs []string) (config.Claimer, error)
 	// isolate moves c to a namespace no other caller uses, ready for
 	// claims, and returns what drops it.
-	isolate func(ctx context.Context, c *config.Claimer, name string) (drop func(), err error)
+	isolate func(ctx context.Context, c *config.Claimer, name string) (drop func() error, err error)
 }
 
 // drivers maps claimer.kind to its driver; each lives in its own file.
@@ -163,7 +163,7 @@ type Namespace struct {
 	// Config is the claimer configuration that reaches the namespace.
 	Config config.Claimer
 	store  *memory.Store
-	drop   func()
+	drop   func() error
 }
 
 // Isolate prepares a fresh namespace named name (letters, digits and
@@ -208,11 +208,14 @@ func (n *Namespace) OpenVia(ctx context.Context, instance string, addrs []string
 	return Open(ctx, c, instance, Options{Store: n.store})
 }
 
-// Drop removes the namespace and what it holds.
-func (n *Namespace) Drop() {
+// Drop removes the namespace and what it holds; the error says what it
+// left, by name (a schema, a key prefix, a file), for the caller to report:
+// compare runs on a team's servers.
+func (n *Namespace) Drop() error {
 	if n.drop != nil {
-		n.drop()
+		return n.drop()
 	}
+	return nil
 }
 
 // noServers is servers for backends without a network.

@@ -33,19 +33,22 @@ var etcdDriver = driver{
 		c.Etcd.Endpoints = slices.Clone(addrs)
 		return c, nil
 	},
-	isolate: func(ctx context.Context, c *config.Claimer, name string) (func(), error) {
+	isolate: func(ctx context.Context, c *config.Claimer, name string) (func() error, error) {
 		e := &c.Etcd
 		e.Prefix += name + "/"
 		prefix := *e
-		return func() {
+		return func() error {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			cli, err := etcdClient(prefix)
-			if err != nil {
-				return
+			if err == nil {
+				defer cli.Close()
+				_, err = cli.Delete(ctx, prefix.Prefix, clientv3.WithPrefix())
 			}
-			defer cli.Close()
-			_, _ = cli.Delete(ctx, prefix.Prefix, clientv3.WithPrefix())
+			if err != nil {
+				return fmt.Errorf("etcd: keys under %q left: %w", prefix.Prefix, err)
+			}
+			return nil
 		}, nil
 	},
 }

@@ -18,7 +18,7 @@ var memoryDriver = driver{
 	},
 	servers: noServers,
 	dial:    noDial,
-	isolate: func(context.Context, *config.Claimer, string) (func(), error) {
-		return func() {}, nil // the namespace's store is its own
+	isolate: func(context.Context, *config.Claimer, string) (func() error, error) {
+		return func() error { return nil }, nil // the namespace's store is its own
 	},
 }

@@ -84,19 +84,22 @@ func dialPostgres(c config.Claimer, addrs []string) (config.Claimer, error) {
 
 // isolatePostgres creates and migrates a schema of its own, which every
 // connection of the namespace uses (search_path).
-func isolatePostgres(ctx context.Context, c *config.Claimer, name string) (func(), error) {
+func isolatePostgres(ctx context.Context, c *config.Claimer, name string) (func() error, error) {
 	dsn, password := c.Postgres.DSN, string(c.Postgres.Password)
 	if err := pgExec(ctx, dsn, password, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("postgres: create schema: %w", err)
 	}
-	drop := func() {
+	drop := func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_ = pgExec(ctx, dsn, password, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+		if err := pgExec(ctx, dsn, password, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			return fmt.Errorf("postgres: schema %s left: %w", name, err)
+		}
+		return nil
 	}
 	var err error
 	if c.Postgres.DSN, err = withParams(dsn, map[string]string{"search_path": name}); err != nil {
-		drop()
+		_ = drop()
 		return nil, err
 	}
 	b, err := openPostgres(ctx, *c, "migrate", Options{})
@@ -105,7 +108,7 @@ func isolatePostgres(ctx context.Context, c *config.Claimer, name string) (func(
 		_ = b.Close()
 	}
 	if err != nil {
-		drop()
+		_ = drop()
 		return nil, fmt.Errorf("postgres: migrate schema %s: %w", name, err)
 	}
 	return drop, nil

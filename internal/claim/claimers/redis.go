@@ -2,6 +2,7 @@ package claimers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -39,7 +40,7 @@ var redisDriver = driver{
 		c.Redis.Addr, c.Redis.Addrs = addrs[0], slices.Clone(addrs[1:])
 		return c, nil
 	},
-	isolate: func(ctx context.Context, c *config.Claimer, name string) (func(), error) {
+	isolate: func(ctx context.Context, c *config.Claimer, name string) (func() error, error) {
 		r := &c.Redis
 		r.Prefix += name + ":"
 		if r.Cluster {
@@ -81,7 +82,7 @@ func redisUniversal(r config.Redis) (goredis.UniversalClient, error) {
 
 // isolateCluster is isolatePrefix on a cluster, through one cluster
 // client: every bucket of the namespace is declared new on its master.
-func isolateCluster(ctx context.Context, r config.Redis) (func(), error) {
+func isolateCluster(ctx context.Context, r config.Redis) (func() error, error) {
 	client, err := redisUniversal(r)
 	if err != nil {
 		return nil, err
@@ -90,15 +91,18 @@ func isolateCluster(ctx context.Context, r config.Redis) (func(), error) {
 	// A cluster that is down is not an error: the first claims once up
 	// wait out the guard.
 	_ = redisnode.MarkNew(ctx, client, r.Prefix)
-	return func() {
+	return func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		client, err := redisUniversal(r)
-		if err != nil {
-			return
+		if err == nil {
+			err = redisnode.DropPrefix(ctx, client, r.Prefix)
+			_ = client.Close()
 		}
-		_ = redisnode.DropPrefix(ctx, client, r.Prefix)
-		_ = client.Close()
+		if err != nil {
+			return fmt.Errorf("redis cluster: keys under %q left: %w", r.Prefix, err)
+		}
+		return nil
 	}, nil
 }
 
@@ -116,7 +120,7 @@ func redisClient(base *goredis.Options, user, password string, db int, t config.
 // isolatePrefix declares the namespace under prefix new on every server
 // that answers (its first claims need not wait out the restart guard of a
 // server that just started), and returns what deletes its keys.
-func isolatePrefix(ctx context.Context, addrs []string, prefix string, dial func(addr string) (*goredis.Client, error)) (func(), error) {
+func isolatePrefix(ctx context.Context, addrs []string, prefix string, dial func(addr string) (*goredis.Client, error)) (func() error, error) {
 	for _, addr := range addrs {
 		client, err := dial(addr)
 		if err != nil {
@@ -127,16 +131,20 @@ func isolatePrefix(ctx context.Context, addrs []string, prefix string, dial func
 		_ = redisnode.MarkNew(ctx, client, prefix)
 		_ = client.Close()
 	}
-	return func() {
+	return func() error {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
+		var errs []error
 		for _, addr := range addrs {
 			client, err := dial(addr)
-			if err != nil {
-				continue
+			if err == nil {
+				err = redisnode.DropPrefix(ctx, client, prefix)
+				_ = client.Close()
 			}
-			_ = redisnode.DropPrefix(ctx, client, prefix)
-			_ = client.Close()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("redis %s: keys under %q left: %w", addr, prefix, err))
+			}
 		}
+		return errors.Join(errs...)
 	}, nil
 }

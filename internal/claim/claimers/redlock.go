@@ -45,7 +45,7 @@ var redlockDriver = driver{
 		c.Redlock.Addrs = slices.Clone(addrs)
 		return c, nil
 	},
-	isolate: func(ctx context.Context, c *config.Claimer, name string) (func(), error) {
+	isolate: func(ctx context.Context, c *config.Claimer, name string) (func() error, error) {
 		r := &c.Redlock
 		r.Prefix += name + ":"
 		return isolatePrefix(ctx, r.Addrs, r.Prefix, func(addr string) (*goredis.Client, error) {

@@ -3,6 +3,7 @@ package claimers
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"os"
 	"path/filepath"
 
@@ -32,7 +33,7 @@ var sqliteDriver = driver{
 	dial:    noDial,
 	// isolate puts the namespace's file beside c's, and migrates it before
 	// replicas race to open it.
-	isolate: func(ctx context.Context, c *config.Claimer, name string) (func(), error) {
+	isolate: func(ctx context.Context, c *config.Claimer, name string) (func() error, error) {
 		dir := filepath.Dir(c.SQLite.Path)
 		if c.SQLite.Path == "" {
 			dir = os.TempDir()
@@ -44,10 +45,14 @@ var sqliteDriver = driver{
 		}
 		_ = cl.Close()
 		path := c.SQLite.Path
-		return func() {
+		return func() error {
+			var errs []error
 			for _, suffix := range []string{"", "-wal", "-shm"} {
-				_ = os.Remove(path + suffix)
+				if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, err)
+				}
 			}
+			return errors.Join(errs...)
 		}, nil
 	},
 }

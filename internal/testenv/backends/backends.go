@@ -161,6 +161,6 @@ func Prepare(t testing.TB, kind string, opts Options) *Namespace {
 	if err != nil {
 		testenv.Missing(t, kind, err.Error())
 	}
-	t.Cleanup(ns.Drop)
+	t.Cleanup(func() { _ = ns.Drop() }) // its server may be gone: a test stopped it
 	return &Namespace{Namespace: ns, t: t}
 }
