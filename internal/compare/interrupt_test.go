@@ -1,0 +1,52 @@
+package compare_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/compare"
+)
+
+// A compare stopped mid-cell (Ctrl-C) stops every cell at once, the
+// explorer's random one too (it ran to its end, then said OK and exited
+// 0), and reports each as interrupted. A scripted cell judges only the
+// runs that had their chance before the stop: the rest of its steady
+// window used to be reported missed, and the backend blamed. Found by an
+// outside review.
+func TestAnInterruptedCompareStopsEveryCellAndInventsNoMisses(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		select {
+		case <-time.After(10 * time.Second):
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	start := time.Now()
+	rep, err := compare.Run(ctx, compare.Options{Claimers: []string{"memory"}, Faults: []string{"none", compare.FaultRandom},
+		Replicas: 3, Jobs: 6, Duration: 40 * time.Second, Lease: time.Second, MaxClockSkew: 500 * time.Millisecond, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 25*time.Second {
+		t.Errorf("the compare stopped after 10s ended %v after its start; its cells run 40s", d.Round(time.Second))
+	}
+	if rep.OK {
+		t.Error("an interrupted compare reported OK")
+	}
+	for _, c := range rep.Cells {
+		if c.Status != compare.StatusError || !strings.Contains(c.Reason, "interrupted") {
+			t.Errorf("%s × %s: %s %q, want an error saying it was interrupted", c.Claimer, c.Fault, c.Status, c.Reason)
+		}
+		if c.MissedRuns != 0 || c.DuplicateExecutions != 0 || len(c.Violations) != 0 {
+			t.Errorf("%s × %s: %d missed, %d duplicated, violations %q on the memory claimer without faults; want none (missed: %v)",
+				c.Claimer, c.Fault, c.MissedRuns, c.DuplicateExecutions, c.Violations, c.MissedRunIDs)
+		}
+		if c.Fault == "none" && (c.RunsExpected == 0 || !slices.ContainsFunc(c.Notes, func(n string) bool { return strings.HasPrefix(n, "interrupted ") })) {
+			t.Errorf("none: %d runs judged, notes %q; want the runs due before the stop judged, and a note saying when it was cut", c.RunsExpected, c.Notes)
+		}
+	}
+}
