@@ -50,3 +50,35 @@ func TestAnInterruptedCompareStopsEveryCellAndInventsNoMisses(t *testing.T) {
 		}
 	}
 }
+
+// The replay command a random cell prints draws the same plan again: it
+// carries every flag the plan depends on (it said only the claimer and
+// the seed, and drew another plan at the default replicas, lease, skew
+// and duration). Found by an outside review.
+func TestARandomCellsReplayCommandDrawsItsPlanAgain(t *testing.T) {
+	args := []string{"--claimers", "memory", "--faults", "random", "--seed", "5", "--replicas", "4",
+		"--lease", "500ms", "--max-clock-skew", "200ms", "--duration", "9s"}
+	first := compareCLI(t, t.TempDir(), "first", args...)
+	if first.reportError != nil || len(first.report.Cells) != 1 {
+		t.Fatalf("first compare: exit %d, %v\n%s", first.code, first.reportError, first.stderr)
+	}
+	plan, replay := "", ""
+	for _, n := range first.report.Cells[0].Notes {
+		switch {
+		case strings.HasPrefix(n, "nemesis "):
+			plan = n
+		case strings.HasPrefix(n, "replay: scheduler compare "):
+			replay = strings.TrimPrefix(n, "replay: scheduler compare ")
+		}
+	}
+	if plan == "" || replay == "" {
+		t.Fatalf("the random cell's notes %q lack its plan or its replay command", first.report.Cells[0].Notes)
+	}
+	again := compareCLI(t, t.TempDir(), "again", strings.Fields(replay)...)
+	if again.reportError != nil || len(again.report.Cells) != 1 {
+		t.Fatalf("replay %q: exit %d, %v\n%s", replay, again.code, again.reportError, again.stderr)
+	}
+	if !slices.Contains(again.report.Cells[0].Notes, plan) {
+		t.Errorf("replay %q drew another plan:\n%q\nwant\n%s", replay, again.report.Cells[0].Notes, plan)
+	}
+}
