@@ -82,3 +82,13 @@ func TestARandomCellsReplayCommandDrawsItsPlanAgain(t *testing.T) {
 		t.Errorf("replay %q drew another plan:\n%q\nwant\n%s", replay, again.report.Cells[0].Notes, plan)
 	}
 }
+
+// A compare whose every cell was skipped (postgres without a DSN: a CI
+// job whose variable came out empty) fails instead of passing the gate
+// on nothing. Found by an outside review.
+func TestACompareThatRanNoCellFails(t *testing.T) {
+	r := compareCLI(t, t.TempDir(), "none", "--claimers", "postgres", "--faults", "none", "--duration", "10s", "--lease", "1s")
+	if r.code != 1 || r.report.OK || !strings.Contains(r.stdout, "no cell ran") {
+		t.Errorf("exit %d, ok %v, stdout\n%s\nwant 1 and that no cell ran", r.code, r.report.OK, r.stdout)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -151,6 +152,12 @@ func (r *Report) summarize() {
 			r.OK = false
 			r.Failures = append(r.Failures, name+": "+strings.Join(what, ", "))
 		}
+	}
+	// A gate that ran nothing must not pass: a CI job whose DSN variable
+	// came out empty skips every cell.
+	if len(r.Cells) > 0 && !slices.ContainsFunc(r.Cells, func(c *Cell) bool { return c.Status != StatusSkipped }) {
+		r.OK = false
+		r.Failures = append(r.Failures, "no cell ran: every one was skipped (see each cell's reason)")
 	}
 }
 
