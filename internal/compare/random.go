@@ -94,17 +94,28 @@ func runRandom(ctx context.Context, o *Options, kind string) *Cell {
 	}
 	res.Notes = append(res.Notes, fmt.Sprintf("nemesis %s (%d classes: %v); %d replicas", r.Plan, len(r.Plan.Classes()),
 		r.Plan.Classes(), r.Replicas), "replay: "+replayCommand(o, kind))
+	// Run ids listed once each, at most maxListed, as scripted cells list
+	// them.
+	list := func(ids []string, id string) []string {
+		if len(ids) < maxListed && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+		return ids
+	}
 	for _, v := range r.Violations {
 		switch {
 		case slices.Contains(duplicateInvariants, v.Invariant):
 			res.DuplicateExecutions++
-			res.DuplicateRuns = append(res.DuplicateRuns, v.Run)
+			res.DuplicateRuns = list(res.DuplicateRuns, v.Run)
 		case slices.Contains(missedInvariants, v.Invariant):
 			res.MissedRuns++
-			res.MissedRunIDs = append(res.MissedRunIDs, v.Run)
+			res.MissedRunIDs = list(res.MissedRunIDs, v.Run)
 		}
 		res.Violations = append(res.Violations, v.Format(r.T0))
 	}
+	// Expected less missed, so that a reader of the JSON who subtracts
+	// finds the lost runs, not every run.
+	res.RunsExecuted = max(res.RunsExpected-res.MissedRuns, 0)
 	res.Status = StatusOK
 	if len(r.Violations) > 0 {
 		res.Status = StatusFailed
