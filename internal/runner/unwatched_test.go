@@ -174,58 +174,10 @@ func statusOf(t *testing.T, ctx context.Context, store *memory.Store, run claim.
 // (a backfill run again keeps it). Found by an outside review.
 func TestAFleetTakeoverOfABackfillsRunIgnoresTheOverlapPolicyAsTheBackfillDid(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sched, err := schedule.Parse("* * * * * *", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		const lease = 2 * time.Second
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		store := memory.NewStore(time.Now)
-		run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
-		ran := make(chan job.Run, 1)
-		handler := func(ctx context.Context, r job.Run) error {
-			if r.ScheduledAt.Equal(run.At) {
-				ran <- r
-				return nil
-			}
-			select {
-			case <-time.After(5 * time.Second):
-			case <-ctx.Done():
-			}
-			return nil
-		}
-		newRunner := func(instance string, h job.Handler) *runner.Runner {
-			r, err := runner.New(runner.Options{Claimer: memory.New(store, instance), Instance: instance, Lease: lease,
-				Controls: control.New(store.Controls(), nil)},
-				[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: h}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return r
-		}
-		fleet := newRunner("r1", handler)
-		done := make(chan error, 1)
-		go func() { done <- fleet.Run(ctx) }()
-		time.Sleep(10 * time.Second) // scheduled runs overlap the backfill from now on
-
-		started := make(chan struct{}, 1)
-		bf := newRunner("cli", func(ctx context.Context, r job.Run) error {
-			started <- struct{}{}
-			<-ctx.Done()
-			return ctx.Err()
-		})
-		bctx, stop := context.WithCancel(ctx)
-		sums := make(chan runner.BackfillSummary, 1)
-		go func() {
-			_, sum, _ := bf.Backfill(bctx, "report", runner.BackfillOptions{From: run.At, To: run.At})
-			sums <- sum
-		}()
-		<-started
-		stop()
-		if sum := <-sums; sum.Interrupted != 1 {
-			t.Fatalf("stopped backfill: %+v, want its run handed back", sum)
-		}
+		run, ran, done := backfillStoppedBesideLiveRuns(t, ctx, store, store.Controls(), func() {})
 		select {
 		case r := <-ran:
 			if r.Instance != "r1" || r.Attempt != 2 {
@@ -242,6 +194,65 @@ func TestAFleetTakeoverOfABackfillsRunIgnoresTheOverlapPolicyAsTheBackfillDid(t 
 			t.Errorf("the backfill's run ended %s, want succeeded", st)
 		}
 	})
+}
+
+// backfillStoppedBesideLiveRuns starts a replica of the fleet ("r1") on
+// a forbid job whose scheduled runs (5s of work every second) are nearly
+// always live, with fleetControls as its register; 10s later, after
+// before, a backfill of the job's run an hour back ("cli"), stopped as
+// soon as its handler starts, hands that run back. It returns the run,
+// the fleet's executions of it and the fleet's end.
+func backfillStoppedBesideLiveRuns(t *testing.T, ctx context.Context, store *memory.Store, fleetControls claim.Controls, before func()) (claim.Run, <-chan job.Run, <-chan error) {
+	sched, err := schedule.Parse("* * * * * *", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 2 * time.Second
+	run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
+	ran := make(chan job.Run, 1)
+	newRunner := func(instance string, controls claim.Controls, h job.Handler) *runner.Runner {
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, instance), Instance: instance, Lease: lease,
+			Controls: control.New(controls, nil)},
+			[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: h}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	fleet := newRunner("r1", fleetControls, func(ctx context.Context, r job.Run) error {
+		if r.ScheduledAt.Equal(run.At) {
+			ran <- r
+			return nil
+		}
+		select {
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	done := make(chan error, 1)
+	go func() { done <- fleet.Run(ctx) }()
+	time.Sleep(10 * time.Second) // scheduled runs overlap the backfill from now on
+
+	started := make(chan struct{}, 1)
+	bf := newRunner("cli", store.Controls(), func(ctx context.Context, r job.Run) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	before()
+	bctx, stop := context.WithCancel(ctx)
+	sums := make(chan runner.BackfillSummary, 1)
+	go func() {
+		_, sum, _ := bf.Backfill(bctx, "report", runner.BackfillOptions{From: run.At, To: run.At})
+		sums <- sum
+	}()
+	<-started
+	stop()
+	if sum := <-sums; sum.Interrupted != 1 {
+		t.Fatalf("stopped backfill: %+v, want its run handed back", sum)
+	}
+	return run, ran, done
 }
 
 // The register's entry of a backfill's bid that was never granted (the
@@ -376,60 +387,12 @@ func (c downControls) List(ctx context.Context, prefix string) ([]claim.Control,
 // after 5s; the run then runs.
 func TestATakeoverThatCannotReadTheRegisterHandsABackfillsRunBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		sched, err := schedule.Parse("* * * * * *", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		const lease = 2 * time.Second
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		store := memory.NewStore(time.Now)
-		run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
-		ran := make(chan job.Run, 1)
 		var down atomic.Bool
-		fleet, err := runner.New(runner.Options{Claimer: memory.New(store, "r1"), Instance: "r1", Lease: lease,
-			Controls: control.New(downControls{store.Controls(), &down}, nil)},
-			[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: func(ctx context.Context, r job.Run) error {
-				if r.ScheduledAt.Equal(run.At) {
-					ran <- r
-					return nil
-				}
-				select { // scheduled runs of 5s every second: one is nearly always live
-				case <-time.After(5 * time.Second):
-				case <-ctx.Done():
-				}
-				return nil
-			}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- fleet.Run(ctx) }()
-		time.Sleep(10 * time.Second)
-
-		started := make(chan struct{}, 1)
-		bf, err := runner.New(runner.Options{Claimer: memory.New(store, "cli"), Instance: "cli", Lease: lease,
-			Controls: control.New(store.Controls(), nil)},
-			[]runner.Job{{Name: "report", Schedule: sched, Overlap: runner.OverlapForbid, Handler: func(ctx context.Context, r job.Run) error {
-				started <- struct{}{}
-				<-ctx.Done()
-				return ctx.Err()
-			}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		down.Store(true) // the fleet's replica has not read the backfill's entry
-		bctx, stop := context.WithCancel(ctx)
-		sums := make(chan runner.BackfillSummary, 1)
-		go func() {
-			_, sum, _ := bf.Backfill(bctx, "report", runner.BackfillOptions{From: run.At, To: run.At})
-			sums <- sum
-		}()
-		<-started
-		stop()
-		if sum := <-sums; sum.Interrupted != 1 {
-			t.Fatalf("stopped backfill: %+v, want its run handed back", sum)
-		}
+		run, ran, done := backfillStoppedBesideLiveRuns(t, ctx, store, downControls{store.Controls(), &down},
+			func() { down.Store(true) }) // the fleet's replica has not read the backfill's entry
 		// Back before the backfill's entry expires (unwatchedTTL): the
 		// replica then reads it and runs the run.
 		up, deadline := time.After(5*time.Second), time.After(2*time.Minute)
