@@ -113,12 +113,15 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	// beside its job's live runs, which runs as the backfill ran it (ok
 	// false). Unable to tell (the register out of reach), it asks again
 	// each RenewEvery while it holds the run: a skip would lose the
-	// instant, and a hand-back would spend an attempt (MaxAttempts) on
-	// each try. The lease lost, or shutting down, it hands the run back.
+	// instant, and a hand-back spends an attempt (MaxAttempts). Not for
+	// longer than the late tolerance, though: held here, the run keeps
+	// the job's later runs out. Then, the lease lost, or shutting down,
+	// it hands the run back.
 	overlapped := func() (status claim.Status, ok bool) {
 		if cl.Attempt == 1 {
 			return skip(ReasonOverlap), true
 		}
+		giveUp := time.Now().Add(r.lateTolerance())
 		for {
 			along, err := d.startedAlongside(ctx, cl.Run)
 			switch {
@@ -126,6 +129,8 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 				return skip(ReasonOverlap), true
 			case err == nil:
 				return "", false
+			case time.Now().After(giveUp):
+				return settle(claim.LeaseLost, claim.Interrupted, 0, err), true
 			}
 			t := time.NewTimer(r.opts.RenewEvery)
 			select {
