@@ -185,14 +185,18 @@ func (r *Report) WriteText(w io.Writer) error {
 		if c.failed() {
 			result = "FAILED"
 		}
-		takeover := "-"
+		// A random cell measures no latencies: "-", not a measured zero.
+		claimLat, takeover, rtPerRun := "-", "-", "-"
+		if c.ClaimLatency.Count > 0 {
+			claimLat = fmtMS(c.ClaimLatency.P50MS) + "/" + fmtMS(c.ClaimLatency.P99MS)
+			rtPerRun = fmt.Sprintf("%.1f", c.RoundTripsPerRun)
+		}
 		if c.TakeoverTime.Count > 0 {
 			takeover = fmtMS(c.TakeoverTime.P50MS) + "/" + fmtMS(c.TakeoverTime.P99MS)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%s/%s\t%s\t%.1f\n", c.Claimer, c.Fault, result,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%s\t%s\t%s\n", c.Claimer, c.Fault, result,
 			c.RunsExpected, c.MissedRuns, c.Executions, c.DuplicateExecutions, c.Takeovers,
-			c.StaleWritesRejected, c.StaleWritesAccepted, fmtMS(c.ClaimLatency.P50MS), fmtMS(c.ClaimLatency.P99MS),
-			takeover, c.RoundTripsPerRun)
+			c.StaleWritesRejected, c.StaleWritesAccepted, claimLat, takeover, rtPerRun)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
