@@ -27,7 +27,7 @@ tr.failed td{background:#fde2e2}tr.skipped td,tr.error td{color:#888}
 .verdict{font-size:18px;font-weight:bold;padding:8px 12px;display:inline-block}
 .ok{background:#dff5df}.bad{background:#fde2e2}
 .loud{background:#b00020;color:#fff;font-weight:bold;padding:10px;margin:12px 0}
-ul.notes{margin:4px 0 12px;font-size:13px}
+ul.notes,ul.violations{margin:4px 0 12px;font-size:13px}ul.violations li{white-space:pre-wrap;font-family:monospace}
 svg text{font:11px system-ui,sans-serif}
 details{margin:10px 0}summary{cursor:pointer;font-weight:bold}
 </style></head><body>
@@ -61,7 +61,9 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	r.latencyBars(&b)
 	b.WriteString("<h2>Timelines: who held what</h2>\n<p>One row per job; each bar is an execution, coloured by replica. Red outline: duplicate. Faded: ended without success. Dashed: never finished (crash or end of cell). Shaded: steady window. Bands and lines: faults.</p>\n")
 	for _, c := range r.Cells {
-		if len(c.spans) == 0 {
+		// A random cell has no timeline, but its plan, replay command
+		// and violations are what its reader needs.
+		if len(c.spans) == 0 && len(c.Notes) == 0 && len(c.Violations) == 0 {
 			continue
 		}
 		open := ""
@@ -69,14 +71,22 @@ func (r *Report) WriteHTML(w io.Writer) error {
 			open = " open"
 		}
 		fmt.Fprintf(&b, "<details%s><summary>%s × %s: %s</summary>\n", open, html.EscapeString(c.Claimer), html.EscapeString(c.Fault), html.EscapeString(c.Status))
-		if len(c.Notes) > 0 {
-			b.WriteString("<ul class=\"notes\">")
-			for _, n := range c.Notes {
+		for _, list := range []struct {
+			class string
+			items []string
+		}{{"notes", c.Notes}, {"violations", c.Violations}} {
+			if len(list.items) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "<ul class=%q>", list.class)
+			for _, n := range list.items {
 				fmt.Fprintf(&b, "<li>%s</li>", html.EscapeString(n))
 			}
 			b.WriteString("</ul>\n")
 		}
-		timeline(&b, c, s.Replicas)
+		if len(c.spans) > 0 {
+			timeline(&b, c, s.Replicas)
+		}
 		b.WriteString("</details>\n")
 	}
 	b.WriteString("</body></html>\n")

@@ -2,6 +2,8 @@ package compare_test
 
 import (
 	"context"
+	"html"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -77,6 +79,9 @@ func TestARandomCellsReplayCommandDrawsItsPlanAgain(t *testing.T) {
 	}
 	if plan == "" || replay == "" {
 		t.Fatalf("the random cell's notes %q lack its plan or its replay command", first.report.Cells[0].Notes)
+	}
+	if page, err := os.ReadFile(first.html); err != nil || !strings.Contains(string(page), html.EscapeString(plan)) {
+		t.Errorf("the HTML report (%v) lacks the random cell's plan %q", err, plan)
 	}
 	again := compareCLI(t, t.TempDir(), "again", strings.Fields(replay)...)
 	if again.reportError != nil || len(again.report.Cells) != 1 {
