@@ -2,6 +2,7 @@ package cli
 
 import (
 	"flag"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -49,10 +50,11 @@ func (e *env) compare(args []string) int {
 	if code, ok := e.parseNoArgs(fs, args); !ok {
 		return code
 	}
-	scenarios, err := compare.ParseScenarios(*faults)
-	if err != nil {
-		fmt.Fprintf(e.stderr, "scheduler compare: --faults: %v\n", err)
-		return ExitUsage
+	// A bad --faults is reported with the other flags' problems, not alone.
+	scenarios, faultsErr := compare.ParseScenarios(*faults)
+	if faultsErr != nil {
+		faultsErr = fmt.Errorf("--faults: %w", faultsErr)
+		scenarios = []string{compare.FaultNone}
 	}
 	o := compare.Options{
 		Claimers: splitList(*claimers), Faults: scenarios, Replicas: *replicas, Jobs: *jobs,
@@ -63,7 +65,7 @@ func (e *env) compare(args []string) int {
 	if o.Seed == 0 {
 		o.Seed = rand.Uint64N(1<<31) + 1
 	}
-	if err := o.Validate(); err != nil {
+	if err := errors.Join(faultsErr, o.Validate()); err != nil {
 		fmt.Fprintln(e.stderr, "scheduler compare: bad usage:")
 		for _, line := range strings.Split(err.Error(), "\n") {
 			fmt.Fprintln(e.stderr, "  "+line)

@@ -291,6 +291,9 @@ func TestBadUsageExits2NamingTheFlag(t *testing.T) {
 		{[]string{"--claimers", "memory", "--temp-dir", "/no/such/dir"}, "--temp-dir /no/such/dir: no such file"},
 		{[]string{"--claimers", "memory", "--temp-dir", file}, "--temp-dir " + file + ": not a directory"},
 		{[]string{"--claimers", "memory", "extra"}, `unexpected argument "extra"`},
+		// Every problem at once: a bad --faults no longer hides the others.
+		{[]string{"--claimers", "zookeeper", "--faults", "meteor"}, `unknown claimer "zookeeper"`},
+		{[]string{"--claimers", "zookeeper", "--faults", "meteor"}, `unknown fault "meteor"`},
 	} {
 		var out, errOut bytes.Buffer
 		code := cli.Main(append([]string{"compare"}, tc.args...), nil, &out, &errOut)
