@@ -21,7 +21,12 @@
 -- The locks are transaction-level advisory locks keyed (23789, bucket):
 -- buckets (the job's name hashed by the claimer, 0 to 255) rather than
 -- jobs, so that a claim of 10,000 jobs takes at most 256 locks; taken in
--- ascending order by every statement, so that none deadlocks. The read is
+-- ascending order by every statement, so that none deadlocks, and after
+-- the runs table's lock, as a grant's statement takes that first: a read
+-- that held a bucket lock while it queued on the table behind DDL (a
+-- partition created, a prune), which waited for a grant, which waited
+-- for the bucket, stalled that bucket's claims until PostgreSQL's
+-- deadlock check reordered the queue (a second). The read is
 -- planned at each call (EXECUTE): a plan cached while the table was empty
 -- would scan whole partitions once it filled.
 -- +goose StatementBegin
@@ -31,6 +36,7 @@ RETURNS TABLE (i bigint, run_id text, job text, scheduled_at timestamptz, status
                finished_at timestamptz)
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+  PERFORM 1 FROM scheduler_runs WHERE false;
   PERFORM pg_advisory_xact_lock(23789, b) FROM (SELECT DISTINCT b FROM unnest(buckets) AS b ORDER BY b) AS s;
   RETURN QUERY EXECUTE $q$
 SELECT q.i, r.run_id, r.job, r.scheduled_at, r.status, r.holder, r.fence, r.attempt, r.started_at, r.lease_until, r.finished_at

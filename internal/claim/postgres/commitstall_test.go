@@ -107,3 +107,84 @@ func waitForStalledCommit(t *testing.T, db *sql.DB, tag string) {
 		time.Sleep(10 * time.Millisecond) // polling the server's view of its sessions
 	}
 }
+
+// TestAHistoryReadTakesTheTableBeforeItsLocks: a grant locks the runs
+// table when its statement starts and its jobs' bucket locks after; the
+// history read must take them in that order too. It took its bucket
+// locks first: with DDL queued on the table between them (a partition
+// created, a prune), the read held a bucket lock while it waited behind
+// the DDL, which waited for the grant, which waited for the bucket lock:
+// every claim of that bucket stalled until PostgreSQL's deadlock check
+// (deadlock_timeout, a second) reordered the queue. Found by an outside
+// code review.
+func TestAHistoryReadTakesTheTableBeforeItsLocks(t *testing.T) {
+	ns := backends.Prepare(t, "postgres", backends.Options{})
+	db := ns.Open("replica").DB
+	ctx := t.Context()
+	const bucket = 7
+	// The grant: its statement has locked the table for writing.
+	grant, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = grant.Rollback() }()
+	if _, err := grant.ExecContext(ctx, "LOCK TABLE scheduler_runs IN ROW EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	// The DDL, queued behind the grant.
+	ddl, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ddlDone := make(chan error, 1)
+	go func() {
+		_, err := ddl.ExecContext(ctx, "LOCK TABLE scheduler_runs IN ACCESS EXCLUSIVE MODE")
+		ddlDone <- err
+	}()
+	waitForLockWait(t, db, "AccessExclusiveLock")
+	// The read, queued behind the DDL.
+	readDone := make(chan error, 1)
+	go func() {
+		var n int
+		readDone <- db.QueryRowContext(ctx, `SELECT count(*) FROM scheduler_histories(ARRAY['job.order'], ARRAY[NULL::int], ARRAY[$1::int])`, bucket).Scan(&n)
+	}()
+	waitForLockWait(t, db, "AccessShareLock")
+	// The grant takes its bucket lock shared: nothing may hold it.
+	if _, err := grant.ExecContext(ctx, "SET LOCAL lock_timeout = '500ms'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := grant.ExecContext(ctx, "SELECT pg_advisory_xact_lock_shared(23789, $1)", bucket); err != nil {
+		t.Fatalf("the grant waited for its bucket's lock, which the read queued behind the DDL held: %v", err)
+	}
+	if err := grant.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ddlDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := ddl.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-readDone; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitForLockWait waits until a session waits for mode on the runs table.
+func waitForLockWait(t *testing.T, db *sql.DB, mode string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var n int
+		if err := db.QueryRowContext(t.Context(), `SELECT count(*) FROM pg_locks
+			WHERE NOT granted AND mode = $1 AND relation = 'scheduler_runs'::regclass`, mode).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no session ever waited for %s on the runs table", mode)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the server's lock table
+	}
+}
