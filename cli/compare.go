@@ -1,8 +1,8 @@
 package cli
 
 import (
-	"flag"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
