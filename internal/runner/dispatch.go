@@ -538,7 +538,8 @@ func (d *dispatcher) takenOverAlongside(ctx context.Context, c *contention, cl *
 // run), reading the register afresh if this replica has not seen it so:
 // a takeover of such a run, skipped for overlap, would never run, and a
 // backfill run again keeps a skipped instant. Asked only on the way to
-// such a skip. An entry outlives its holder by unwatchedTTL: a takeover
+// such a skip. An entry outlives its holder by unwatchedTTL and
+// unwatchedOutage: a takeover
 // later than that (the backend down for longer) goes by the policy. The
 // error says the register could not be read.
 func (d *dispatcher) startedAlongside(ctx context.Context, run claim.Run) (bool, error) {

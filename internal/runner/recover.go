@@ -216,7 +216,7 @@ func (d *dispatcher) carry(ctx context.Context, run claim.Run, alongside bool) *
 	if r.opts.Controls == nil {
 		return nil
 	}
-	c := &carrier{d: d, ctx: ctx, ttl: r.unwatchedTTL(), stop: make(chan struct{}), renewed: make(chan struct{}),
+	c := &carrier{d: d, ctx: ctx, ttl: r.unwatchedTTL() + unwatchedOutage, stop: make(chan struct{}), renewed: make(chan struct{}),
 		u: control.Unwatched{Job: run.Job, At: run.At, Holder: r.opts.Instance, Since: r.opts.Now(), Alongside: alongside}}
 	// The bid waits for the first write: a process killed at once
 	// leaves its entry, and the bid a server may still grant it.
@@ -289,17 +289,27 @@ func (c *carrier) done(ended bool) {
 		c.mu.Unlock()
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), c.d.r.opts.Lease/3)
 		defer cancel()
-		_ = c.d.r.opts.Controls.Ended(wctx, u, c.ttl) // else the entry expires, and a replica's standby hears done
+		_ = c.d.r.opts.Controls.Ended(wctx, u, c.d.r.unwatchedTTL()) // else the entry expires, and a replica's standby hears done
 	}
 }
 
-// unwatchedTTL is how long an entry of carry outlives its last renewal:
-// past the run's lease, and past the late tolerance and a few ticks, by
-// when every replica has read it and may stand by for its run (see
-// unwatched).
+// unwatchedTTL is how long an entry of carry that says the run ended
+// outlives its last renewal: past the run's lease, and past the late
+// tolerance and a few ticks, by when every replica has read it and may
+// stand by for its run (see unwatched).
 func (r *Runner) unwatchedTTL() time.Duration {
 	return 2*r.opts.Lease + r.lateTolerance() + 3*r.opts.ControlEvery
 }
+
+// unwatchedOutage is how much longer an entry of a run not ended there
+// lives (its process killed or stopped mid-run): through an outage of the
+// backend, after which the replica that takes the run over, perhaps one
+// started during the outage, must still read that the run executes
+// beside live runs, or it skips for good the instant a backfill started
+// (explorer seed 9803: a 9s outage outlasted the entry). Such entries are
+// few, one per run in flight in a process that left; an outage longer
+// than this leaves the takeover to the job's policy.
+const unwatchedOutage = 2 * time.Minute
 
 // unwatched stands by (adopt) for each run the register names as carried
 // by a process outside the schedule (carry) that this replica neither
