@@ -68,6 +68,9 @@ type Node struct {
 	seen []atomic.Pointer[string]
 	// restarted is Options.Restarted.
 	restarted func()
+	// evalOnly is set once the server refused functions: the programs go
+	// as EVAL scripts from then on (see library.go).
+	evalOnly atomic.Bool
 }
 
 // New returns a Node over client. Fences this node grants are congruent
@@ -216,17 +219,17 @@ func (n *Node) chunks(count int, job func(i int) string) [][]int {
 	return out
 }
 
-// batch runs script once per chunk of count runs (see chunks), all calls
+// batch runs p once per chunk of count runs (see chunks), all calls
 // in one pipeline (a single call goes without one). head gives a call's
 // leading keys and arguments for its bucket, item appends a run's, and
 // read takes a call's reply (every batch script replies an array) and
 // sets the per-run results. A call's error is each of its runs' error.
-func (n *Node) batch(ctx context.Context, script *goredis.Script, count int, job func(i int) string,
+func (n *Node) batch(ctx context.Context, p *program, count int, job func(i int) string,
 	head func(b int) ([]string, []any), item func(i int, keys []string, args []any) ([]string, []any),
 	read func(b int, chunk []int, vals []any) error) []error {
 	chunks := n.chunks(count, job)
 	errs := make([]error, count)
-	cerrs := n.pipeline(ctx, script, len(chunks), func(c int) ([]string, []any) {
+	cerrs := n.pipeline(ctx, p, len(chunks), func(c int) ([]string, []any) {
 		keys, args := head(n.keys.bucket(job(chunks[c][0])))
 		for _, i := range chunks[c] {
 			keys, args = item(i, keys, args)
@@ -250,7 +253,7 @@ func (n *Node) batch(ctx context.Context, script *goredis.Script, count int, job
 }
 
 // ClaimBatch asks the node to grant each of runs to its token for lease,
-// in batches of one script call each (see claimScript), pipelined. Each
+// in batches of one script call each (see claimProgram), pipelined. Each
 // run is decided atomically, as it would be alone.
 func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string, holder string, lease time.Duration) ([]Reply, []error) {
 	replies := make([]Reply, len(runs))
@@ -259,7 +262,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 	for i, run := range runs {
 		ids[i] = run.ID()
 	}
-	errs := n.batch(ctx, claimScript, len(runs), func(i int) string { return runs[i].Job },
+	errs := n.batch(ctx, claimProgram, len(runs), func(i int) string { return runs[i].Job },
 		func(b int) ([]string, []any) {
 			return []string{n.keys.jobs(b), n.keys.marker(b)}, []any{holder, lease.Milliseconds(),
 				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, n.Seen(b)}
@@ -298,42 +301,48 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 	return replies, errs
 }
 
-// pipeline runs script count times in one pipeline, with the keys and
+// pipeline runs p count times in one pipeline, with the keys and
 // arguments args gives for each, and hands each reply to read; it returns
-// each run's error (a second pipeline loads the script if the server lost
-// it). A single run is sent without a pipeline, as a bare script call. On
-// a cluster every script's keys share one bucket's hash tag, so each
-// touches one slot; the cluster client splits the pipeline by node.
-func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
+// each run's error. What the server lacks (the library, or the script) is
+// loaded, and the calls that found it missing go again in a second
+// pipeline; a server without functions gets the calls as scripts from
+// then on (see library.go). A single run is sent without a pipeline, as a
+// bare call. On a cluster every call's keys share one bucket's hash tag,
+// so each touches one slot; the cluster client splits the pipeline by
+// node.
+func (n *Node) pipeline(ctx context.Context, p *program, count int,
 	args func(i int) ([]string, []any), read func(i int, cmd *goredis.Cmd) error) []error {
 	errs := make([]error, count)
-	if count == 1 {
-		keys, argv := args(0)
-		cmd := script.Run(ctx, n.client, keys, argv...) // EVALSHA, then EVAL if the server lost the script
-		if err := cmd.Err(); err != nil {
-			errs[0] = n.translate(ctx, err)
-		} else {
-			errs[0] = read(0, cmd)
-		}
-		return errs
-	}
 	todo := make([]int, count)
 	for i := range todo {
 		todo[i] = i
 	}
+	// Three tries at most: a function found missing, then loaded; or a
+	// server without functions, then the script it lacks.
 	for try := 0; len(todo) > 0; try++ {
-		pipe := n.client.Pipeline()
+		fn := n.functions(p)
 		cmds := make([]*goredis.Cmd, len(todo))
-		for k, i := range todo {
-			keys, argv := args(i)
-			cmds[k] = script.EvalSha(ctx, pipe, keys, argv...)
+		if len(todo) == 1 {
+			keys, argv := args(todo[0])
+			cmds[0] = n.call(ctx, n.client, p, fn, keys, argv...)
+		} else {
+			pipe := n.client.Pipeline()
+			for k, i := range todo {
+				keys, argv := args(i)
+				cmds[k] = n.call(ctx, pipe, p, fn, keys, argv...)
+			}
+			_, _ = pipe.Exec(ctx) // errors are per command
 		}
-		_, _ = pipe.Exec(ctx) // errors are per command
 		var again []int
+		missing := false
 		for k, i := range todo {
 			err := cmds[k].Err()
 			switch {
-			case err != nil && try == 0 && goredis.HasErrorPrefix(err, "NOSCRIPT"):
+			case err != nil && try < 2 && fn && noFunctions(err):
+				n.evalOnly.Store(true)
+				again = append(again, i)
+			case err != nil && try < 2 && (goredis.HasErrorPrefix(err, "NOSCRIPT") || fn && functionMissing(err)):
+				missing = true
 				again = append(again, i)
 			case err != nil:
 				errs[i] = n.translate(ctx, err)
@@ -341,8 +350,8 @@ func (n *Node) pipeline(ctx context.Context, script *goredis.Script, count int,
 				errs[i] = read(i, cmds[k])
 			}
 		}
-		if len(again) > 0 {
-			if err := script.Load(ctx, n.client).Err(); err != nil {
+		if missing {
+			if err := n.load(ctx, p, fn); err != nil {
 				for _, i := range again {
 					errs[i] = n.translate(ctx, err)
 				}
@@ -382,12 +391,17 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 	if repair {
 		fix = "1"
 	}
-	vals, err := renewScript.Run(ctx, n.client,
-		[]string{n.keys.run(id), n.keys.fence(job), n.keys.runs(job), n.keys.jobs(n.keys.bucket(job))},
-		cl.Token, lease.Milliseconds(), n.doneTTL.Milliseconds(), fix, cl.Holder, cl.Fence, cl.Attempt,
-		cl.Run.At.UTC().UnixMilli(), id, job).Slice()
+	var vals []any
+	err := n.pipeline(ctx, renewProgram, 1, func(int) ([]string, []any) {
+		return []string{n.keys.run(id), n.keys.fence(job), n.keys.runs(job), n.keys.jobs(n.keys.bucket(job))},
+			[]any{cl.Token, lease.Milliseconds(), n.doneTTL.Milliseconds(), fix, cl.Holder, cl.Fence, cl.Attempt,
+				cl.Run.At.UTC().UnixMilli(), id, job}
+	}, func(_ int, cmd *goredis.Cmd) (err error) {
+		vals, err = cmd.Slice()
+		return n.translate(ctx, err)
+	})[0]
 	if err != nil {
-		return time.Time{}, n.translate(ctx, err)
+		return time.Time{}, err
 	}
 	r := reply(vals)
 	switch r.str(0) {
@@ -408,7 +422,7 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 // claim.ErrLeaseLost.
 func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Status) []error {
 	answers := make([]error, len(runIDs))
-	errs := n.batch(ctx, releaseScript, len(runIDs), func(i int) string { return jobOf(runIDs[i]) },
+	errs := n.batch(ctx, &program{script: releaseScript}, len(runIDs), func(i int) string { return jobOf(runIDs[i]) },
 		func(int) ([]string, []any) { return nil, []any{n.doneTTL.Milliseconds()} },
 		func(i int, keys []string, args []any) ([]string, []any) {
 			return append(keys, n.keys.run(runIDs[i])), append(args, tokens[i], string(outcomes[i]), terminal(outcomes[i]))
@@ -459,7 +473,7 @@ func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
 func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []string, fences []int64, attempts []int) ([]bool, []error) {
 	updated := make([]bool, len(runs))
 	answers := make([]error, len(runs))
-	errs := n.batch(ctx, commitScript, len(runs), func(i int) string { return runs[i].Job },
+	errs := n.batch(ctx, &program{script: commitScript}, len(runs), func(i int) string { return runs[i].Job },
 		func(int) ([]string, []any) { return nil, nil },
 		func(i int, keys []string, args []any) ([]string, []any) {
 			return append(keys, n.keys.run(runs[i].ID()), n.keys.fence(runs[i].Job)),

@@ -60,7 +60,8 @@ func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
 
 // TestBatchesOfOneAndManyReloadLostScripts: a batch goes as one script
 // call per hundred runs, a lone call bare and several in a pipeline; each
-// loads the scripts again when the server lost them, and all agree on the
+// loads the scripts (and the library) again when the server lost them
+// (SCRIPT FLUSH, FUNCTION FLUSH), and all agree on the
 // outcome. The fences of one job's runs granted in one batch rise in the
 // batch's order.
 func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
@@ -82,10 +83,13 @@ func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
 		if err := client.ScriptFlush(ctxT(t)).Err(); err != nil {
 			t.Fatal(err)
 		}
+		if err := client.FunctionFlush(ctxT(t)).Err(); err != nil {
+			t.Fatal(err)
+		}
 		replies, errs := node.ClaimBatch(ctxT(t), runs, tokens, "replica-a", time.Minute)
 		for i := range runs {
 			if errs[i] != nil || replies[i].Vote != redisnode.Granted {
-				t.Fatalf("batch of %d, claim %d after SCRIPT FLUSH: %+v, %v", n, i, replies[i], errs[i])
+				t.Fatalf("batch of %d, claim %d after SCRIPT FLUSH and FUNCTION FLUSH: %+v, %v", n, i, replies[i], errs[i])
 			}
 			if i > 0 && replies[i].Fence <= replies[i-1].Fence {
 				t.Fatalf("batch of %d: claim %d got fence %d after %d", n, i, replies[i].Fence, replies[i-1].Fence)
