@@ -27,7 +27,8 @@ const MinEvery = time.Second
 type Schedule struct {
 	spec  string
 	loc   *time.Location
-	cron  cron.Schedule // nil for @every
+	cron  *cron.SpecSchedule // nil for @every
+	naive *cron.SpecSchedule // cron in UTC: the spec on a wall clock that never jumps
 	every time.Duration
 }
 
@@ -62,8 +63,14 @@ func Parse(spec, tz string) (*Schedule, error) {
 		if err != nil {
 			return nil, fmt.Errorf("schedule %q: %v", spec, err)
 		}
-		c.(*cron.SpecSchedule).Location = loc
-		s.cron = c
+		cs, ok := c.(*cron.SpecSchedule)
+		if !ok {
+			return nil, fmt.Errorf("schedule %q: not a cron spec", spec)
+		}
+		naive := *cs
+		naive.Location = time.UTC
+		cs.Location = loc
+		s.cron, s.naive = cs, &naive
 	}
 	if s.Next(time.Now()).IsZero() {
 		return nil, fmt.Errorf("schedule %q never fires", spec)
@@ -96,63 +103,67 @@ func (s *Schedule) Next(t time.Time) time.Time {
 		}
 		return time.Unix(0, (k+1)*d).UTC()
 	}
-	n := s.cron.Next(t)
-	if !n.IsZero() && s.fixedHours() && repeatedWallTime(n.In(s.loc)) {
-		// Like Vixie cron, a job pinned to an hour fires once when the
-		// clocks fall back, on the first of the two identical wall times.
-		n = s.cron.Next(n)
-	}
-	if s.fixedHours() {
-		// Like Vixie cron too, a job pinned to a wall time that the clocks
-		// spring over fires once, at the transition, instead of not at all
-		// that day (the library skips it: a nightly run would be lost).
-		if g := s.springGap(t, n); !g.IsZero() {
-			n = g
-		}
-	}
-	return n.UTC()
+	return s.nextWall(t)
 }
 
-// springGap returns the first spring-forward transition after t and
-// before n (n zero: within a year) at which the spec names a wall time
-// the clocks skip, or the zero time.
-func (s *Schedule) springGap(t, n time.Time) time.Time {
-	spec, ok := s.cron.(*cron.SpecSchedule)
-	if !ok || s.loc == time.UTC {
-		return time.Time{}
+// maxPeriods bounds the zone periods (spans of one UTC offset) Next walks
+// before it gives up: a spec that fires at all fires within a few years,
+// and a zone changes its offset about twice a year.
+const maxPeriods = 64
+
+// nextWall is Next for a cron spec. The instants are defined period by
+// period, where a period is a span of one UTC offset in the job's zone:
+// within one, the wall clock runs evenly, so its instants are the wall
+// times the spec names, each minus the offset. Between periods, like
+// Vixie cron, a spec that names its hours fires once for the wall times
+// the clocks spring over (at the transition, rather than not at all that
+// day: a nightly run would be lost) and once for the wall times they
+// repeat (the first time); a spec that does not name its hours keeps its
+// cadence: the skipped times do not fire, the repeated ones fire twice.
+// The spec itself is only ever asked in UTC (a wall clock that never
+// jumps): the library's own zone arithmetic disagrees with itself around
+// some transitions, depending on the moment asked (an hour repeated
+// twice on one autumn night, a Chatham Islands instant before the time
+// asked, a Lord Howe midnight skipped), and the set of instants must not
+// depend on when a replica asks.
+func (s *Schedule) nextWall(t time.Time) time.Time {
+	wall := func(x time.Time, offset int) time.Time { // x's wall time at offset, as a UTC time
+		return x.Add(time.Duration(offset) * time.Second).UTC()
 	}
-	if n.IsZero() {
-		n = t.AddDate(1, 0, 0)
-	}
-	naive := *spec
-	naive.Location = time.UTC // the spec on a wall clock that never jumps
-	_, off := t.In(s.loc).Zone()
-	for h := t.Truncate(time.Hour).Add(time.Hour); h.Before(n.Add(time.Hour)); h = h.Add(time.Hour) {
-		_, next := h.In(s.loc).Zone()
-		if next <= off {
-			off = next
-			continue
+	at := t.In(s.loc)
+	for range maxPeriods {
+		_, off := at.Zone()
+		start, end := at.ZoneBounds()
+		prev := off
+		if !start.IsZero() {
+			_, prev = start.Add(-time.Nanosecond).In(s.loc).Zone()
 		}
-		// The offset grew by next-off within the hour before h: find the
-		// transition to the second, and the wall times it skips.
-		lo, hi := h.Add(-time.Hour).Unix(), h.Unix() // whole seconds, as instants are
-		for hi-lo > 1 {
-			mid := lo + (hi-lo)/2
-			if _, o := time.Unix(mid, 0).In(s.loc).Zone(); o == off {
-				lo = mid
-			} else {
-				hi = mid
+		if s.fixedHours() && off > prev && start.After(t) {
+			// The clocks sprang over [start+prev, start+off) at start.
+			if w := s.naive.Next(wall(start, prev).Add(-time.Second)); !w.IsZero() && w.Before(wall(start, off)) {
+				return start.UTC()
 			}
 		}
-		wall := func(x time.Time, offset int) time.Time {
-			return x.Add(time.Duration(offset) * time.Second).UTC()
+		// The first wall time after t in this period, and not one the
+		// period before showed already (a spec that names its hours).
+		from := wall(t, off)
+		if !start.IsZero() {
+			first := wall(start, off)
+			if s.fixedHours() && prev > off {
+				first = wall(start, prev)
+			}
+			if f := first.Add(-time.Second); f.After(from) {
+				from = f
+			}
 		}
-		at := time.Unix(hi, 0)
-		from, to := wall(at, off), wall(at, next) // [from, to) never shows on the clock
-		if w := naive.Next(from.Add(-time.Second)); w.Before(to) && at.After(t) && at.Before(n) {
-			return at
+		w := s.naive.Next(from)
+		if w.IsZero() {
+			return time.Time{} // the spec never fires again
 		}
-		off = next
+		if end.IsZero() || w.Before(wall(end, off)) {
+			return w.Add(-time.Duration(off) * time.Second)
+		}
+		at = end.In(s.loc)
 	}
 	return time.Time{}
 }
@@ -160,20 +171,7 @@ func (s *Schedule) springGap(t, n time.Time) time.Time {
 // fixedHours reports whether the spec names its hours (not "*"), so that a
 // repeated wall-clock hour must not fire it twice.
 func (s *Schedule) fixedHours() bool {
-	spec, ok := s.cron.(*cron.SpecSchedule)
-	return ok && spec.Hour&(1<<63) == 0 // robfig's starBit marks "*"
-}
-
-// repeatedWallTime reports whether n's wall-clock time already happened
-// earlier because the zone's offset fell back just before n.
-func repeatedWallTime(n time.Time) bool {
-	_, before := n.Add(-3 * time.Hour).Zone()
-	_, now := n.Zone()
-	if before <= now {
-		return false
-	}
-	m := n.Add(-time.Duration(before-now) * time.Second)
-	return m.Format("2006-01-02 15:04:05") == n.Format("2006-01-02 15:04:05")
+	return s.cron != nil && s.cron.Hour&(1<<63) == 0 // robfig's starBit marks "*"
 }
 
 // Prev returns the last instant at or before t, or the zero time if there is

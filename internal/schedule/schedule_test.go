@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -268,6 +269,88 @@ func TestJitteredIsDeterministicBoundedAndSpread(t *testing.T) {
 		a := at.Add(time.Duration(i) * 10 * time.Second)
 		if off := every.Jittered("tick", a, time.Hour).Sub(a); off < 0 || off >= 10*time.Second {
 			t.Fatalf("%v: offset %v reaches the next instant 10s later", a, off)
+		}
+	}
+}
+
+// TestInstantsAroundEveryTransitionAreOneSet: around every offset change
+// of 2025–2027 in zones with odd transitions (half-hour and two-hour
+// shifts, 02:45 and midnight changes, Chatham's 03:00 that the clocks
+// skip), Next asked at any moment names the first instant of the one
+// sequence that stepping from long before gives, always after the moment
+// asked; a spec that names its hours fires at most once per wall time and
+// at least once on every local day it names.
+func TestInstantsAroundEveryTransitionAreOneSet(t *testing.T) {
+	zones := []string{"Europe/Berlin", "America/New_York", "Australia/Sydney", "Australia/Lord_Howe",
+		"Pacific/Chatham", "Antarctica/Troll", "Africa/Casablanca", "America/Santiago", "America/Havana",
+		"Asia/Gaza", "Pacific/Apia", "America/St_Johns"}
+	specs := []string{"0,30 2 * * *", "*/15 2 * * *", "0 0 * * *", "0 3 * * *", "30 2 * * *", "45 2 * * *",
+		"*/15 * * * *", "0 * * * *", "30 1 * * *", "0 1,2,3 * * *", "0 0 * * 0"}
+	from, until := mustTime(t, "2025-01-01T00:00:00Z"), mustTime(t, "2028-01-01T00:00:00Z")
+	for _, tz := range zones {
+		loc, err := time.LoadLocation(tz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var transitions []time.Time
+		for at := from; ; {
+			_, end := at.In(loc).ZoneBounds()
+			if end.IsZero() || end.After(until) {
+				break
+			}
+			transitions = append(transitions, end)
+			at = end
+		}
+		for _, spec := range specs {
+			s, err := Parse(spec, tz)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tr := range transitions {
+				// The sequence from three days before to three days after.
+				var seq []time.Time
+				for at := tr.Add(-72 * time.Hour); ; {
+					at = s.Next(at)
+					if at.IsZero() || at.After(tr.Add(72*time.Hour)) {
+						break
+					}
+					seq = append(seq, at)
+				}
+				// Asked at any moment within six hours of the transition.
+				for ask := tr.Add(-6 * time.Hour); ask.Before(tr.Add(6 * time.Hour)); ask = ask.Add(7*time.Minute + 13*time.Second) {
+					got := s.Next(ask)
+					k := sort.Search(len(seq), func(i int) bool { return seq[i].After(ask) })
+					beyond := k == len(seq) && got.After(tr.Add(72*time.Hour)) // a weekly spec
+					if !got.After(ask) || !beyond && (k == len(seq) || !got.Equal(seq[k])) {
+						var want time.Time
+						if k < len(seq) {
+							want = seq[k]
+						}
+						t.Fatalf("%s %q asked at %s: %s, want %s (the sequence's next)", tz, spec, ask.Format(time.RFC3339),
+							got.Format(time.RFC3339), want.Format(time.RFC3339))
+					}
+				}
+				if !s.fixedHours() {
+					continue
+				}
+				walls, days := map[string]bool{}, map[string]bool{}
+				for _, at := range seq {
+					w := at.In(loc).Format("2006-01-02 15:04:05")
+					if walls[w] {
+						t.Fatalf("%s %q around %s: wall time %s fires twice", tz, spec, tr.Format(time.RFC3339), w)
+					}
+					walls[w], days[w[:10]] = true, true
+				}
+				for d := tr.Add(-24 * time.Hour); d.Before(tr.Add(24 * time.Hour)); d = d.Add(time.Hour) {
+					day := d.In(loc).Format("2006-01-02")
+					naive, _ := time.Parse("2006-01-02", day)
+					named := s.naive.Next(naive.Add(-time.Second))
+					if named.Format("2006-01-02") == day && !days[day] {
+						t.Fatalf("%s %q around %s: %s names %s, but no instant fires that day", tz, spec,
+							tr.Format(time.RFC3339), day, named.Format("15:04"))
+					}
+				}
+			}
 		}
 	}
 }
