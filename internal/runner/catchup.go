@@ -82,7 +82,7 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 				beyond++
 			}
 		}
-		d.recordMissedRuns(ctx, execCtx, j, missed, beyond, last)
+		d.recordMissedRuns(ctx, execCtx, j, missed, beyond, last, MissedNoReplica)
 	}
 	for _, at := range catch {
 		j.runsAtStart(at)

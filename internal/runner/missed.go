@@ -97,13 +97,13 @@ walk:
 			}
 		}
 	}
-	d.recordMissedRuns(ctx, execCtx, j, runs, beyond, last)
+	d.recordMissedRuns(ctx, execCtx, j, runs, beyond, last, MissedNoReplica)
 }
 
 // recordMissedRuns records runs, j's instants since last that no replica
-// claimed, as missed (reason no_replica), and logs and counts them once;
-// beyond is how many more were not recorded.
-func (d *dispatcher) recordMissedRuns(ctx, execCtx context.Context, j *jobState, runs []claim.Run, beyond int, last time.Time) {
+// claimed, as missed (for reason: no_replica, fell_behind), and logs and
+// counts them once; beyond is how many more were not recorded.
+func (d *dispatcher) recordMissedRuns(ctx, execCtx context.Context, j *jobState, runs []claim.Run, beyond int, last time.Time, reason string) {
 	r := d.r
 	if len(runs) == 0 && beyond == 0 {
 		return
@@ -112,13 +112,13 @@ func (d *dispatcher) recordMissedRuns(ctx, execCtx context.Context, j *jobState,
 	for len(runs) > 0 && ctx.Err() == nil {
 		chunk := runs[:min(len(runs), missedChunk)]
 		runs = runs[len(chunk):]
-		recorded += d.recordChunk(ctx, execCtx, j, chunk)
+		recorded += d.recordChunk(ctx, execCtx, j, chunk, reason)
 	}
 	if recorded == 0 && beyond == 0 {
 		return
 	}
-	r.opts.Metrics.missed(j.Name, MissedNoReplica, recorded)
-	attrs := []any{"job", j.Name, "instance", r.opts.Instance, "claimer", r.opts.ClaimerName, "reason", MissedNoReplica,
+	r.opts.Metrics.missed(j.Name, reason, recorded)
+	attrs := []any{"job", j.Name, "instance", r.opts.Instance, "claimer", r.opts.ClaimerName, "reason", reason,
 		"count", recorded, "since", last.UTC().Format(time.RFC3339Nano)}
 	if beyond > 0 {
 		attrs = append(attrs, "not_recorded", beyond)
@@ -131,7 +131,7 @@ func (d *dispatcher) recordMissedRuns(ctx, execCtx context.Context, j *jobState,
 // replica that died since, and is run to its end, never missed;
 // retrying those the backend did not answer (a loaded backend times out
 // a batch) until ctx (Run's) ends. It returns how many it recorded.
-func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs []claim.Run) int {
+func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs []claim.Run, reason string) int {
 	r := d.r
 	recorded := 0
 	for attempt := 0; len(runs) > 0; attempt++ {
@@ -171,7 +171,7 @@ func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs
 					mu.Lock()
 					recorded++
 					mu.Unlock()
-					r.emit(Event{Kind: EventSkipped, Run: cl.Run, Claim: cl, Reason: ReasonMissed, Cause: MissedNoReplica})
+					r.emit(Event{Kind: EventSkipped, Run: cl.Run, Claim: cl, Reason: ReasonMissed, Cause: reason})
 				}
 			})
 		}
@@ -189,6 +189,47 @@ func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs
 		}
 	}
 	return recorded
+}
+
+// fellBehind handles j's instants from at, the first one due, up to now,
+// when the loop woke past the late tolerance (the process was stopped or
+// starved, the clock jumped). The latest is dispatched under the misfire
+// policy; the ones before it still on time are dispatched like any run;
+// the rest are claimed, and the ones no replica had run or claimed are
+// recorded missed, reason fell_behind: every replica may have been stopped
+// at once, and nothing else would ever record them (start-up counts
+// missed runs only after the newest record). Like start-up, it records at
+// most maxMissedAtStart of them and counts as many more. Under run-all
+// too: catching up is start-up's, after the fleet was down.
+func (d *dispatcher) fellBehind(ctx, execCtx context.Context, j *jobState, at, now time.Time) {
+	r := d.r
+	latest := j.Schedule.Prev(now, now.Sub(at))
+	end := now.Add(-r.lateTolerance())
+	var missed []claim.Run
+	beyond := 0
+	x := at
+	for ; !x.IsZero() && x.Before(latest) && x.Before(end) && beyond < maxMissedAtStart; x = j.Schedule.Next(x) {
+		switch {
+		case !j.fire(x).Before(end):
+			d.dispatch(ctx, execCtx, j, x, "") // jittered to within the tolerance
+		case len(missed) < maxMissedAtStart:
+			missed = append(missed, claim.Run{Job: j.Name, At: x.UTC()})
+		default:
+			beyond++
+		}
+	}
+	// The instants still on time (fire(x) >= x), whether the walk
+	// counted up to them or gave up counting.
+	if x.Before(end) {
+		x = j.Schedule.Next(end.Add(-time.Nanosecond))
+	}
+	for ; !x.IsZero() && x.Before(latest); x = j.Schedule.Next(x) {
+		d.dispatch(ctx, execCtx, j, x, "")
+	}
+	if len(missed) > 0 || beyond > 0 {
+		d.goStandby(func() { d.recordMissedRuns(ctx, execCtx, j, missed, beyond, at, MissedBehind) })
+	}
+	d.dispatch(ctx, execCtx, j, latest, MissedBehind)
 }
 
 // lookBack is j's look-back instant at start-up (now): its latest

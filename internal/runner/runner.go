@@ -434,10 +434,10 @@ loop:
 		var together []*firstBid
 		for i, e := range ready {
 			if now.Sub(e.fire) > r.lateTolerance() {
-				// The loop was paused or the clock jumped: only the latest
-				// missed instant matters, under the job's misfire policy.
-				latest := e.job.Schedule.Prev(now, now.Sub(e.at))
-				d.dispatch(ctx, execCtx, e.job, latest, MissedBehind)
+				// The loop was paused or the clock jumped: the latest
+				// instant goes under the job's misfire policy, the ones it
+				// fell behind on are recorded (fellBehind).
+				d.fellBehind(ctx, execCtx, e.job, e.at, now)
 				ready[i].at = now // the next instant is the one after now
 				continue
 			}

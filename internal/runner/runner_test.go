@@ -176,6 +176,7 @@ func mustSchedule(t *testing.T, spec string) *schedule.Schedule {
 type replica struct {
 	name  string
 	skew  time.Duration
+	jump  *atomic.Int64 // ns the replica's clock is ahead beyond skew, when set: a clock that jumps
 	store *memory.Store
 	jobs  []runner.Job
 	lease time.Duration
@@ -197,11 +198,16 @@ func (rp *replica) start(t *testing.T) {
 		c = rp.wrap(c)
 	}
 	c = rp.led.claimer(rp.name, c)
-	skew := rp.skew
+	skew, jump := rp.skew, rp.jump
 	r, err := runner.New(runner.Options{
 		Claimer: c, ClaimerName: "memory", Instance: rp.name,
 		Lease: cmpOr(rp.lease, 3*time.Second), MaxClockSkew: time.Second, ShutdownGrace: rp.grace,
-		Now:      func() time.Time { return time.Now().Add(skew) },
+		Now: func() time.Time {
+			if jump != nil {
+				return time.Now().Add(skew + time.Duration(jump.Load()))
+			}
+			return time.Now().Add(skew)
+		},
 		Observe:  rp.led.observer(rp.name),
 		Metrics:  rp.metrics,
 		Controls: control.New(rp.store.Controls(), nil),
