@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -219,20 +221,46 @@ func (d *doneLog) watch(ctx context.Context) {
 			epochs[b] = nows[i]
 		}
 		if len(changed) > 0 {
+			// Each script call extends the guard by a lease (Node.Restore),
+			// and a keeper extends it meanwhile, every lease/4, until the
+			// write-back is sent: the bound is for a server that stopped
+			// answering.
+			rctx, cancel := context.WithTimeout(ctx, max(4*lease, 10*time.Second))
+			stopKeeping := d.keep(rctx, slices.Sorted(maps.Keys(changed)), lease)
 			var back []redisnode.Finished
 			for _, f := range d.recent() { // with releases acknowledged meanwhile
 				if changed[d.node.Bucket(f.Run.Job)] {
 					back = append(back, f)
 				}
 			}
-			// Each script call extends the guard by a lease (Node.Restore):
-			// the bound is for a server that stopped answering.
-			rctx, cancel := context.WithTimeout(ctx, max(4*lease, 10*time.Second))
 			d.node.Restore(rctx, back, d.ttl, lease)
+			stopKeeping()
 			cancel()
 		}
 		t.Reset(every)
 	}
+}
+
+// keep holds the restart guard of buckets (Node.Hold) at once and then
+// every lease/4 until the returned func is called (it waits for the
+// keeper) or ctx ends.
+func (d *doneLog) keep(ctx context.Context, buckets []int, lease time.Duration) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(lease/4, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			_ = d.node.Hold(ctx, buckets, lease) // one that fails leaves the next to try
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // buckets are the buckets whose markers the watch reads: the one bucket of

@@ -127,6 +127,19 @@ func (n *Node) Epochs(ctx context.Context, buckets []int, lease time.Duration) (
 	return out, errs
 }
 
+// Hold extends the restart guard of each of buckets, where one holds, to
+// a lease from now (as every Restore call does), in one pipeline: the
+// watcher keeps the guard up with it while it prepares and sends a
+// write-back, so that a slow client (thirty thousand markers to gather on
+// a loaded machine took over a second) cannot let the guard lapse before
+// its first call lands.
+func (n *Node) Hold(ctx context.Context, buckets []int, lease time.Duration) error {
+	return errors.Join(n.pipeline(ctx, &program{script: restoreScript}, len(buckets), func(i int) ([]string, []any) {
+		b := buckets[i]
+		return []string{n.keys.jobs(b), n.keys.marker(b)}, []any{lease.Milliseconds()}
+	}, func(int, *goredis.Cmd) error { return nil })...)
+}
+
 // Restore writes back the done markers of runs, best effort, restoreChunk
 // to a script call (each within one bucket), one call after another so
 // that each extends its bucket's guard as it lands; each marker lives what
