@@ -210,7 +210,10 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 // live: the run is recorded live (ActionResume), and a holder found is
 // waited out.
 func (d *dispatcher) backfillOne(ctx, execCtx context.Context, j *jobState, run claim.Run, live bool) (string, error) {
-	c := d.carry(ctx, run, true)
+	c, err := d.carry(ctx, run, true)
+	if err != nil {
+		return "error", err // nothing bid, nothing ran
+	}
 	cl, err := d.claimUnwatched(ctx, run, live)
 	switch {
 	case errors.Is(err, claim.ErrDone):

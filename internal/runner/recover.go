@@ -10,6 +10,7 @@ package runner
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -210,17 +211,34 @@ type carrier struct {
 }
 
 // carry starts naming run in the register as bid for here; nil if this
-// Runner has no register.
-func (d *dispatcher) carry(ctx context.Context, run claim.Run, alongside bool) *carrier {
+// Runner has no register. It returns an error, and the caller must not
+// bid, if the entry could not be written: a bid without one, granted
+// just before this process died, would leave the run live with nothing
+// to lead the fleet to it (explorer seed 17074: the first write timed
+// out on a slow link, the bid went anyway, and the backfill was killed
+// 0.2s after its grant; the run stayed live for good).
+func (d *dispatcher) carry(ctx context.Context, run claim.Run, alongside bool) (*carrier, error) {
 	r := d.r
 	if r.opts.Controls == nil {
-		return nil
+		return nil, nil
 	}
 	c := &carrier{d: d, ctx: ctx, ttl: r.unwatchedTTL() + unwatchedOutage, stop: make(chan struct{}), renewed: make(chan struct{}),
 		u: control.Unwatched{Job: run.Job, At: run.At, Holder: r.opts.Instance, Since: r.opts.Now(), Alongside: alongside}}
 	// The bid waits for the first write: a process killed at once
-	// leaves its entry, and the bid a server may still grant it.
-	c.put(r.opts.Lease / 6)
+	// leaves its entry, and the bid a server may still grant it. A write
+	// that timed out may have landed; writing it again is harmless.
+	for attempt := 1; ; attempt++ {
+		err := c.put(min(r.opts.Lease, time.Duration(attempt)*r.opts.Lease/6))
+		if err == nil {
+			break
+		}
+		if attempt == 6 || ctx.Err() != nil {
+			return nil, fmt.Errorf("name %s in the register before bidding for it: %w", run.ID(), err)
+		}
+		if !sleep(ctx, jitter(min(r.opts.RenewEvery, time.Duration(attempt)*50*time.Millisecond))) {
+			return nil, fmt.Errorf("name %s in the register before bidding for it: %w", run.ID(), ctx.Err())
+		}
+	}
 	go func() {
 		defer close(c.renewed)
 		for {
@@ -234,7 +252,7 @@ func (d *dispatcher) carry(ctx context.Context, run claim.Run, alongside bool) *
 			c.put(r.opts.Lease / 3)
 		}
 	}()
-	return c
+	return c, nil
 }
 
 // put writes the entry as it stands, even once ctx ended: a run stopped

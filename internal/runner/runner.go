@@ -520,7 +520,10 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	defer wg.Wait()
 	d := r.dispatcher(&wg, &wg)
 	run := claim.Run{Job: name, At: at}
-	c := d.carry(ctx, run, o.Overlap == OverlapAllow)
+	c, err := d.carry(ctx, run, o.Overlap == OverlapAllow)
+	if err != nil {
+		return "", fmt.Errorf("trigger %s: %w", name, err) // nothing bid, nothing ran
+	}
 	cl, err := d.claimUnwatched(ctx, run, false)
 	if err != nil {
 		c.done(errors.Is(err, claim.ErrDone))
