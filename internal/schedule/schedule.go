@@ -107,9 +107,11 @@ func (s *Schedule) Next(t time.Time) time.Time {
 }
 
 // maxPeriods bounds the zone periods (spans of one UTC offset) Next walks
-// before it gives up: a spec that fires at all fires within a few years,
-// and a zone changes its offset about twice a year.
-const maxPeriods = 64
+// before it gives up: a spec that fires at all fires within a few years
+// (the cron library searches five), a zone changes its offset about twice
+// a year, and the last day of a leap year may go by the hour (see
+// nextWall): 5 × (2 + 24) periods, and some to spare.
+const maxPeriods = 256
 
 // nextWall is Next for a cron spec. The instants are defined period by
 // period, where a period is a span of one UTC offset in the job's zone:
@@ -134,6 +136,17 @@ func (s *Schedule) nextWall(t time.Time) time.Time {
 	for range maxPeriods {
 		_, off := at.Zone()
 		start, end := at.ZoneBounds()
+		if !end.IsZero() && !end.After(at) {
+			// Past the zone file's last transition, where the zone's
+			// recurring rule applies, Go reports on the last day of a leap
+			// year a span that has already ended (its year is 365 days
+			// long). The offsets Zone reports stay right: step an hour,
+			// and a boundary without a change of offset changes nothing.
+			end = at.Truncate(time.Hour).Add(time.Hour)
+		}
+		if start.After(at) {
+			start = at // not seen, but a span must hold at
+		}
 		prev := off
 		if !start.IsZero() {
 			_, prev = start.Add(-time.Nanosecond).In(s.loc).Zone()

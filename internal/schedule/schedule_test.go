@@ -354,3 +354,43 @@ func TestInstantsAroundEveryTransitionAreOneSet(t *testing.T) {
 		}
 	}
 }
+
+// TestTheLastDayOfALeapYearKeepsFiring: past the zone file's last
+// transition, Go's ZoneBounds reports on the last day of a leap year a
+// span that ended already; Next still names the next instant, the same
+// one the UTC offset gives, for daily, weekly, monthly and yearly specs
+// (a reviewer found the first version of the period walk answering
+// "never fires again" there: with the tzdata Go embeds, from December
+// 2028).
+func TestTheLastDayOfALeapYearKeepsFiring(t *testing.T) {
+	for _, tz := range []string{"Europe/Berlin", "America/New_York", "Australia/Sydney", "Australia/Lord_Howe"} {
+		loc, err := time.LoadLocation(tz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, year := range []int{2028, 2040, 2048, 2096} {
+			for _, spec := range []string{"0 9 * * *", "@weekly", "@monthly", "@yearly", "*/20 * * * *"} {
+				s, err := Parse(spec, tz)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, from := range []time.Time{
+					time.Date(year, 11, 15, 0, 0, 0, 0, time.UTC), time.Date(year, 12, 25, 0, 0, 0, 0, time.UTC),
+					time.Date(year, 12, 30, 12, 0, 0, 0, time.UTC), time.Date(year, 12, 31, 0, 0, 0, 0, time.UTC),
+					time.Date(year, 12, 31, 12, 30, 0, 0, time.UTC),
+				} {
+					got := s.Next(from)
+					// The spec on the wall clock of from's offset, which no
+					// transition changes between November and January here
+					// but Sydney's and Lord Howe's, whose next is in April.
+					_, off := from.In(loc).Zone()
+					w := s.naive.Next(from.Add(time.Duration(off) * time.Second))
+					want := w.Add(-time.Duration(off) * time.Second)
+					if !got.Equal(want) {
+						t.Errorf("%s %q: Next(%s) = %s, want %s", tz, spec, from.Format(time.RFC3339), got, want)
+					}
+				}
+			}
+		}
+	}
+}
