@@ -199,35 +199,37 @@ func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs
 // recorded missed, reason fell_behind: every replica may have been stopped
 // at once, and nothing else would ever record them (start-up counts
 // missed runs only after the newest record). Like start-up, it records at
-// most maxMissedAtStart of them and counts as many more. Under run-all
-// too: catching up is start-up's, after the fleet was down.
+// most maxMissedAtStart of them and counts as many more, and records
+// none of a paused job's. Under run-all too: catching up is start-up's,
+// after the fleet was down.
 func (d *dispatcher) fellBehind(ctx, execCtx context.Context, j *jobState, at, now time.Time) {
 	r := d.r
 	latest := j.Schedule.Prev(now, now.Sub(at))
 	end := now.Add(-r.lateTolerance())
-	var missed []claim.Run
-	beyond := 0
-	x := at
-	for ; !x.IsZero() && x.Before(latest) && x.Before(end) && beyond < maxMissedAtStart; x = j.Schedule.Next(x) {
-		switch {
-		case !j.fire(x).Before(end):
-			d.dispatch(ctx, execCtx, j, x, "") // jittered to within the tolerance
-		case len(missed) < maxMissedAtStart:
-			missed = append(missed, claim.Run{Job: j.Name, At: x.UTC()})
-		default:
-			beyond++
+	// Those past the tolerance: walked, claimed and recorded on a
+	// goroutine of their own (a frequent job after a long stall has
+	// thousands), not in the loop.
+	d.goStandby(func() {
+		// A paused job misses nothing, as at start-up (recordMissed).
+		paused := r.paused(ctx, j.Name)
+		var missed []claim.Run
+		beyond := 0
+		for x := at; !x.IsZero() && x.Before(latest) && x.Before(end) && beyond < maxMissedAtStart; x = j.Schedule.Next(x) {
+			switch {
+			case !j.fire(x).Before(end):
+				d.dispatch(ctx, execCtx, j, x, "") // jittered to within the tolerance
+			case paused:
+			case len(missed) < maxMissedAtStart:
+				missed = append(missed, claim.Run{Job: j.Name, At: x.UTC()})
+			default:
+				beyond++
+			}
 		}
-	}
-	// The instants still on time (fire(x) >= x), whether the walk
-	// counted up to them or gave up counting.
-	if x.Before(end) {
-		x = j.Schedule.Next(end.Add(-time.Nanosecond))
-	}
-	for ; !x.IsZero() && x.Before(latest); x = j.Schedule.Next(x) {
+		d.recordMissedRuns(ctx, execCtx, j, missed, beyond, at, MissedBehind)
+	})
+	// The instants still on time, as any run (fire(x) >= x).
+	for x := j.Schedule.Next(end.Add(-time.Nanosecond)); !x.IsZero() && x.Before(latest); x = j.Schedule.Next(x) {
 		d.dispatch(ctx, execCtx, j, x, "")
-	}
-	if len(missed) > 0 || beyond > 0 {
-		d.goStandby(func() { d.recordMissedRuns(ctx, execCtx, j, missed, beyond, at, MissedBehind) })
 	}
 	d.dispatch(ctx, execCtx, j, latest, MissedBehind)
 }

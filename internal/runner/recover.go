@@ -232,11 +232,14 @@ func (d *dispatcher) carry(ctx context.Context, run claim.Run, alongside bool) (
 		if err == nil {
 			break
 		}
-		if attempt == 6 || ctx.Err() != nil {
-			return nil, fmt.Errorf("name %s in the register before bidding for it: %w", run.ID(), err)
-		}
-		if !sleep(ctx, jitter(min(r.opts.RenewEvery, time.Duration(attempt)*50*time.Millisecond))) {
-			return nil, fmt.Errorf("name %s in the register before bidding for it: %w", run.ID(), ctx.Err())
+		if attempt == 6 || ctx.Err() != nil || !sleep(ctx, jitter(min(r.opts.RenewEvery, time.Duration(attempt)*50*time.Millisecond))) {
+			// A write that timed out may have landed: withdrawn, or the
+			// fleet would take the run over as a bid's and run it, after
+			// this caller heard that nothing ran.
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease/3)
+			_ = r.opts.Controls.Ended(wctx, c.u, r.unwatchedTTL())
+			cancel()
+			return nil, fmt.Errorf("name %s in the register before bidding for it (nothing was bid for): %w", run.ID(), err)
 		}
 	}
 	go func() {
