@@ -81,7 +81,9 @@ func noFunctions(err error) bool {
 	}
 	msg := strings.TrimPrefix(rerr.Error(), "ERR ")
 	return strings.HasPrefix(msg, "unknown command") || strings.HasPrefix(msg, "unknown subcommand") ||
-		(strings.HasPrefix(msg, "NOPERM") && (strings.Contains(msg, "fcall") || strings.Contains(msg, "function")))
+		// The ACL refused FCALL or FUNCTION LOAD themselves, not a
+		// command a function called ("... on @user_function").
+		(strings.HasPrefix(msg, "NOPERM") && (strings.Contains(msg, "'fcall'") || strings.Contains(msg, "'function|")))
 }
 
 // functions reports whether the node calls p as a function.
