@@ -33,6 +33,17 @@ func commandCalls(t *testing.T, client *goredis.Client, cmds ...string) map[stri
 	return out
 }
 
+// newNamespace declares a fresh namespace new on the server behind client
+// and returns a node over it.
+func newNamespace(t *testing.T, client *goredis.Client) *redisnode.Node {
+	t.Helper()
+	p := testenv.RandomPrefix(t.Name())
+	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+		t.Fatal(err)
+	}
+	return redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+}
+
 // claimRenewRelease claims n runs of job one at a time, renews and
 // releases each, and fails the test unless every step did what it should.
 func claimRenewRelease(t *testing.T, node *redisnode.Node, job string, from, n int) {
@@ -64,11 +75,7 @@ func TestClaimsReadTheServersRunIDOncePerLibrary(t *testing.T) {
 	server := testenv.StartRedis(t)
 	client := goredis.NewClient(&goredis.Options{Addr: server.Addr(), ContextTimeoutEnabled: true})
 	defer client.Close()
-	p := testenv.RandomPrefix(t.Name())
-	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
-		t.Fatal(err)
-	}
-	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+	node := newNamespace(t, client)
 	if err := client.ConfigResetStat(ctxT(t)).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -116,11 +123,7 @@ func TestAServerWithoutFunctionsGetsScripts(t *testing.T) {
 			}
 			client := goredis.NewClient(opts)
 			defer client.Close()
-			p := testenv.RandomPrefix(t.Name())
-			if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
-				t.Fatal(err)
-			}
-			node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+			node := newNamespace(t, client)
 			if err := admin.ConfigResetStat(ctxT(t)).Err(); err != nil {
 				t.Fatal(err)
 			}

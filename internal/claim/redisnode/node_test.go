@@ -68,11 +68,7 @@ func TestBatchesOfOneAndManyReloadLostScripts(t *testing.T) {
 	server := testenv.StartRedis(t)
 	client := goredis.NewClient(&goredis.Options{Addr: server.Addr(), ContextTimeoutEnabled: true})
 	defer client.Close()
-	p := testenv.RandomPrefix(t.Name())
-	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
-		t.Fatal(err)
-	}
-	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+	node := newNamespace(t, client)
 	for _, n := range []int{1, 3, 250} {
 		runs, tokens := make([]claim.Run, n), make([]string, n)
 		outs, ids := make([]claim.Status, n), make([]string, n)
