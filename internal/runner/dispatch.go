@@ -340,6 +340,9 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 			}
 		case errors.Is(err, claim.ErrDone):
 		default: // held; or Run is stopping
+			if !errors.Is(err, claim.ErrHeld) && ctx.Err() == nil {
+				d.r.unreachableAt.Store(d.r.opts.Now().UnixNano())
+			}
 			n++
 		}
 	}
@@ -490,6 +493,7 @@ func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *c
 			r.log.ErrorContext(ctx, "claim failed; retrying", append(runAttrs(r, c.run, nil), "error", err.Error())...)
 		}
 		c.unavailable, c.unreachable = err, true
+		r.unreachableAt.Store(r.opts.Now().UnixNano())
 	}
 	return false
 }
@@ -627,6 +631,12 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 	}
 	if late && o.late == "" {
 		o.late = MissedBehind
+		if u := r.unreachableAt.Load(); u != 0 && time.Unix(0, u).After(j.fire(cl.Run.At)) {
+			// A claim here failed since the run fell due: whichever path
+			// won it now (an overlap probe, a contention started after
+			// the outage), the backend kept it from starting in time.
+			o.late = MissedUnavailable
+		}
 	}
 	if o.request == nil {
 		// A request's run won by a path that did not know the request (a

@@ -173,6 +173,10 @@ type Runner struct {
 	// view is the fleet as last read (see members.go); nil until a read
 	// succeeded.
 	view atomic.Pointer[membership]
+	// unreachableAt is when a claim of this replica last failed (unix ns
+	// on its clock; 0: never): a run that then starts past its deadline
+	// was kept from it by the backend, not by this replica falling behind.
+	unreachableAt atomic.Int64
 
 	mu sync.Mutex
 	// lossUntil is the end of the last backend data loss this runner
