@@ -27,8 +27,7 @@ const MinEvery = time.Second
 type Schedule struct {
 	spec  string
 	loc   *time.Location
-	cron  *cron.SpecSchedule // nil for @every
-	naive *cron.SpecSchedule // cron in UTC: the spec on a wall clock that never jumps
+	naive *cron.SpecSchedule // the spec on a wall clock that never jumps (UTC); nil for @every
 	every time.Duration
 }
 
@@ -67,10 +66,8 @@ func Parse(spec, tz string) (*Schedule, error) {
 		if !ok {
 			return nil, fmt.Errorf("schedule %q: not a cron spec", spec)
 		}
-		naive := *cs
-		naive.Location = time.UTC
-		cs.Location = loc
-		s.cron, s.naive = cs, &naive
+		cs.Location = time.UTC
+		s.naive = cs
 	}
 	if s.Next(time.Now()).IsZero() {
 		return nil, fmt.Errorf("schedule %q never fires", spec)
@@ -184,7 +181,7 @@ func (s *Schedule) nextWall(t time.Time) time.Time {
 // fixedHours reports whether the spec names its hours (not "*"), so that a
 // repeated wall-clock hour must not fire it twice.
 func (s *Schedule) fixedHours() bool {
-	return s.cron != nil && s.cron.Hour&(1<<63) == 0 // robfig's starBit marks "*"
+	return s.naive != nil && s.naive.Hour&(1<<63) == 0 // robfig's starBit marks "*"
 }
 
 // Prev returns the last instant at or before t, or the zero time if there is

@@ -133,7 +133,7 @@ func (n *Node) PutControls(ctx context.Context, cs []claim.Control) ([]claim.Con
 	answers := make([]error, len(cs))
 	// The controls hash is one key, outside the buckets: every entry's
 	// "job" is the same, so chunks only caps the calls' size.
-	errs := n.batch(ctx, &program{script: putControlScript}, len(cs), func(int) string { return "" },
+	errs := n.batch(ctx, putControlProgram, len(cs), func(int) string { return "" },
 		func(int) ([]string, []any) { return []string{n.keys.controls()}, nil },
 		func(i int, keys []string, args []any) ([]string, []any) {
 			return keys, append(args, cs[i].Key, encodeControl(cs[i]))

@@ -43,6 +43,16 @@ var library struct {
 // The programs library holds; set up in init, once the bodies exist.
 var claimProgram, renewProgram *program
 
+// The programs that stay EVAL scripts: they read no run_id.
+var (
+	releaseProgram    = &program{script: releaseScript}
+	commitProgram     = &program{script: commitScript}
+	putControlProgram = &program{script: putControlScript}
+	markNewProgram    = &program{script: markNewScript}
+	epochProgram      = &program{script: epochScript}
+	restoreProgram    = &program{script: restoreScript}
+)
+
 func init() {
 	claimProgram = &program{body: claimBody}
 	renewProgram = &program{body: renewBody}

@@ -422,7 +422,7 @@ func (n *Node) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration, 
 // claim.ErrLeaseLost.
 func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcomes []claim.Status) []error {
 	answers := make([]error, len(runIDs))
-	errs := n.batch(ctx, &program{script: releaseScript}, len(runIDs), func(i int) string { return jobOf(runIDs[i]) },
+	errs := n.batch(ctx, releaseProgram, len(runIDs), func(i int) string { return jobOf(runIDs[i]) },
 		func(int) ([]string, []any) { return nil, []any{n.doneTTL.Milliseconds()} },
 		func(i int, keys []string, args []any) ([]string, []any) {
 			return append(keys, n.keys.run(runIDs[i])), append(args, tokens[i], string(outcomes[i]), terminal(outcomes[i]))
@@ -473,7 +473,7 @@ func (n *Node) Abort(ctx context.Context, run claim.Run, token string) error {
 func (n *Node) CommitBatch(ctx context.Context, runs []claim.Run, tokens []string, fences []int64, attempts []int) ([]bool, []error) {
 	updated := make([]bool, len(runs))
 	answers := make([]error, len(runs))
-	errs := n.batch(ctx, &program{script: commitScript}, len(runs), func(i int) string { return runs[i].Job },
+	errs := n.batch(ctx, commitProgram, len(runs), func(i int) string { return runs[i].Job },
 		func(int) ([]string, []any) { return nil, nil },
 		func(i int, keys []string, args []any) ([]string, []any) {
 			return append(keys, n.keys.run(runs[i].ID()), n.keys.fence(runs[i].Job)),

@@ -100,7 +100,7 @@ return 1
 // would let a run still held by a replica be granted again.
 func MarkNew(ctx context.Context, client goredis.UniversalClient, prefix string) error {
 	n := New(client, Options{Prefix: prefix}, 0, 1)
-	return errors.Join(n.pipeline(ctx, &program{script: markNewScript}, n.keys.count(), func(b int) ([]string, []any) {
+	return errors.Join(n.pipeline(ctx, markNewProgram, n.keys.count(), func(b int) ([]string, []any) {
 		return []string{n.keys.marker(b)}, nil
 	}, func(int, *goredis.Cmd) error { return nil })...)
 }
@@ -111,7 +111,7 @@ func MarkNew(ctx context.Context, client goredis.UniversalClient, prefix string)
 // under it returns errors wrapping goredis.ErrClosed.
 func (n *Node) Epochs(ctx context.Context, buckets []int, lease time.Duration) ([]string, []error) {
 	out := make([]string, len(buckets))
-	errs := n.pipeline(ctx, &program{script: epochScript}, len(buckets), func(i int) ([]string, []any) {
+	errs := n.pipeline(ctx, epochProgram, len(buckets), func(i int) ([]string, []any) {
 		b := buckets[i]
 		return []string{n.keys.marker(b)}, []any{n.Seen(b), lease.Milliseconds()}
 	}, func(i int, cmd *goredis.Cmd) error {
@@ -134,7 +134,7 @@ func (n *Node) Epochs(ctx context.Context, buckets []int, lease time.Duration) (
 // a loaded machine took over a second) cannot let the guard lapse before
 // its first call lands.
 func (n *Node) Hold(ctx context.Context, buckets []int, lease time.Duration) error {
-	return errors.Join(n.pipeline(ctx, &program{script: restoreScript}, len(buckets), func(i int) ([]string, []any) {
+	return errors.Join(n.pipeline(ctx, restoreProgram, len(buckets), func(i int) ([]string, []any) {
 		b := buckets[i]
 		return []string{n.keys.jobs(b), n.keys.marker(b)}, []any{lease.Milliseconds()}
 	}, func(int, *goredis.Cmd) error { return nil })...)
