@@ -444,3 +444,88 @@ func fallBehind(t *testing.T, paused bool) {
 	}
 	led.check(t, history.Spec{})
 }
+
+// slowMissedRelease delays every release batch that records a run missed,
+// as a backend a round trip away does: the claims taken only to record
+// the outage's instants missed stay live meanwhile.
+type slowMissedRelease struct{ claim.Claimer }
+
+func (s slowMissedRelease) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	if slices.Contains(outs, claim.Missed) {
+		time.Sleep(300 * time.Millisecond)
+	}
+	return s.Claimer.Release(ctx, cls, outs)
+}
+
+// Replicas that start after an outage run the instants still within the
+// late tolerance, while the outage's older instants are being recorded
+// missed: the claims taken only to record those are no earlier run for
+// the overlap policy (forbid). An outside review restarted a replica after
+// 25s down: the two instants still on time were skipped as overlap with
+// the claims recording the ones before them, and nothing ran. One replica,
+// and two starting together (each one's probe meets the other's claims).
+func TestInstantsStillOnTimeAtStartUpRunWhileTheOutageIsRecorded(t *testing.T) {
+	for _, names := range [][]string{{"a"}, {"b", "c"}} {
+		t.Run(strings.Join(names, ","), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memory.NewStore(nil)
+				led := newLedger()
+				jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/3 * * * * *"),
+					Handler: func(ctx context.Context, run job.Run) error { return nil }}}
+				time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute + 500*time.Millisecond)))
+				first := startReplicas(t, store, led, jobs, "a")
+				time.Sleep(10 * time.Second)
+				stopAll(first)
+				down := time.Now()
+				time.Sleep(25 * time.Second)
+				up := time.Now()
+				var back []*replica
+				for _, n := range names {
+					rp := &replica{name: n, store: store, jobs: jobs, led: led,
+						wrap: func(c claim.Claimer) claim.Claimer { return slowMissedRelease{c} }}
+					rp.start(t)
+					back = append(back, rp)
+				}
+				time.Sleep(9 * time.Second)
+				stopAll(back)
+				// The late tolerance is 2×1s skew + 5s = 7s: at the start,
+				// two instants are still on time and the six before them
+				// are not. The earliest on time runs; the next ones, due
+				// while it waited for the outage's claims to be released,
+				// may be skipped for it (forbid); the rest run.
+				sts := statuses(t, store, "tick")
+				var ats []time.Time
+				for at := range sts {
+					ats = append(ats, at)
+				}
+				slices.SortFunc(ats, time.Time.Compare)
+				firstOnTime, missed, ran := true, 0, 0
+				for _, at := range ats {
+					st := sts[at]
+					switch late := up.Sub(at); {
+					case late > 8*time.Second && at.After(down):
+						missed++
+						if st != claim.Missed {
+							t.Errorf("%s (%v before the start): %s, want missed", at.Format(time.TimeOnly), late, st)
+						}
+					case late < 6*time.Second && late > 0 && firstOnTime, late < -2*time.Second && at.Before(up.Add(8*time.Second)):
+						firstOnTime = false
+						ran++
+						if st != claim.Succeeded {
+							t.Errorf("%s (%v before the start): %s, want succeeded", at.Format(time.TimeOnly), late, st)
+						}
+					case late < 6*time.Second && late > 0, late <= 0 && late >= -2*time.Second:
+						firstOnTime = false
+						if st != claim.Succeeded && st != claim.Skipped {
+							t.Errorf("%s (%v before the start): %s, want succeeded or skipped", at.Format(time.TimeOnly), late, st)
+						}
+					}
+				}
+				if missed != 6 || ran < 3 {
+					t.Errorf("%d instants missed and %d checked to have run, want 6 and at least 3: %v", missed, ran, sts)
+				}
+				led.check(t, history.Spec{})
+			})
+		})
+	}
+}

@@ -163,9 +163,12 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
 	default: // forbid
-		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		p, err := d.settledOwners(ctx, ectx, j, cl, grantedAt, backendNow)
 		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
-		if err != nil {
+		switch {
+		case errors.Is(err, errStopped):
+			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
+		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
 		if len(p.owners) > 0 || p.ahead != nil {

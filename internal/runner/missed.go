@@ -135,12 +135,18 @@ func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs
 	r := d.r
 	recorded := 0
 	for attempt := 0; len(runs) > 0; attempt++ {
+		// Marked before the bid: a grant is visible to other probes as
+		// soon as the backend makes it.
+		j.setRecording(runs, +1)
 		cctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
 		cls, errs := r.opts.Claimer.Claim(cctx, runs, r.opts.Lease)
 		cancel()
 		var won []*claim.Claim
 		var retry []claim.Run
 		for i, cl := range cls {
+			if errs[i] != nil || cl.Attempt > 1 {
+				j.setRecording(runs[i:i+1], -1)
+			}
 			switch {
 			case errs[i] == nil && cl.Attempt > 1:
 				d.granted(ctx, execCtx, j, cl, origin{takeover: true})
@@ -167,6 +173,7 @@ func (d *dispatcher) recordChunk(ctx, execCtx context.Context, j *jobState, runs
 		var mu sync.Mutex
 		for _, cl := range won {
 			ended.Go(func() {
+				defer j.setRecording([]claim.Run{cl.Run}, -1)
 				if d.release(ctx, cl, claim.Missed) == nil {
 					mu.Lock()
 					recorded++
@@ -240,4 +247,28 @@ func (d *dispatcher) fellBehind(ctx, execCtx context.Context, j *jobState, at, n
 // counts the outage's missed instants up to it.
 func (r *Runner) lookBack(j *jobState, now time.Time) time.Time {
 	return j.Schedule.Prev(now, max(j.Grace, r.lateTolerance()))
+}
+
+// setRecording marks runs, instants of j, as claimed here only to be
+// recorded missed (delta +1), or no longer (-1).
+func (j *jobState) setRecording(runs []claim.Run, delta int) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.recording == nil {
+		j.recording = map[int64]int{}
+	}
+	for _, run := range runs {
+		k := run.At.UnixNano()
+		if j.recording[k] += delta; j.recording[k] <= 0 {
+			delete(j.recording, k)
+		}
+	}
+}
+
+// recordingHere reports whether this replica holds, or is bidding for,
+// j's run at only to record it missed.
+func (j *jobState) recordingHere(at time.Time) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.recording[at.UnixNano()] > 0
 }

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -74,9 +75,18 @@ func (d *dispatcher) awaitTurn(ctx, execCtx, ectx context.Context, j *jobState, 
 	r := d.r
 	logged := false
 	revoked := map[string]bool{}
+	begin := time.Now()
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
 		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
+		if err == nil && (!revoke || p.newer == nil) && d.waitsOut(j, p, time.Since(begin)) {
+			// Held a moment only to be recorded missed: neither revoked
+			// nor waited on as a run, asked again.
+			if err := waitFor(ctx, ectx, wait); err != nil {
+				return err
+			}
+			continue
+		}
 		owners, newer := p.owners, p.newer
 		if err == nil && revoke && newer != nil {
 			// A later instant is live: it replaces this one, which must
@@ -116,15 +126,76 @@ func (d *dispatcher) awaitTurn(ctx, execCtx, ectx context.Context, j *jobState, 
 				append(runAttrs(r, cl.Run, cl), "previous_run_id", owner.RunID, "previous_holder", owner.Holder)...)
 			logged = true
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ectx.Done():
-			t.Stop()
-			return context.Cause(ectx)
-		case <-ctx.Done():
-			t.Stop()
-			return errStopped
-		case <-t.C:
+		if err := waitFor(ctx, ectx, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// waitFor waits d, or until ectx (an execution's) ends: then it returns
+// the lease's cause; or ctx (Run's): then errStopped.
+func waitFor(ctx, ectx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ectx.Done():
+		return context.Cause(ectx)
+	case <-ctx.Done():
+		return errStopped
+	case <-t.C:
+		return nil
+	}
+}
+
+// momentaryWait bounds how long a probe asks again about runs another
+// replica may hold only to record them missed (see waitsOut): such a
+// claim is released within a round trip or two of its grant.
+const momentaryWait = 1500 * time.Millisecond
+
+// waitsOut reports whether a probing run, having asked for waited so
+// far, should ask again rather than yield to what p found: every run it
+// would yield to (owners, ahead) may be held only for a moment, to be
+// recorded missed. Such a claim is no run that could overlap (an outside
+// review: a replica restarted after 25s down skipped its instants still
+// on time as overlap with its own claims on the outage's older instants,
+// and nothing ran). A claim this replica holds for that (recording) is
+// asked about again until it is released, up to the late tolerance;
+// one of another replica's is recognised by its grant, a first attempt
+// granted past its deadline (replicas starting together), and asked
+// about for momentaryWait. Asking again only delays the verdict: the
+// run starts only once a probe finds nothing live to yield to, so a run
+// mistaken for one of these (a late run its misfire policy ran) is
+// yielded to in the end.
+func (d *dispatcher) waitsOut(j *jobState, p probe, waited time.Duration) bool {
+	yields := p.owners
+	if p.ahead != nil {
+		yields = append(slices.Clip(yields), *p.ahead)
+	}
+	if len(yields) == 0 || waited > d.r.lateTolerance() {
+		return false
+	}
+	for _, o := range yields {
+		switch {
+		case j.recordingHere(o.At):
+		case o.Attempt == 1 && o.StartedAt.Sub(j.fire(o.At)) > d.r.lateTolerance() && waited < momentaryWait:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// settledOwners is owners for the forbid policy's single verdict, asked
+// again while waitsOut says the runs found are held only for a moment.
+func (d *dispatcher) settledOwners(ctx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (probe, error) {
+	begin := time.Now()
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		if err != nil || !d.waitsOut(j, p, time.Since(begin)) {
+			return p, err
+		}
+		if err := waitFor(ctx, ectx, jitter(wait)); err != nil {
+			return probe{}, err
 		}
 	}
 }

@@ -223,6 +223,10 @@ type jobState struct {
 	// waiting for their turn or running), as the overlap probe must count
 	// them (see owners).
 	held map[string]claim.Record
+	// recording counts, per instant (unix ns), the claims this replica
+	// holds on it only to record it missed (recordChunk): no run an
+	// overlap probe should yield to (waitsOut).
+	recording map[int64]int
 }
 
 // New validates the jobs and options and returns a Runner.
