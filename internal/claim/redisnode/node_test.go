@@ -296,3 +296,67 @@ func TestAServerThatRefusesWritesIsUnavailableToABatch(t *testing.T) {
 		})
 	}
 }
+
+// TestAnUncommittedRedlockGrantSpendsNoAttempt: on a Redlock node (one
+// fence slot of several) a grant counts as an attempt only once the
+// quorum's commit reached it. A lapsed grant never committed (its quorum
+// lost, its abort lost, or run by a stalled node after its caller gave
+// up) is taken over at the same attempt; a committed one at the next; an
+// aborted takeover goes back to the committed attempt. On a single
+// server every grant stands at once, as before. (An outside review:
+// nodes stalled under a claim round failed a run "attempt 2 exceeds
+// max_attempts 1" that never started.)
+func TestAnUncommittedRedlockGrantSpendsNoAttempt(t *testing.T) {
+	const lease = 150 * time.Millisecond
+	for _, tc := range []struct {
+		name        string
+		slots       int
+		uncommitted int // the attempt a takeover of an uncommitted grant of attempt 1 gets
+	}{{"redlock", 64, 1}, {"single", 1, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, p := isolated(t)
+			if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+				t.Fatal(err)
+			}
+			node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, tc.slots)
+			run := claim.Run{Job: "job.attempts", At: base}
+			takeOver := func(token string) redisnode.Reply {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					r, err := claimOne(t, node, run, token, "replica", lease)
+					if err == nil && r.Vote == redisnode.Granted {
+						return r
+					}
+					if err != nil || r.Vote != redisnode.Held || time.Now().After(deadline) {
+						t.Fatalf("takeover: %+v, %v", r, err)
+					}
+					time.Sleep(20 * time.Millisecond) // the lease lapses on the server's clock
+				}
+			}
+			first := takeOver(claim.NewToken()) // granted, never committed
+			if first.Attempt != 1 {
+				t.Fatalf("fresh grant: attempt %d, want 1", first.Attempt)
+			}
+			tok := claim.NewToken()
+			second := takeOver(tok)
+			if second.Attempt != tc.uncommitted {
+				t.Fatalf("takeover of an uncommitted grant: attempt %d, want %d", second.Attempt, tc.uncommitted)
+			}
+			if tc.slots == 1 {
+				return
+			}
+			if ok, errs := node.CommitBatch(ctxT(t), []claim.Run{run}, []string{tok}, []int64{second.Fence}, []int{second.Attempt}); errs[0] != nil || !ok[0] {
+				t.Fatalf("commit: %v, %v", ok, errs)
+			}
+			tok = claim.NewToken()
+			if third := takeOver(tok); third.Attempt != 2 {
+				t.Fatalf("takeover of a committed attempt 1: attempt %d, want 2", third.Attempt)
+			}
+			node.AbortBatch(ctxT(t), []claim.Run{run}, []string{tok})
+			if again := takeOver(claim.NewToken()); again.Attempt != 2 {
+				t.Fatalf("takeover after an aborted attempt 2: attempt %d, want 2", again.Attempt)
+			}
+		})
+	}
+}

@@ -122,8 +122,8 @@ local holder, ttl, limit = ARGV[1], s(tonumber(ARGV[3]) + lease), tonumber(ARGV[
 local slot, slots = tonumber(ARGV[5]), tonumber(ARGV[6])
 local lease_until = now + lease
 local function grant(run, fkey, hkey, token, at, rid, job)
-  local h = redis.call('HMGET', run, 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence')
-  local attempt = 1
+  local h = redis.call('HMGET', run, 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence', 'base')
+  local attempt, base = 1, 0
   if h[2] then
     if h[1] == token and h[2] == 'running' then
       -- The client retried a request that had already granted.
@@ -135,7 +135,8 @@ local function grant(run, fkey, hkey, token, at, rid, job)
     if h[2] == 'running' and tonumber(h[3]) > now then
       return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4])}
     end
-    attempt = tonumber(h[4]) + 1
+    base = tonumber(h[7] or h[4])
+    attempt = base + 1
     -- A takeover rewrites the hash; a fresh grant creates it.
     redis.call('HDEL', run, 'finished_at')
   end
@@ -144,6 +145,11 @@ local function grant(run, fkey, hkey, token, at, rid, job)
   redis.call('SET', fkey, s(fence))
   redis.call('HSET', run, 'token', token, 'holder', holder, 'fence', s(fence),
     'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
+  if slots > 1 then
+    -- Redlock: this node's grant stands only once committed (base is
+    -- then raised to it); until then a takeover counts on from base.
+    redis.call('HSET', run, 'base', s(base))
+  end
   redis.call('PEXPIRE', run, ttl)
   redis.call('SADD', KEYS[1], job)
   if redis.call('ZADD', hkey, at, rid) == 1 then
@@ -239,19 +245,20 @@ return out
 
 // abortScript undoes a grant nobody will use (a lost quorum, a cancelled
 // request): a fresh run disappears, a takeover goes back to the attempt it
-// replaced, ready to be taken over at once. Fences are never given back.
+// replaced (base, where a Redlock grant keeps it), ready to be taken over
+// at once. Fences are never given back.
 //
 // KEYS: run hash, job history zset. ARGV: token, run id.
 // Reply: 1 if undone, 0 if the token no longer held the run.
 var abortScript = goredis.NewScript(`
-local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'attempt')
+local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'attempt', 'base')
 if h[1] ~= ARGV[1] or h[2] ~= 'running' then return 0 end
-local attempt = tonumber(h[3])
-if attempt <= 1 then
+local base = tonumber(h[4]) or tonumber(h[3]) - 1
+if base < 1 then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], ARGV[2])
 else
-  redis.call('HSET', KEYS[1], 'status', 'interrupted', 'attempt', string.format('%.0f', attempt - 1))
+  redis.call('HSET', KEYS[1], 'status', 'interrupted', 'attempt', string.format('%.0f', base))
 end
 return 1
 `)
@@ -259,8 +266,13 @@ return 1
 // commitScript makes a quorum's decisions durable on one node, one
 // script call per batch (as claimProgram): each job's fence key is raised
 // to the granted fence, and each run hash (if the token still holds it)
-// gets the fence and attempt the quorum agreed on, so the next takeover on
-// any majority counts on from there.
+// gets the fence and attempt the quorum agreed on, as its base, so the
+// next takeover on any majority counts on from there. A grant never
+// committed (its quorum lost, its abort lost or overtaken by the grant
+// itself, which a stalled node ran late) leaves base where it was: the
+// attempt it took was never started, and spends none of max_attempts
+// (an outside review: nodes stalled 3s under a claim round failed a run
+// "attempt 2 exceeds max_attempts 1" that never ran).
 //
 // KEYS: per run: run hash, job fence. ARGV: per run: token, fence, attempt.
 // Reply, one per run: 1 if the run hash was updated, 0 if only the fence
@@ -272,7 +284,7 @@ local function commit(run, fkey, token, fence, attempt)
   end
   local h = redis.call('HMGET', run, 'token', 'status')
   if h[1] ~= token or h[2] ~= 'running' then return 0 end
-  redis.call('HSET', run, 'fence', fence, 'attempt', attempt)
+  redis.call('HSET', run, 'fence', fence, 'attempt', attempt, 'base', attempt)
   return 1
 end
 local out = {}
