@@ -179,7 +179,10 @@ type Redlock struct {
 	// NodeTimeout bounds one node's answer. It eats into the claim's validity
 	// time, so it must stay far below the lease. Default 50ms.
 	NodeTimeout Duration `yaml:"node_timeout"`
-	TLS         TLS      `yaml:"tls"`
+	// AllowEviction accepts nodes whose maxmemory-policy may evict claim
+	// keys (which would allow a second execution), as for redis.
+	AllowEviction bool `yaml:"allow_eviction"`
+	TLS           TLS  `yaml:"tls"`
 	// AllowUnsafeNodeCount accepts fewer than 3 or an even number of nodes
 	// (for development; a quorum then tolerates no failure).
 	AllowUnsafeNodeCount bool `yaml:"allow_unsafe_node_count"`

@@ -13,7 +13,7 @@ import (
 
 // redlockDriver: a quorum of independent Redis nodes.
 var redlockDriver = driver{
-	open: func(_ context.Context, c config.Claimer, instance string, _ Options) (*Backend, error) {
+	open: func(ctx context.Context, c config.Claimer, instance string, _ Options) (*Backend, error) {
 		r := c.Redlock
 		var clients []goredis.UniversalClient
 		closeAll := func() {
@@ -30,9 +30,17 @@ var redlockDriver = driver{
 			clients = append(clients, client)
 		}
 		cl, err := redlock.New(clients, redlock.Options{Instance: instance, Prefix: r.Prefix,
-			DoneTTL: r.DoneTTL.Duration(), NodeTimeout: r.NodeTimeout.Duration()})
+			DoneTTL: r.DoneTTL.Duration(), NodeTimeout: r.NodeTimeout.Duration(), AllowEviction: r.AllowEviction})
 		if err != nil {
 			closeAll()
+			return nil, fmt.Errorf("redlock: %w", err)
+		}
+		// As the redis claimer does at start: a node that may evict
+		// claims, a wrong password, one server listed twice, or no
+		// majority to answer is an error now, not a replica that waits
+		// unready for good (found by an outside review).
+		if err := cl.Check(ctx); err != nil {
+			_ = cl.Close()
 			return nil, fmt.Errorf("redlock: %w", err)
 		}
 		return &Backend{Claimer: cl, Controls: cl.Controls()}, nil

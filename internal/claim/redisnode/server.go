@@ -54,14 +54,15 @@ func (n *Node) Check(ctx context.Context) error {
 			"with its bucket ({n}), and a brace in the prefix would become the hash tag instead", n.keys.prefix)
 	}
 	if n.cluster == nil {
-		return n.checkServer(ctx, n.client, n.addr)
+		_, err := n.checkServer(ctx, n.client, n.addr)
+		return err
 	}
 	var (
 		mu    sync.Mutex
 		found []error
 	)
 	err := n.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-		err := n.checkServer(ctx, c, c.Options().Addr)
+		_, err := n.checkServer(ctx, c, c.Options().Addr)
 		if err != nil {
 			mu.Lock()
 			found = append(found, err)
@@ -80,14 +81,26 @@ func (n *Node) Check(ctx context.Context) error {
 	return nil
 }
 
-// checkServer runs Check's test on one server (a master of a cluster).
-func (n *Node) checkServer(ctx context.Context, c goredis.UniversalClient, addr string) error {
-	info, err := c.Info(ctx).Result() // the default sections hold memory and cluster
+// CheckID is Check on a single server (a Redlock node), which also
+// returns the server's run_id, read in the same INFO: a process has one
+// for its lifetime, and no two processes share one, so two nodes that
+// report the same run_id are one server under two addresses.
+func (n *Node) CheckID(ctx context.Context) (string, error) {
+	if n.cluster != nil {
+		return "", fmt.Errorf("redis: CheckID on a cluster client (%s)", n.addr)
+	}
+	return n.checkServer(ctx, n.client, n.addr)
+}
+
+// checkServer runs Check's test on one server (a master of a cluster)
+// and returns its run_id.
+func (n *Node) checkServer(ctx context.Context, c goredis.UniversalClient, addr string) (string, error) {
+	info, err := c.Info(ctx).Result() // the default sections hold server, memory and cluster
 	if err != nil {
-		return n.translate(ctx, err)
+		return "", n.translate(ctx, err)
 	}
 	var maxmemory int64
-	policy, cluster := "", false
+	policy, cluster, id := "", false, ""
 	for line := range strings.Lines(info) {
 		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
 		switch k {
@@ -97,6 +110,8 @@ func (n *Node) checkServer(ctx context.Context, c goredis.UniversalClient, addr 
 			policy = v
 		case "cluster_enabled":
 			cluster = v == "1"
+		case "run_id":
+			id = v
 		}
 	}
 	at := ""
@@ -104,16 +119,16 @@ func (n *Node) checkServer(ctx context.Context, c goredis.UniversalClient, addr 
 		at = " at " + addr
 	}
 	if cluster && !n.keys.tagged {
-		return fmt.Errorf("redis: the server%s is a Redis Cluster node (cluster_enabled:1), and this client "+
+		return "", fmt.Errorf("redis: the server%s is a Redis Cluster node (cluster_enabled:1), and this client "+
 			"talks to it as a single server: it would be redirected (MOVED) on most claims; connect as a "+
 			"cluster client instead (claimer.redis.cluster: true); Redlock nodes must be independent servers", at)
 	}
 	if maxmemory > 0 && policy != "noeviction" && !n.allowEviction {
-		return fmt.Errorf("redis: maxmemory%s is %d bytes with maxmemory-policy %q: the server may evict a claim "+
+		return "", fmt.Errorf("redis: maxmemory%s is %d bytes with maxmemory-policy %q: the server may evict a claim "+
 			"and let a run execute twice; set maxmemory-policy noeviction (or maxmemory 0), or allow eviction "+
 			"explicitly to accept that risk", at, maxmemory, policy)
 	}
-	return nil
+	return id, nil
 }
 
 // translate is the package's translate, and on a cluster, when a node did

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/redlock"
 	"github.com/scheduler-dev/scheduler/internal/config"
@@ -342,5 +343,55 @@ func TestControlAcknowledgedWithANodeDownIsListedByAnotherMajority(t *testing.T)
 	}
 	if _, err := b.Controls.Put(ctxT(t), claim.Control{Key: "pause/job", Version: want.Version + 1}); !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("put with three of five nodes down: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestOpenChecksEveryNode: the opener refuses, as the redis claimer's
+// does, a node that may evict claims (unless allowed), one server listed
+// under two addresses (its one vote would count twice toward a quorum),
+// and a wrong password, without naming it; it used to start a replica
+// on any of these (found by an outside review).
+func TestOpenChecksEveryNode(t *testing.T) {
+	open := func(addrs []string, tune func(*config.Redlock)) error {
+		c := config.Claimer{Kind: config.ClaimerRedlock, Redlock: config.Redlock{Addrs: addrs,
+			NodeTimeout: config.Duration(time.Second), Prefix: testenv.RandomPrefix(t.Name())}}
+		if tune != nil {
+			tune(&c.Redlock)
+		}
+		b, err := claimers.Open(ctxT(t), c, "replica-a", claimers.Options{})
+		if err == nil {
+			b.Close()
+		}
+		return err
+	}
+	_, addrs := startNodes(t, 3)
+	if err := open(addrs, nil); err != nil {
+		t.Fatalf("three sound nodes: %v", err)
+	}
+	port := addrs[2][strings.LastIndex(addrs[2], ":")+1:]
+	twice := []string{addrs[0], addrs[2], "localhost:" + port}
+	if err := open(twice, nil); err == nil || !strings.Contains(err.Error(), "one server") {
+		t.Fatalf("one node listed as %s and %s: %v, want a refusal", twice[1], twice[2], err)
+	}
+
+	evicting := testenv.StartRedis(t, "--maxmemory", "10mb", "--maxmemory-policy", "allkeys-lru")
+	mixed := []string{addrs[0], addrs[1], evicting.Addr()}
+	if err := open(mixed, nil); err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
+		t.Fatalf("one evicting node: %v, want a refusal naming the policy", err)
+	}
+	if err := open(mixed, func(r *config.Redlock) { r.AllowEviction = true }); err != nil {
+		t.Fatalf("one evicting node, eviction allowed: %v", err)
+	}
+
+	var locked []string
+	for range 3 {
+		locked = append(locked, testenv.StartRedis(t, "--requirepass", "right-password").Addr())
+	}
+	err := open(locked, func(r *config.Redlock) { r.Password = "WrongSecretXYZ" })
+	if err == nil || strings.Contains(err.Error(), "WrongSecretXYZ") {
+		t.Fatalf("wrong password on every node: %v, want an error that does not name it", err)
+	}
+	if err := open(locked, func(r *config.Redlock) { r.Password = "right-password" }); err != nil {
+		t.Fatalf("right password: %v", err)
 	}
 }

@@ -149,13 +149,23 @@ func (c *Claimer) Ping(ctx context.Context) error {
 }
 
 // Check runs redisnode.Node.Check on every node: a node that may evict keys is
-// refused even if it is the only one; a majority must answer.
+// refused even if it is the only one; so are two addresses of one server
+// (the same run_id), whose one vote would count twice toward a quorum;
+// a majority must answer.
 func (c *Claimer) Check(ctx context.Context) error {
 	errs := make([]error, len(c.nodes))
-	c.each(ctx, max(c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redisnode.Node) {
-		if err := n.Check(ctx); err != nil {
+	ids := make([]string, len(c.nodes))
+	c.each(ctx, max(c.nodeTimeout, time.Second), func(nctx context.Context, i int, n *redisnode.Node) {
+		id, err := n.CheckID(nctx)
+		if err != nil && ctx.Err() == nil && nctx.Err() != nil {
+			// The node's own timeout, not the caller's: it did not
+			// answer in time.
+			err = fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
+		}
+		if err != nil {
 			errs[i] = fmt.Errorf("node %d: %w", i, err)
 		}
+		ids[i] = id
 	})
 	if err := ctx.Err(); err != nil {
 		return err
@@ -165,6 +175,18 @@ func (c *Claimer) Check(ctx context.Context) error {
 		if err != nil && !errors.Is(err, claim.ErrUnavailable) {
 			refused = append(refused, err)
 		}
+	}
+	first := map[string]int{}
+	for i, id := range ids {
+		if id == "" {
+			continue
+		}
+		if j, ok := first[id]; ok {
+			refused = append(refused, fmt.Errorf("nodes %d (%s) and %d (%s) are one server (run_id %s): "+
+				"one node counted twice fakes a quorum; list each server once", j, c.nodes[j].Addr(), i, c.nodes[i].Addr(), id))
+			continue
+		}
+		first[id] = i
 	}
 	if len(refused) > 0 {
 		return errors.Join(refused...)
