@@ -1,6 +1,8 @@
 package cli_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,10 +17,23 @@ func TestOperatorMistakesAreUsageErrors(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
+	empty, comments := filepath.Join(dir, "empty.yaml"), filepath.Join(dir, "comments.yaml")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(comments, []byte("# jobs: to come\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		// An empty or truncated file (a ConfigMap mounted before it was
+		// written) would start a replica that runs nothing.
+		{[]string{"run", "--check", "--config", empty}, "empty.yaml: is empty"},
+		{[]string{"run", "--check", "--config", comments}, "comments.yaml: is empty"},
+		// Below the floor no config helps: the floor is named first.
+		{[]string{"prune", "--config", path, "--older-than", "0s"}, "must be at least 48h0m0s whatever the config says"},
 		// A templated --config "$CONFIG" whose variable is unset would
 		// start the built-in default, a fleet of its own.
 		{[]string{"run", "--config", ""}, "--config is empty"},

@@ -65,6 +65,12 @@ func parseFor(file string, data []byte, lookup func(string) (string, bool), regi
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, &Error{File: file, Line: extra.Line, Msg: "more than one YAML document"}
 	}
+	if len(root.Content) == 0 || root.Content[0].Tag == "!!null" {
+		// A file truncated or left empty (a ConfigMap mounted before it
+		// was written) would start a replica that runs nothing, on the
+		// defaults, and says so only as "0 jobs" (outside review).
+		return nil, &Error{File: file, Msg: "is empty: a replica's config names at least its jobs (see config.example.yaml)"}
+	}
 
 	c := new(Config)
 	*c = defaults
