@@ -240,3 +240,72 @@ scheduler_claimer_data_loss_total{claimer="redis"} 2
 		led.check(t, history.Spec{})
 	})
 }
+
+// A handler that ignores its cancellation keeps its claim until it
+// returns (handed back while it runs, the run could start elsewhere beside
+// it), and the shutdown says, every few seconds, which runs it waits on
+// (an outside review found it silent for as long).
+func TestAShutdownWaitingOnAStubbornHandlerSaysWhich(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs, logger, _, _ := observed(slog.LevelInfo)
+		started := make(chan struct{}, 1)
+		jobs := []runner.Job{{Name: "job.stubborn", Schedule: mustSchedule(t, "@every 1h"),
+			Handler: func(ctx context.Context, run job.Run) error {
+				started <- struct{}{}
+				time.Sleep(12 * time.Second) // ctx ignored
+				return nil
+			}}}
+		time.Sleep(time.Until(time.Now().Truncate(time.Hour).Add(time.Hour - time.Second)))
+		store := memory.NewStore(nil)
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, "a"), ClaimerName: "memory", Instance: "a",
+			Lease: 3 * time.Second, ShutdownGrace: time.Second, Logger: logger}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		<-started
+		cancel()
+		<-done
+		id := claim.Run{Job: "job.stubborn", At: time.Now().Truncate(time.Hour).UTC()}.ID()
+		said := 0
+		for _, l := range logs.JSONLines() {
+			if l["msg"] == "handlers ignore their cancellation; their claims are kept alive until they return" {
+				said++
+				if runs, _ := l["runs"].([]any); len(runs) != 1 || runs[0] != id {
+					t.Errorf("the line names runs %v, want [%s]", l["runs"], id)
+				}
+			}
+		}
+		// Grace 1s, then the handler's 11s left: a line at 5s and 10s.
+		if said != 2 {
+			t.Errorf("%d lines naming the runs waited on, want 2:\n%s", said, logs)
+		}
+		recs, err := memory.New(store, "reader").History(context.Background(), "job.stubborn", 0)
+		if err != nil || len(recs) == 0 || recs[0].RunID != id || recs[0].Status != claim.Succeeded {
+			t.Fatalf("history %+v, %v: want %s succeeded, its claim kept until it returned", recs, err, id)
+		}
+	})
+}
+
+// The data-loss counter is there, at zero, before any loss: a dashboard
+// shows 0 rather than "no data", and an alert's rate sees the first one
+// (an outside review found it absent until then).
+func TestTheDataLossCounterStartsAtZero(t *testing.T) {
+	_, _, reg, metrics := observed(slog.LevelInfo)
+	jobs := []runner.Job{{Name: "job.any", Schedule: mustSchedule(t, "@every 1h"),
+		Handler: func(ctx context.Context, run job.Run) error { return nil }}}
+	if _, err := runner.New(runner.Options{Claimer: memory.New(memory.NewStore(nil), "a"), ClaimerName: "memory",
+		Instance: "a", Metrics: metrics}, jobs); err != nil {
+		t.Fatal(err)
+	}
+	expected := `
+# HELP scheduler_claimer_data_loss_total Times the claimer's backend was found to have lost its data (a Redis server restarted empty); it then holds every run for a lease.
+# TYPE scheduler_claimer_data_loss_total counter
+scheduler_claimer_data_loss_total{claimer="memory"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), "scheduler_claimer_data_loss_total"); err != nil {
+		t.Error(err)
+	}
+}

@@ -115,6 +115,16 @@ func (m *Metrics) replicasSeen(n int) {
 	}
 }
 
+// ready creates the series a dashboard or an alert reads before anything
+// happened, at zero: "no data" reads as a broken scrape, and a rate over
+// a series that appears at its first increment misses that increment.
+func (m *Metrics) ready(claimer string) {
+	if m == nil {
+		return
+	}
+	m.dataLoss.WithLabelValues(claimer)
+}
+
 func (m *Metrics) dataLost(claimer string) {
 	if m == nil {
 		return

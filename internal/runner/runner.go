@@ -46,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -249,6 +250,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 	if opts.RenewEvery >= opts.Lease {
 		return nil, fmt.Errorf("runner: renew_every %v must be shorter than lease %v", opts.RenewEvery, opts.Lease)
 	}
+	opts.Metrics.ready(opts.ClaimerName)
 	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}, unrequested: map[string]bool{}, alongside: map[string]bool{}}
 	seen := map[string]bool{}
 	for _, j := range jobs {
@@ -492,9 +494,36 @@ loop:
 	case <-grace.C:
 		r.log.WarnContext(ctx, "shutdown grace passed; interrupting running handlers", "shutdown_grace", r.opts.ShutdownGrace.String())
 		cancelExec(job.ErrShutdown)
-		<-done
+		r.awaitHandlers(ctx, done)
 	}
 	return nil
+}
+
+// stubbornEvery is how often a shutdown that waits on handlers which
+// ignore their cancellation says which.
+const stubbornEvery = 5 * time.Second
+
+// awaitHandlers waits until done (every execution returned), saying every
+// stubbornEvery which runs still execute. A handler that ignores its
+// context keeps its claim alive until it returns: handed back while it
+// still runs, the run could start on another replica beside it. The
+// operator, or the orchestrator's kill, decides; this says what the
+// shutdown waits on (an outside review found it silent for as long).
+func (r *Runner) awaitHandlers(ctx context.Context, done <-chan struct{}) {
+	tick := time.NewTicker(stubbornEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+			r.mu.Lock()
+			ids := slices.Sorted(maps.Keys(r.running))
+			r.mu.Unlock()
+			r.log.WarnContext(ctx, "handlers ignore their cancellation; their claims are kept alive until they return",
+				"instance", r.opts.Instance, "runs", ids)
+		}
+	}
 }
 
 // TriggerOptions say who asked for a run Trigger executes, and how it
