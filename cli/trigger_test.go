@@ -68,8 +68,11 @@ func TestTriggerWaitTimeoutSaysTheRequestStays(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// No replica runs: the request waits.
+	// No replica runs: the request waits, and the command says so.
 	code, out, errOut := mainIn(t, dir, "trigger", "--request-id", "k-wait", "--wait", "--timeout", "300ms", "--config", path, "example.sleep")
+	if !strings.Contains(out, "no replica is up now: it runs if one starts within 1h0m0s") {
+		t.Errorf("trigger with no replica up: stdout %q, want it to say so, and for how long the request stays", out)
+	}
 	if code != cli.ExitRuntime || !strings.Contains(out, "(request k-wait)") ||
 		!strings.Contains(errOut, "request k-wait stays queued") || !strings.Contains(errOut, "scheduler trigger --request-id k-wait --wait example.sleep") {
 		t.Fatalf("trigger --wait past its timeout: exit %d, stdout %q, stderr %q; want %d, the request said queued and how to wait again", code, out, errOut, cli.ExitRuntime)
