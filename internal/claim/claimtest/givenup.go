@@ -60,7 +60,7 @@ func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 	}
 	gaveUp := 0
 	for _, o := range outcomes {
-		_, err := claim.ClaimOne(ctxT(t), b, o.run, longLease)
+		cl, err := claim.ClaimOne(ctxT(t), b, o.run, longLease)
 		switch {
 		case o.err == nil:
 			wantErr(t, err, claim.ErrHeld, "claim of a run granted to a caller who stayed")
@@ -70,10 +70,15 @@ func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 			// grant is undone as the batch returns. Within seconds, then,
 			// not the lease's ten minutes.
 			if errors.Is(err, claim.ErrHeld) {
-				_, err = ClaimWhenFreed(t, b, o.run, longLease)
+				cl, err = ClaimWhenFreed(t, b, o.run, longLease)
 			}
 			if err != nil {
 				t.Errorf("%s: its caller gave up (%v), yet another replica's claim answered %v", o.run.ID(), o.err, err)
+			} else if cl.Attempt != 1 {
+				// The grant undone never started: it spends no attempt
+				// (a review found Redlock counting one when the undone
+				// grant's commit had landed).
+				t.Errorf("%s: its caller gave up (%v), and the next claim is attempt %d, want 1", o.run.ID(), o.err, cl.Attempt)
 			}
 		default:
 			t.Errorf("%s: %v", o.run.ID(), o.err)

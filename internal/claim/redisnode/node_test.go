@@ -354,8 +354,45 @@ func TestAnUncommittedRedlockGrantSpendsNoAttempt(t *testing.T) {
 				t.Fatalf("takeover of a committed attempt 1: attempt %d, want 2", third.Attempt)
 			}
 			node.AbortBatch(ctxT(t), []claim.Run{run}, []string{tok})
-			if again := takeOver(claim.NewToken()); again.Attempt != 2 {
+			tok = claim.NewToken()
+			again := takeOver(tok)
+			if again.Attempt != 2 {
 				t.Fatalf("takeover after an aborted attempt 2: attempt %d, want 2", again.Attempt)
+			}
+			// A renewal proves the grant stood where its commit did not
+			// land: the next takeover counts on from it.
+			cl := &claim.Claim{Run: run, Token: tok, Holder: "replica", Fence: again.Fence, Attempt: again.Attempt}
+			if _, err := node.Renew(ctxT(t), cl, lease, true); err != nil {
+				t.Fatalf("renewal: %v", err)
+			}
+			tok = claim.NewToken()
+			after := takeOver(tok)
+			if after.Attempt != 3 {
+				t.Fatalf("takeover of a renewed, uncommitted attempt 2: attempt %d, want 3", after.Attempt)
+			}
+			// An abort after the commit landed (the caller left, or no
+			// validity was left) goes back all the same.
+			if ok, errs := node.CommitBatch(ctxT(t), []claim.Run{run}, []string{tok}, []int64{after.Fence}, []int{after.Attempt}); errs[0] != nil || !ok[0] {
+				t.Fatalf("commit: %v, %v", ok, errs)
+			}
+			node.AbortBatch(ctxT(t), []claim.Run{run}, []string{tok})
+			if last := takeOver(claim.NewToken()); last.Attempt != 3 {
+				t.Fatalf("takeover after a committed, then aborted attempt 3: attempt %d, want 3", last.Attempt)
+			}
+			// A fresh grant committed, then aborted, is gone: the next
+			// bid is attempt 1.
+			fresh := claim.Run{Job: "job.attempts", At: base.Add(time.Minute)}
+			tok = claim.NewToken()
+			r, err := claimOne(t, node, fresh, tok, "replica", lease)
+			if err != nil || r.Vote != redisnode.Granted || r.Attempt != 1 {
+				t.Fatalf("fresh grant: %+v, %v", r, err)
+			}
+			if ok, errs := node.CommitBatch(ctxT(t), []claim.Run{fresh}, []string{tok}, []int64{r.Fence}, []int{1}); errs[0] != nil || !ok[0] {
+				t.Fatalf("commit: %v, %v", ok, errs)
+			}
+			node.AbortBatch(ctxT(t), []claim.Run{fresh}, []string{tok})
+			if r, err := claimOne(t, node, fresh, claim.NewToken(), "replica", lease); err != nil || r.Vote != redisnode.Granted || r.Attempt != 1 {
+				t.Fatalf("bid after a committed, then aborted fresh grant: %+v, %v; want attempt 1", r, err)
 			}
 		})
 	}

@@ -146,9 +146,10 @@ local function grant(run, fkey, hkey, token, at, rid, job)
   redis.call('HSET', run, 'token', token, 'holder', holder, 'fence', s(fence),
     'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
   if slots > 1 then
-    -- Redlock: this node's grant stands only once committed (base is
-    -- then raised to it); until then a takeover counts on from base.
-    redis.call('HSET', run, 'base', s(base))
+    -- Redlock: this node's grant stands only once committed or renewed
+    -- (base is then raised to it); until then a takeover counts on from
+    -- base, and an abort goes back to prev, the base it replaced.
+    redis.call('HSET', run, 'base', s(base), 'prev', s(base))
   end
   redis.call('PEXPIRE', run, ttl)
   redis.call('SADD', KEYS[1], job)
@@ -184,7 +185,7 @@ return out
 // Replies: {"renewed", lease_until_ms}, {"repaired", lease_until_ms} or
 // {"lost", reason}.
 const renewBody = `
-local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'server')
+local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'lease_until', 'server', 'attempt')
 local id = server()
 local now = math.floor(clock() / 1000)
 local lease_until = now + tonumber(ARGV[2])
@@ -206,7 +207,13 @@ if h[1] ~= ARGV[1] then return {'lost', 'taken over'} end
 if h[2] ~= 'running' then return {'lost', 'released'} end
 if h[4] ~= id then return {'lost', 'server restarted since the grant'} end
 if tonumber(h[3]) <= now then return {'lost', 'expired'} end
-redis.call('HSET', KEYS[1], 'lease_until', s(lease_until))
+if ARGV[4] == '1' then
+  -- Redlock: a renewal proves the grant stood, on a node its commit may
+  -- have missed: a takeover here counts on from its attempt.
+  redis.call('HSET', KEYS[1], 'lease_until', s(lease_until), 'base', h[5])
+else
+  redis.call('HSET', KEYS[1], 'lease_until', s(lease_until))
+end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return {'renewed', lease_until}
 `
@@ -245,20 +252,24 @@ return out
 
 // abortScript undoes a grant nobody will use (a lost quorum, a cancelled
 // request): a fresh run disappears, a takeover goes back to the attempt it
-// replaced (base, where a Redlock grant keeps it), ready to be taken over
+// replaced (prev, where a Redlock grant keeps it), ready to be taken over
 // at once. Fences are never given back.
 //
 // KEYS: run hash, job history zset. ARGV: token, run id.
 // Reply: 1 if undone, 0 if the token no longer held the run.
 var abortScript = goredis.NewScript(`
-local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'attempt', 'base')
+local h = redis.call('HMGET', KEYS[1], 'token', 'status', 'attempt', 'prev')
 if h[1] ~= ARGV[1] or h[2] ~= 'running' then return 0 end
-local base = tonumber(h[4]) or tonumber(h[3]) - 1
-if base < 1 then
+local prev = tonumber(h[4]) or tonumber(h[3]) - 1
+if prev < 1 then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], ARGV[2])
+elseif h[4] then
+  -- Redlock: back to the attempt the grant replaced, even if its commit
+  -- landed before the abort (the caller left, or no validity was left).
+  redis.call('HSET', KEYS[1], 'status', 'interrupted', 'attempt', h[4], 'base', h[4])
 else
-  redis.call('HSET', KEYS[1], 'status', 'interrupted', 'attempt', string.format('%.0f', base))
+  redis.call('HSET', KEYS[1], 'status', 'interrupted', 'attempt', string.format('%.0f', prev))
 end
 return 1
 `)
