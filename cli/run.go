@@ -282,8 +282,9 @@ func openReplicaBackend(ctx context.Context, cfg *config.Config, log *slog.Logge
 	}
 }
 
-// unreachable reports whether err says a server could not be dialled:
-// refused, unresolved, unroutable, or timed out while dialling. The
+// unreachable reports whether err says a server could not be dialled
+// (refused, unresolved, unroutable, timed out) or is not serving yet
+// (loading its data set, answering past the timeout). The
 // claimers keep the network error in the chain (PostgreSQL) or only in
 // the text (Redis flattens it, so that a client's own timeout never reads
 // as the caller's deadline): both are looked at. A dial that succeeded
@@ -295,7 +296,13 @@ func unreachable(err error) bool {
 		return true
 	}
 	msg := err.Error()
-	return strings.Contains(msg, "dial tcp") && (strings.Contains(msg, "connection refused") || strings.Contains(msg, "i/o timeout") ||
+	if strings.Contains(msg, "LOADING") || strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "context deadline exceeded") {
+		// A server still loading its data set, or one that answers
+		// too slowly (a Redlock majority of them, at start): it will
+		// come (code review).
+		return true
+	}
+	return strings.Contains(msg, "dial tcp") && (strings.Contains(msg, "connection refused") ||
 		strings.Contains(msg, "no such host") || strings.Contains(msg, "network is unreachable") || strings.Contains(msg, "no route to host"))
 }
 

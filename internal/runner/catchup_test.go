@@ -465,67 +465,78 @@ func (s slowMissedRelease) Release(ctx context.Context, cls []*claim.Claim, outs
 // the claims recording the ones before them, and nothing ran. One replica,
 // and two starting together (each one's probe meets the other's claims).
 func TestInstantsStillOnTimeAtStartUpRunWhileTheOutageIsRecorded(t *testing.T) {
-	for _, names := range [][]string{{"a"}, {"b", "c"}} {
-		t.Run(strings.Join(names, ","), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				store := memory.NewStore(nil)
-				led := newLedger()
-				jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/3 * * * * *"),
-					Handler: func(ctx context.Context, run job.Run) error { return nil }}}
-				time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute + 500*time.Millisecond)))
-				first := startReplicas(t, store, led, jobs, "a")
-				time.Sleep(10 * time.Second)
-				stopAll(first)
-				down := time.Now()
-				time.Sleep(25 * time.Second)
-				up := time.Now()
-				var back []*replica
-				for _, n := range names {
-					rp := &replica{name: n, store: store, jobs: jobs, led: led,
-						wrap: func(c claim.Claimer) claim.Claimer { return slowMissedRelease{c} }}
-					rp.start(t)
-					back = append(back, rp)
-				}
-				time.Sleep(9 * time.Second)
-				stopAll(back)
-				// The late tolerance is 2×1s skew + 5s = 7s: at the start,
-				// two instants are still on time and the six before them
-				// are not. The earliest on time runs; the next ones, due
-				// while it waited for the outage's claims to be released,
-				// may be skipped for it (forbid); the rest run.
-				sts := statuses(t, store, "tick")
-				var ats []time.Time
-				for at := range sts {
-					ats = append(ats, at)
-				}
-				slices.SortFunc(ats, time.Time.Compare)
-				firstOnTime, missed, ran := true, 0, 0
-				for _, at := range ats {
-					st := sts[at]
-					switch late := up.Sub(at); {
-					case late > 8*time.Second && at.After(down):
-						missed++
-						if st != claim.Missed {
-							t.Errorf("%s (%v before the start): %s, want missed", at.Format(time.TimeOnly), late, st)
-						}
-					case late < 6*time.Second && late > 0 && firstOnTime, late < -2*time.Second && at.Before(up.Add(8*time.Second)):
-						firstOnTime = false
-						ran++
-						if st != claim.Succeeded {
-							t.Errorf("%s (%v before the start): %s, want succeeded", at.Format(time.TimeOnly), late, st)
-						}
-					case late < 6*time.Second && late > 0, late <= 0 && late >= -2*time.Second:
-						firstOnTime = false
-						if st != claim.Succeeded && st != claim.Skipped {
-							t.Errorf("%s (%v before the start): %s, want succeeded or skipped", at.Format(time.TimeOnly), late, st)
-						}
-					}
-				}
-				if missed != 6 || ran < 3 {
-					t.Errorf("%d instants missed and %d checked to have run, want 6 and at least 3: %v", missed, ran, sts)
-				}
-				led.check(t, history.Spec{})
+	for _, overlap := range []string{runner.OverlapForbid, runner.OverlapBufferOne, runner.OverlapReplace} {
+		for _, names := range [][]string{{"a"}, {"b", "c"}} {
+			t.Run(overlap+"/"+strings.Join(names, ","), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) { startAfterAnOutage(t, overlap, names) })
 			})
-		})
+		}
 	}
+}
+
+func startAfterAnOutage(t *testing.T, overlap string, names []string) {
+	store := memory.NewStore(nil)
+	led := newLedger()
+	jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/3 * * * * *"), Overlap: overlap,
+		Handler: func(ctx context.Context, run job.Run) error { return nil }}}
+	time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute + 500*time.Millisecond)))
+	first := startReplicas(t, store, led, jobs, "a")
+	time.Sleep(10 * time.Second)
+	stopAll(first)
+	down := time.Now()
+	time.Sleep(25 * time.Second)
+	up := time.Now()
+	var back []*replica
+	for _, n := range names {
+		rp := &replica{name: n, store: store, jobs: jobs, led: led,
+			wrap: func(c claim.Claimer) claim.Claimer { return slowMissedRelease{c} }}
+		rp.start(t)
+		back = append(back, rp)
+	}
+	time.Sleep(9 * time.Second)
+	stopAll(back)
+	// The late tolerance is 2×1s skew + 5s = 7s: at the start, two
+	// instants are still on time and the six before them are not. The
+	// earliest on time runs (under replace, it or a later one that
+	// replaced it); the next ones, due while it waited for the outage's
+	// claims to be released, may be skipped for it; the rest run.
+	sts := statuses(t, store, "tick")
+	var ats []time.Time
+	for at := range sts {
+		ats = append(ats, at)
+	}
+	slices.SortFunc(ats, time.Time.Compare)
+	firstOnTime, missed, ran, atStart := true, 0, 0, 0
+	for _, at := range ats {
+		st := sts[at]
+		switch late := up.Sub(at); {
+		case late > 8*time.Second && at.After(down):
+			missed++
+			if st != claim.Missed {
+				t.Errorf("%s (%v before the start): %s, want missed", at.Format(time.TimeOnly), late, st)
+			}
+		case late < 6*time.Second && late > 0 && firstOnTime && overlap != runner.OverlapReplace,
+			late < -2*time.Second && at.Before(up.Add(8*time.Second)):
+			firstOnTime = false
+			ran++
+			if st != claim.Succeeded {
+				t.Errorf("%s (%v before the start): %s, want succeeded", at.Format(time.TimeOnly), late, st)
+			}
+		case late < 6*time.Second && late > 0, late <= 0 && late >= -2*time.Second:
+			firstOnTime = false
+			if st == claim.Succeeded {
+				atStart++
+			}
+			if st != claim.Succeeded && st != claim.Skipped {
+				t.Errorf("%s (%v before the start): %s, want succeeded or skipped", at.Format(time.TimeOnly), late, st)
+			}
+		}
+	}
+	if overlap == runner.OverlapReplace && atStart == 0 {
+		t.Errorf("none of the instants on time at the start ran: %v", sts)
+	}
+	if missed != 6 || ran < 2 {
+		t.Errorf("%d instants missed and %d checked to have run, want 6 and at least 2: %v", missed, ran, sts)
+	}
+	led.check(t, history.Spec{})
 }

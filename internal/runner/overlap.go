@@ -79,9 +79,13 @@ func (d *dispatcher) awaitTurn(ctx, execCtx, ectx context.Context, j *jobState, 
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
 		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
-		if err == nil && (!revoke || p.newer == nil) && d.waitsOut(j, p, time.Since(begin)) {
-			// Held a moment only to be recorded missed: neither revoked
-			// nor waited on as a run, asked again.
+		if err == nil && d.waitsOut(j, p, time.Since(begin), true) {
+			// Some run found may be held a moment only to be recorded
+			// missed: nothing is revoked, skipped or counted on until it
+			// is gone (or known for a run), asked again. Beside a real
+			// owner, it would make buffer-one count two waiting and skip,
+			// and replace revoke it; as the newer run, make this one
+			// yield as replaced.
 			if err := waitFor(ctx, ectx, wait); err != nil {
 				return err
 			}
@@ -153,9 +157,9 @@ func waitFor(ctx, ectx context.Context, d time.Duration) error {
 const momentaryWait = 1500 * time.Millisecond
 
 // waitsOut reports whether a probing run, having asked for waited so
-// far, should ask again rather than yield to what p found: every run it
-// would yield to (owners, ahead) may be held only for a moment, to be
-// recorded missed. Such a claim is no run that could overlap (an outside
+// far, should ask again rather than act on what p found: every run it
+// would yield to (owners, ahead), or with anyOf any run found (newer
+// too), may be held only for a moment, to be recorded missed. Such a claim is no run that could overlap (an outside
 // review: a replica restarted after 25s down skipped its instants still
 // on time as overlap with its own claims on the outage's older instants,
 // and nothing ran). A claim this replica holds for that (recording) is
@@ -166,23 +170,25 @@ const momentaryWait = 1500 * time.Millisecond
 // run starts only once a probe finds nothing live to yield to, so a run
 // mistaken for one of these (a late run its misfire policy ran) is
 // yielded to in the end.
-func (d *dispatcher) waitsOut(j *jobState, p probe, waited time.Duration) bool {
-	yields := p.owners
+func (d *dispatcher) waitsOut(j *jobState, p probe, waited time.Duration, anyOf bool) bool {
+	found := p.owners
 	if p.ahead != nil {
-		yields = append(slices.Clip(yields), *p.ahead)
+		found = append(slices.Clip(found), *p.ahead)
 	}
-	if len(yields) == 0 || waited > d.r.lateTolerance() {
+	if anyOf && p.newer != nil {
+		found = append(slices.Clip(found), *p.newer)
+	}
+	if len(found) == 0 || waited > d.r.lateTolerance() {
 		return false
 	}
-	for _, o := range yields {
-		switch {
-		case j.recordingHere(o.At):
-		case o.Attempt == 1 && o.StartedAt.Sub(j.fire(o.At)) > d.r.lateTolerance() && waited < momentaryWait:
-		default:
-			return false
+	momentary := 0
+	for _, o := range found {
+		if j.recordingHere(o.At) ||
+			o.Attempt == 1 && o.StartedAt.Sub(j.fire(o.At)) > d.r.lateTolerance() && waited < momentaryWait {
+			momentary++
 		}
 	}
-	return true
+	return anyOf && momentary > 0 || momentary == len(found)
 }
 
 // settledOwners is owners for the forbid policy's single verdict, asked
@@ -191,7 +197,7 @@ func (d *dispatcher) settledOwners(ctx, ectx context.Context, j *jobState, cl *c
 	begin := time.Now()
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
-		if err != nil || !d.waitsOut(j, p, time.Since(begin)) {
+		if err != nil || !d.waitsOut(j, p, time.Since(begin), false) {
 			return p, err
 		}
 		if err := waitFor(ctx, ectx, jitter(wait)); err != nil {
