@@ -87,6 +87,11 @@ func (c *Config) Validate(registered func(job string) bool) error {
 			p.add("http.addr", a, "%v", err)
 		}
 	}
+	if tok := string(c.HTTP.Token); strings.TrimSpace(tok) != tok {
+		// A header's value is trimmed before it is compared: such a token
+		// could never match (outside review). The value is not shown.
+		p.add("http.token", "", "has leading or trailing whitespace, which no request can present")
+	}
 	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
 		p.add("log.level", c.Log.Level, "want debug, info, warn or error")
 	}

@@ -16,7 +16,10 @@ const (
 )
 
 // CheckText checks an operator's free text: at most max bytes, no
-// control characters (but line breaks and tabs where multiline).
+// control characters (but line breaks and tabs where multiline), and no
+// invisible format characters (bidirectional overrides, zero-width
+// marks), which would make a name in a log line or a table read as
+// another (outside review).
 func CheckText(field, v string, max int, multiline bool) error {
 	if len(v) > max {
 		return fmt.Errorf("%s: longer than %d bytes", field, max)
@@ -24,6 +27,9 @@ func CheckText(field, v string, max int, multiline bool) error {
 	for _, r := range v {
 		if unicode.IsControl(r) && !(multiline && (r == '\n' || r == '\t')) {
 			return fmt.Errorf("%s: contains a control character", field)
+		}
+		if unicode.Is(unicode.Cf, r) {
+			return fmt.Errorf("%s: contains an invisible format character (U+%04X)", field, r)
 		}
 	}
 	return nil

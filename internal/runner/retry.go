@@ -54,7 +54,10 @@ func (d *dispatcher) recordAttempt(ctx context.Context, j *jobState, cl *claim.C
 	if herr != nil {
 		a.Error = herr.Error()
 	}
-	wctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	// Not cut short by a shutdown: an attempt that fails within the grace
+	// is retried, and its record is the only trace of it (an outside
+	// review: every rolling deploy that caught a failing attempt lost it).
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease/3)
 	defer cancel()
 	if err := r.opts.Controls.RecordAttempt(wctx, a); err != nil {
 		r.log.WarnContext(ctx, "cannot record the failed attempt", append(runAttrs(r, cl.Run, cl), "error", err.Error())...)

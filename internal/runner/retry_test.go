@@ -306,3 +306,50 @@ func count[T comparable](vs []T, v T) int {
 	}
 	return n
 }
+
+// An attempt that fails while its replica shuts down (within the grace)
+// is retried like any other, and recorded like any other: the record is
+// its only trace (an outside review: every rolling deploy that caught a
+// failing attempt lost it, "cannot record the failed attempt: context
+// canceled").
+func TestAnAttemptFailingDuringAShutdownIsRecorded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		at := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+		replica := func(name string) (stop func()) {
+			ctx, cancel := context.WithCancel(t.Context())
+			r, err := runner.New(runner.Options{Claimer: memory.New(store, name), Instance: name, Lease: 2 * time.Second,
+				ShutdownGrace: 5 * time.Second, Controls: control.New(store.Controls(), nil)},
+				[]runner.Job{{Name: "flaky", Schedule: mustSchedule(t, "0 * * * *"), MaxAttempts: 3, Backoff: time.Second,
+					Handler: func(ctx context.Context, run job.Run) error {
+						if run.Attempt == 1 {
+							time.Sleep(time.Second) // past the shutdown, within its grace
+							return errors.New("flaky: upstream said no")
+						}
+						return nil
+					}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return running(t, ctx, cancel, r)
+		}
+		time.Sleep(time.Until(at.Add(-time.Minute)))
+		stop := replica("r1")
+		time.Sleep(time.Until(at.Add(500 * time.Millisecond)))
+		stop() // the attempt fails 0.5s into the grace
+		defer replica("r2")()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		id := claim.Run{Job: "flaky", At: at}.ID()
+		if st := statuses(t, store, "flaky")[at]; st != claim.Succeeded {
+			t.Errorf("%s ended %s, want succeeded on its second attempt", id, st)
+		}
+		as, err := control.New(store.Controls(), nil).Attempts(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(as) != 1 || as[0].Attempt != 1 || as[0].Status != claim.Failed || as[0].Error != "flaky: upstream said no" {
+			t.Errorf("recorded attempts %+v, want attempt 1, failed, with its error", as)
+		}
+	})
+}

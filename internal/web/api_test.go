@@ -341,6 +341,7 @@ func TestAPIRejectsBadInput(t *testing.T) {
 		{"POST", "/api/jobs/minutely/pause", `{"note":5}`, 400, "note: want a JSON string"},
 		{"POST", "/api/jobs/minutely/pause", `[]`, 400, "body"},
 		{"POST", "/api/jobs/minutely/pause", `{"by":"a\u0000b"}`, 400, "by: contains a control character"},
+		{"POST", "/api/jobs/minutely/pause", `{"by":"\u202eevil\u200b"}`, 400, "by: contains an invisible format character (U+202E)"},
 		{"POST", "/api/jobs/minutely/pause", `{"request_id":"` + strings.Repeat("x", 300) + `"}`, 400, "request_id"},
 		{"POST", "/api/jobs/minutely/trigger", `{"overlap":"sometimes"}`, 400, "overlap"},
 		{"POST", "/api/jobs/minutely/backfill", `{}`, 400, "from: required"},
