@@ -708,3 +708,44 @@ func TestLedgerCatchesARunExecutedTwice(t *testing.T) {
 		}
 	})
 }
+
+// A late run its misfire policy does run (run-once's look-back, started
+// long past its deadline) looks, to another replica's probe, like a claim
+// held only to record a missed instant (a first attempt granted past its
+// deadline); the probe asks again for a moment, but once the run is
+// still live it yields to it: the next instant, due while it runs, is
+// skipped (forbid), never started beside it.
+func TestALateRunTheMisfirePolicyRunsIsStillYieldedTo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		var running, overlaps atomic.Int32
+		jobs := []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 * * * *"), Misfire: runner.MisfireRunOnce, Grace: time.Hour,
+			Handler: func(ctx context.Context, run job.Run) error {
+				if running.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				defer running.Add(-1)
+				time.Sleep(50 * time.Minute) // past the next instant
+				return nil
+			}}}
+		hour := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+		time.Sleep(time.Until(hour.Add(20 * time.Minute))) // the look-back instant is 20 minutes late
+		a := &replica{name: "a", store: store, jobs: jobs, led: led, grace: time.Hour}
+		b := &replica{name: "b", store: store, jobs: jobs, led: led, grace: time.Hour}
+		a.start(t)
+		b.start(t)
+		time.Sleep(45 * time.Minute)
+		a.stop()
+		b.stop()
+		if overlaps.Load() != 0 {
+			t.Fatalf("%d executions overlapped", overlaps.Load())
+		}
+		sts := statuses(t, store, "hourly")
+		if sts[hour] != claim.Succeeded || sts[hour.Add(time.Hour)] != claim.Skipped {
+			t.Fatalf("statuses %v: want %s succeeded (late, run-once) and %s skipped while it ran",
+				sts, hour.Format(time.TimeOnly), hour.Add(time.Hour).Format(time.TimeOnly))
+		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"hourly": true}})
+	})
+}
