@@ -90,7 +90,7 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 }
 
 func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
-	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("postgres", backends.Options{}))
+	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("postgres", backends.Options{}), false)
 }
 
 // TestAnIdleConnectionCostsNoPing: pgxpool pings a connection idle for

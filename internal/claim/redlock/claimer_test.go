@@ -40,7 +40,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
-	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redlock", options))
+	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redlock", options), true)
 }
 
 func TestNewRejectsNoNodesBadClientsAndNoNodeTimeout(t *testing.T) {
