@@ -18,12 +18,9 @@ import (
 // answered the caller's context error must be free for another replica at
 // once, or as soon as the batch its caller left returns: a grant left
 // behind would hold the run, for nobody, for a whole lease. Every run
-// granted must be held. With spendsNoAttempt (Redis, Redlock: an undone
-// grant is deleted, or put back to the attempt it replaced), the next
-// claim of a run given up must be attempt 1. (PostgreSQL keeps the
-// undone grant's row, interrupted, whose attempt the schema counts from 1:
-// the next claim is attempt 2.)
-func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory, spendsNoAttempt bool) {
+// granted must be held, and the next claim of a run given up must be
+// attempt 1: the grant undone never started.
+func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 	open := newClaimers(t)
 	a, b := open("replica-a"), open("replica-b")
 	const callers, rounds = 16, 20
@@ -78,7 +75,7 @@ func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory, spendsNoAttem
 			}
 			if err != nil {
 				t.Errorf("%s: its caller gave up (%v), yet another replica's claim answered %v", o.run.ID(), o.err, err)
-			} else if spendsNoAttempt && cl.Attempt != 1 {
+			} else if cl.Attempt != 1 {
 				// The grant undone never started: it spends no attempt
 				// (a review found Redlock counting one when the undone
 				// grant's commit had landed).

@@ -83,7 +83,7 @@ WITH ` + lockedStamped6 + `,
 taken AS (
     UPDATE scheduler_runs
        SET status = 'running', token = $2, holder = $3,
-           fence = nextval('scheduler_fence_seq'), attempt = attempt + 1,
+           fence = nextval('scheduler_fence_seq'), attempt = attempt + (token <> '')::int,
            started_at = (SELECT t FROM stamp), lease_until = now() + $4 * interval '1 microsecond',
            finished_at = NULL
      WHERE run_id = $1 AND scheduled_at = $5
@@ -125,16 +125,20 @@ UPDATE scheduler_runs
        finished_at = CASE WHEN status <> 'running' THEN finished_at WHEN $4::boolean THEN now() END
  WHERE run_id = $1 AND scheduled_at = $5 AND token = $2 AND (status = 'running' OR status = $3)`
 
-	// abandonRun hands back a grant whose reply never came (see
-	// abandonLater): nobody runs it, since its caller was told the claim
-	// failed. The row stays, interrupted, so that the next claim takes it
-	// over at once (as the next attempt: the schema counts attempts from
-	// 1, and the row keeps the lost grant's). Deleting the row instead
-	// would let a takeover that found it a moment before read it gone,
-	// and the run done.
+	// abandonRun hands back a grant whose reply never came, or whose
+	// caller gave up (see abandonLater): nobody runs it, since its caller
+	// was told the claim failed. The row stays, interrupted, so that the
+	// next claim takes it over at once. Deleting the row instead would
+	// let a takeover that found it a moment before read it gone, and the
+	// run done. Its token is cleared, which tells takeOverRun that this
+	// attempt never started: the next grant is the same attempt (the
+	// schema counts attempts from 1, so the row cannot go back to 0). A
+	// lost grant spent an attempt before, and with max_attempts 1 a
+	// network blip failed a run that never started (found by an outside
+	// review of the same fault in Redlock).
 	abandonRun = `
 UPDATE scheduler_runs
-   SET status = 'interrupted', lease_until = now()
+   SET status = 'interrupted', lease_until = now(), token = ''
  WHERE run_id = $1 AND scheduled_at = $3 AND token = $2 AND status = 'running'`
 
 	// probe is readiness: a write that changes nothing, which the server

@@ -336,7 +336,7 @@ func BenchmarkControlsTick(b *testing.B) {
 }
 
 func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
-	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redis", backends.Options{}), true)
+	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redis", backends.Options{}))
 }
 
 // TestOneBadRunInABatchFailsAlone: a batch's runs share a script call, and

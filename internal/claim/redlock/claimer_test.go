@@ -40,7 +40,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
-	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redlock", options), true)
+	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redlock", options))
 }
 
 func TestNewRejectsNoNodesBadClientsAndNoNodeTimeout(t *testing.T) {
