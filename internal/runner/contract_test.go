@@ -221,14 +221,7 @@ func TestDataLossWarnsOncePerLoss(t *testing.T) {
 		if strings.Join(warned, " ") != strings.Join(want, " ") {
 			t.Errorf("warnings held_until %v, want one per loss: %v", warned, want)
 		}
-		expected := `
-# HELP scheduler_claimer_data_loss_total Times the claimer's backend was found to have lost its data (a Redis server restarted empty); it then holds every run for a lease.
-# TYPE scheduler_claimer_data_loss_total counter
-scheduler_claimer_data_loss_total{claimer="redis"} 2
-`
-		if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), "scheduler_claimer_data_loss_total"); err != nil {
-			t.Error(err)
-		}
+		checkDataLossCounter(t, reg, "redis", 2)
 		// Held, not failed: runs due during a loss ran once it was over.
 		for _, j := range jobs {
 			at := losses[0].Add(-lease).Truncate(time.Second).Add(time.Second)
@@ -300,11 +293,18 @@ func TestTheDataLossCounterStartsAtZero(t *testing.T) {
 		Instance: "a", Metrics: metrics}, jobs); err != nil {
 		t.Fatal(err)
 	}
-	expected := `
+	checkDataLossCounter(t, reg, "memory", 0)
+}
+
+// checkDataLossCounter checks reg's scheduler_claimer_data_loss_total: one
+// series, for claimer, at n.
+func checkDataLossCounter(t *testing.T, reg *prometheus.Registry, claimer string, n int) {
+	t.Helper()
+	expected := fmt.Sprintf(`
 # HELP scheduler_claimer_data_loss_total Times the claimer's backend was found to have lost its data (a Redis server restarted empty); it then holds every run for a lease.
 # TYPE scheduler_claimer_data_loss_total counter
-scheduler_claimer_data_loss_total{claimer="memory"} 0
-`
+scheduler_claimer_data_loss_total{claimer=%q} %d
+`, claimer, n)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), "scheduler_claimer_data_loss_total"); err != nil {
 		t.Error(err)
 	}

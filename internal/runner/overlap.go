@@ -159,10 +159,10 @@ const momentaryWait = 1500 * time.Millisecond
 // waitsOut reports whether a probing run, having asked for waited so
 // far, should ask again rather than act on what p found: every run it
 // would yield to (owners, ahead), or with anyOf any run found (newer
-// too), may be held only for a moment, to be recorded missed. Such a claim is no run that could overlap (an outside
-// review: a replica restarted after 25s down skipped its instants still
-// on time as overlap with its own claims on the outage's older instants,
-// and nothing ran). A claim this replica holds for that (recording) is
+// too), may be held only for a moment, to be recorded missed. Such a
+// claim is no run that could overlap (an outside review: a replica
+// restarted after 25s down skipped its instants still on time as overlap
+// with its own claims on the outage's older instants, and nothing ran). A claim this replica holds for that (recording) is
 // asked about again until it is released, up to the late tolerance;
 // one of another replica's is recognised by its grant, a first attempt
 // granted past its deadline (replicas starting together), and asked

@@ -552,16 +552,9 @@ func TestShutdownLetsShortRunsFinish(t *testing.T) {
 func TestOverlapForbidSkipsWhileThePreviousRunLives(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		led := newLedger()
-		var running, overlaps atomic.Int32
+		var overlaps atomic.Int32
 		jobs := []runner.Job{{Name: "slow", Schedule: mustSchedule(t, "* * * * * *"),
-			Handler: func(ctx context.Context, run job.Run) error {
-				if running.Add(1) > 1 {
-					overlaps.Add(1)
-				}
-				defer running.Add(-1)
-				time.Sleep(2500 * time.Millisecond)
-				return nil
-			}}}
+			Handler: countOverlaps(&overlaps, 2500*time.Millisecond)}}
 		a := &replica{name: "a", store: memory.NewStore(nil), jobs: jobs, led: led}
 		b := &replica{name: "b", store: a.store, jobs: jobs, led: led}
 		a.start(t)
@@ -719,16 +712,9 @@ func TestALateRunTheMisfirePolicyRunsIsStillYieldedTo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memory.NewStore(nil)
 		led := newLedger()
-		var running, overlaps atomic.Int32
+		var overlaps atomic.Int32
 		jobs := []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 * * * *"), Misfire: runner.MisfireRunOnce, Grace: time.Hour,
-			Handler: func(ctx context.Context, run job.Run) error {
-				if running.Add(1) > 1 {
-					overlaps.Add(1)
-				}
-				defer running.Add(-1)
-				time.Sleep(50 * time.Minute) // past the next instant
-				return nil
-			}}}
+			Handler: countOverlaps(&overlaps, 50*time.Minute)}} // past the next instant
 		hour := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
 		time.Sleep(time.Until(hour.Add(20 * time.Minute))) // the look-back instant is 20 minutes late
 		a := &replica{name: "a", store: store, jobs: jobs, led: led, grace: time.Hour}
@@ -748,4 +734,18 @@ func TestALateRunTheMisfirePolicyRunsIsStillYieldedTo(t *testing.T) {
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"hourly": true}})
 	})
+}
+
+// countOverlaps is a handler that runs for d, counting in overlaps every
+// execution that started while another of its job was still running.
+func countOverlaps(overlaps *atomic.Int32, d time.Duration) job.Handler {
+	var running atomic.Int32
+	return func(ctx context.Context, run job.Run) error {
+		if running.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		defer running.Add(-1)
+		time.Sleep(d)
+		return nil
+	}
 }
