@@ -81,6 +81,21 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		return status
 	}
 
+	// holdFor keeps the claim, not started, for d: the keep-alive renews
+	// it meanwhile. It reports false once the run has been settled (its
+	// lease lost, or shutting down: handed back, never started).
+	holdFor := func(d time.Duration) (claim.Status, bool) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ectx.Done():
+			return settle(claim.LeaseLost, claim.Interrupted, 0, context.Cause(ectx)), false
+		case <-ctx.Done():
+			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown), false
+		case <-t.C:
+			return "", true
+		}
+	}
 	// A replica whose wall clock runs ahead claims runs before their
 	// start (the instant, jittered); it holds the claim until the start
 	// comes on the backend's clock, then runs it on time.
@@ -89,15 +104,18 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			r.opts.Logger.WarnContext(ectx, "replica clock ahead of the backend; holding the run until its instant",
 				append(runAttrs(r, cl.Run, cl), "ahead_ms", early.Milliseconds())...)
 		}
-		t := time.NewTimer(early)
-		select {
-		case <-ectx.Done():
-			t.Stop()
-			return settle(claim.LeaseLost, claim.Interrupted, 0, context.Cause(ectx))
-		case <-ctx.Done(): // shutting down: the run has not started, hand it back
-			t.Stop()
-			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
-		case <-t.C:
+		if status, ok := holdFor(early); !ok {
+			return status
+		}
+	}
+	// A retry taken over before its backoff ended (the failed attempt's
+	// lease could not be set to the backoff, or its holder died first)
+	// waits for the rest of it, as its holder would have.
+	if wait := d.backoffLeft(ectx, j, cl); wait > 0 {
+		r.opts.Logger.InfoContext(ectx, "retry taken over before its backoff ended; holding the run until it has",
+			append(runAttrs(r, cl.Run, cl), "retry_in_ms", wait.Milliseconds())...)
+		if status, ok := holdFor(wait); !ok {
+			return status
 		}
 	}
 	skip := func(reason string) claim.Status {

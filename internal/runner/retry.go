@@ -113,6 +113,39 @@ func (d *dispatcher) withinAttempts(ctx context.Context, j *jobState, cl *claim.
 	return cl.Attempt-handedBack <= j.MaxAttempts
 }
 
+// backoffLeft is how long cl, a later attempt of a job that retries,
+// must still wait before it starts: until the latest retry time the
+// attempts before it recorded (recordAttempt), on this replica's clock,
+// and never longer than the backoff after the attempt before it. The
+// lease is the backoff only where its holder could set it so; where it
+// could not (the backend out of reach just then, or the holder died
+// after recording the attempt), the lease lapses at its last deadline,
+// sooner than a backoff longer than the lease, and the run is taken over
+// early. A failed read waits for nothing: that costs the backoff, never
+// the run. One register read per takeover of such a job.
+func (d *dispatcher) backoffLeft(ctx context.Context, j *jobState, cl *claim.Claim) time.Duration {
+	r := d.r
+	if cl.Attempt <= 1 || j.Backoff <= 0 || r.opts.Controls == nil {
+		return 0
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+	defer cancel()
+	atts, err := r.opts.Controls.Attempts(rctx, cl.ID()+"/")
+	if err != nil {
+		return 0
+	}
+	var due time.Time
+	for _, a := range atts {
+		if a.RunID == cl.ID() && a.Attempt < cl.Attempt && a.RetryAt.After(due) {
+			due = a.RetryAt
+		}
+	}
+	if due.IsZero() {
+		return 0
+	}
+	return min(due.Sub(r.opts.Now()), j.backoff(cl.Attempt-1))
+}
+
 // retryLater ends a failed attempt by cutting cl's lease to the backoff
 // (see the file comment). The keep-alive must have stopped: it would
 // renew the lease to a full one again. It returns Retrying, or LeaseLost
@@ -133,13 +166,13 @@ func (d *dispatcher) retryLater(ctx context.Context, j *jobState, cl *claim.Clai
 		d.finished(ctx, cl, claim.LeaseLost, elapsed, errors.Join(herr, err))
 		return claim.LeaseLost
 	case err != nil:
-		// The lease could not be cut: it lapses at its last deadline, at
-		// most a lease away, and the retry comes then.
-		attrs = append(attrs, "retry_in_ms", r.opts.Lease.Milliseconds(), "cut_error", err.Error())
-	default:
-		attrs = append(attrs, "retry_in_ms", wait.Milliseconds(),
-			"retry_at", r.opts.Now().Add(wait).UTC().Format(time.RFC3339Nano))
+		// The lease could not be set to the backoff: it lapses at its
+		// last deadline, and whoever takes the run over then waits for
+		// the rest of the backoff the attempt's record names
+		// (backoffLeft).
+		attrs = append(attrs, "cut_error", err.Error())
 	}
+	attrs = append(attrs, "retry_in_ms", wait.Milliseconds(), "retry_at", r.opts.Now().Add(wait).UTC().Format(time.RFC3339Nano))
 	r.opts.Logger.Log(ctx, slog.LevelWarn, "run failed; retry scheduled", attrs...)
 	r.opts.Metrics.finished(cl.Run.Job, claim.Retrying, elapsed)
 	r.emit(Event{Kind: EventFinished, Run: cl.Run, Claim: cl, Status: claim.Retrying, Err: herr, Ran: elapsed})

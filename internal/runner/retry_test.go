@@ -353,3 +353,52 @@ func TestAnAttemptFailingDuringAShutdownIsRecorded(t *testing.T) {
 		}
 	})
 }
+
+// uncuttable fails every renewal to other than lease: the setting of a
+// lease to a retry's backoff (a backend out of reach just then, or a
+// holder that died between its handler's return and that write).
+type uncuttable struct {
+	claim.Claimer
+	lease time.Duration
+}
+
+func (u uncuttable) Renew(ctx context.Context, c *claim.Claim, lease time.Duration) error {
+	if lease != u.lease {
+		return fmt.Errorf("set to %v: %w", lease, claim.ErrUnavailable)
+	}
+	return u.Claimer.Renew(ctx, c, lease)
+}
+
+// A retry waits for its backoff even where the failed attempt's lease
+// could not be cut to it: the lease then lapses at its last deadline,
+// sooner than a backoff longer than the lease, and the replica that takes
+// the run over finds the attempt's recorded retry time and waits for it.
+// (A downstream that failed asked for the backoff; a retry a lease after
+// the failure would hit it again.)
+func TestARetryWaitsForItsBackoffWhereTheLeaseCouldNotBeCut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		const lease, backoff = 3 * time.Second, 20 * time.Second
+		jobs := []runner.Job{{Name: "flaky", Schedule: mustSchedule(t, "0 * * * * *"), Handler: failUntil(2),
+			MaxAttempts: 3, Backoff: backoff}}
+		time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute - 5*time.Second)))
+		minute := time.Now().UTC().Truncate(time.Minute).Add(time.Minute)
+		var rs []*replica
+		for _, name := range []string{"a", "b", "c"} {
+			rp := &replica{name: name, store: store, jobs: jobs, lease: lease, led: led,
+				wrap: func(c claim.Claimer) claim.Claimer { return uncuttable{c, lease} }}
+			rp.start(t)
+			rs = append(rs, rp)
+		}
+		time.Sleep(40 * time.Second)
+		stopAll(rs)
+
+		flaky := claim.Run{Job: "flaky", At: minute}.ID()
+		checkAttempts(t, led, flaky, 2, backoff)
+		if st := statuses(t, store, "flaky")[minute]; st != claim.Succeeded {
+			t.Errorf("flaky ended %s, want succeeded on its second attempt", st)
+		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"flaky": true}})
+	})
+}
