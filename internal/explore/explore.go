@@ -155,7 +155,9 @@ type jobDef struct {
 	stubborn bool
 	// flaky handlers fail about half their attempts, drawn per attempt;
 	// backoff > 0 retries them inside the run.
-	flaky      bool
+	flaky bool
+	// failFirst handlers fail their first attempt, and only that one.
+	failFirst  bool
 	backoff    time.Duration
 	jitter     time.Duration
 	maxCatchup int
@@ -180,6 +182,12 @@ func (w *world) workload() []jobDef {
 		// whichever replica claims the run next, starting jittered.
 		{name: "flaky", spec: "@every 3s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(20*time.Millisecond, 300*time.Millisecond),
 			flaky: true, backoff: 300 * time.Millisecond, jitter: 800 * time.Millisecond},
+		// A first attempt that always fails, retried after a backoff
+		// longer than the lease and the clocks' skew: a retry taken over
+		// where its holder could not set the lease to the backoff (a
+		// partition, a crash) must still wait for it (retry-early).
+		{name: "patient", spec: "@every 7s", overlap: runner.OverlapForbid, misfire: runner.MisfireSkip, work: span(20*time.Millisecond, 200*time.Millisecond),
+			failFirst: true, backoff: l + 2*w.cfg.MaxSkew},
 		// Runs longer than their period: one instant waits for the running
 		// one, the others are skipped; after an outage the missed ones are
 		// caught up in turn.
@@ -203,7 +211,10 @@ type world struct {
 	jobs   []jobDef
 	scheds []*schedule.Schedule
 	reps   []*replica
-	wg     sync.WaitGroup
+	// recorded holds the failed attempts ("run id#attempt") whose retry
+	// time reached the register (noteRecorded).
+	recorded map[string]bool
+	wg       sync.WaitGroup
 
 	// mixed is the second version of a job some replicas run (nil: none),
 	// mixedSched its schedule.
@@ -347,6 +358,7 @@ func Run(cfg Config) (*Result, error) {
 	}
 	if cfg.Controls != nil {
 		w.noteAlongside()
+		w.noteRecorded()
 	}
 	if w.broken != nil {
 		return nil, fmt.Errorf("seed %d: the plan could not be applied: %w", cfg.Seed, w.broken)
@@ -359,10 +371,15 @@ func Run(cfg Config) (*Result, error) {
 	// a standby (or a restarted replica's recovery) that takes over.
 	settled := w.t0.Add(w.plan.Heal() + cfg.Lease)
 	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled,
-		Backfills: w.backfillNames, Alongside: w.alongside}
+		Backfills: w.backfillNames, Alongside: w.alongside,
+		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
+		Recorded: func(id string, n int) bool { return w.recorded[fmt.Sprintf("%s#%d", id, n)] }}
 	for _, j := range w.jobs {
 		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
 			spec.Forbid[j.name] = true
+		}
+		if j.backoff > 0 {
+			spec.Backoff[j.name] = j.backoff
 		}
 	}
 	res.Expected = len(spec.Expected)
@@ -461,6 +478,30 @@ func (w *world) noteAlongside() {
 		}
 		if !sleepUntil(ctx, time.Now().Add(w.cfg.Lease/4)) {
 			w.broken = errors.Join(w.broken, fmt.Errorf("reading the requests back: %w", err))
+			return
+		}
+	}
+}
+
+// noteRecorded reads back which failed attempts' retry times reached the
+// register (history.Spec.Recorded).
+func (w *world) noteRecorded() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*w.cfg.Lease)
+	defer cancel()
+	ctl := control.New(w.cfg.Controls, nil)
+	for {
+		as, err := ctl.Attempts(ctx, "")
+		if err == nil {
+			w.recorded = map[string]bool{}
+			for _, a := range as {
+				if !a.RetryAt.IsZero() {
+					w.recorded[fmt.Sprintf("%s#%d", a.RunID, a.Attempt)] = true
+				}
+			}
+			return
+		}
+		if !sleepUntil(ctx, time.Now().Add(w.cfg.Lease/4)) {
+			w.broken = errors.Join(w.broken, fmt.Errorf("reading the attempts back: %w", err))
 			return
 		}
 	}
@@ -568,6 +609,19 @@ func (w *world) expected(end time.Time) []claim.Run {
 	return out
 }
 
+// clockOK reports whether the replica named name (a backfill's process
+// counts as unknown) kept its clock within the skew from from to to: a
+// clock fault shifts it beyond, and a retry time written or read on it
+// says nothing of the backoff.
+func (w *world) clockOK(name string, from, to time.Time) bool {
+	for _, r := range w.reps {
+		if r.id == name {
+			return !slices.ContainsFunc(r.ops(nemesis.Clock), func(op nemesis.Op) bool { return overlaps(w.t0, op, from, to) })
+		}
+	}
+	return false
+}
+
 // hash draws a stable number for a run: the same run works as long on
 // every replica, and the same seed replays the same work.
 func (w *world) hash(runID string) uint64 {
@@ -602,7 +656,7 @@ func (r *replica) handler(j jobDef, c *faulty) job.Handler {
 			}
 			left := time.Until(end)
 			if left <= 0 {
-				if j.flaky && r.w.hash(fmt.Sprintf("%s#%d", run.ID, run.Attempt))%2 == 0 {
+				if j.flaky && r.w.hash(fmt.Sprintf("%s#%d", run.ID, run.Attempt))%2 == 0 || j.failFirst && run.Attempt == 1 {
 					return errFlaky
 				}
 				return nil

@@ -25,6 +25,7 @@ const (
 	HandedBackDone  = "handed-back-done" // a handler finished its work, and the run was handed back to run again
 	Unscheduled     = "unscheduled"      // a scheduled run started at an instant no version of its job's schedule names
 	RetryOverlap    = "retry-overlap"    // a retry of a run started before the attempt it retries had returned
+	RetryEarly      = "retry-early"      // a retry of a run started before its job's backoff had passed since the attempt it retries returned
 	AlongsideHeld   = "alongside-held"   // a run requested with overlap allow, or a backfill's, was skipped for overlap
 )
 
@@ -61,6 +62,20 @@ type Spec struct {
 	// (control.Request.Overlap): each may run beside the job's other
 	// runs by design, so its executions are left out of job-overlap.
 	Alongside map[string]bool
+	// Backoff holds, for the jobs that retry failed attempts, the least
+	// wait before a retry (their backoff; it doubles per attempt): no
+	// retry may start sooner after the attempt it retries returned, less
+	// Slack, the replicas' clocks' bound (the retry time is written on
+	// one clock and read on another). Judged only where ClockOK, when
+	// set, says both replicas' clocks kept within that bound meanwhile,
+	// and where Recorded, when set, says the failed attempt's retry time
+	// reached the register: an attempt whose holder was cut off from the
+	// backend when it failed looks to the fleet like one that crashed,
+	// and its run is taken over at once.
+	Backoff  map[string]time.Duration
+	Slack    time.Duration
+	ClockOK  func(replica string, from, to time.Time) bool
+	Recorded func(runID string, attempt int) bool
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -479,8 +494,9 @@ func (c *checker) ended(id string) bool {
 
 // retries: an attempt that failed and handed its run on to a retry
 // (status retrying) had returned before any later attempt of the run
-// started. The lease cut already keeps grants apart (grants); this checks
-// the handlers themselves.
+// started, and the job's backoff had passed since (spec.Backoff). The
+// lease cut already keeps grants apart (grants); this checks the
+// handlers themselves.
 func (c *checker) retries(events []Event) {
 	returned := map[string]time.Time{}  // by token
 	retrying := map[string][]*holding{} // by run id
@@ -503,9 +519,18 @@ func (c *checker) retries(events []Event) {
 			if x == nil || prev.grant.Attempt >= x.grant.Attempt {
 				continue
 			}
-			if ret, ok := returned[prev.grant.Token]; !ok || e.At.Before(ret) {
+			ret, ok := returned[prev.grant.Token]
+			if !ok || e.At.Before(ret) {
 				c.add(RetryOverlap, e.Run.ID(), fmt.Sprintf("attempt %d started on %s before attempt %d (%s) had returned",
 					x.grant.Attempt, e.Replica, prev.grant.Attempt, prev.grant.Replica))
+				continue
+			}
+			b := c.spec.Backoff[e.Run.Job]
+			judged := (c.spec.ClockOK == nil || c.spec.ClockOK(prev.grant.Replica, ret, e.At) && c.spec.ClockOK(e.Replica, ret, e.At)) &&
+				(c.spec.Recorded == nil || c.spec.Recorded(e.Run.ID(), prev.grant.Attempt))
+			if gap := e.At.Sub(ret); b > 0 && gap < b-c.spec.Slack && judged {
+				c.add(RetryEarly, e.Run.ID(), fmt.Sprintf("attempt %d started on %s %v after attempt %d (%s) returned, before the backoff of %v (less %v of clock skew)",
+					x.grant.Attempt, e.Replica, gap.Round(time.Millisecond), prev.grant.Attempt, prev.grant.Replica, b, c.spec.Slack))
 			}
 		}
 	}

@@ -38,6 +38,31 @@ func TestRetryOverlap(t *testing.T) {
 	}
 }
 
+// A retry that starts before its job's backoff has passed since the
+// attempt it retries returned is judged retry-early, unless the clocks
+// involved may account for it.
+func TestRetryEarly(t *testing.T) {
+	// Returned at 100ms, retried at 400ms: 300ms later.
+	evs := retried(110*time.Millisecond, 400*time.Millisecond, 100*time.Millisecond)
+	if vs := Check(evs, Spec{Backoff: map[string]time.Duration{runA.Job: 250 * time.Millisecond}}); len(vs) != 0 {
+		t.Errorf("a retry 300ms after a 250ms backoff was judged: %v", vs)
+	}
+	if vs := Check(evs, Spec{Backoff: map[string]time.Duration{runA.Job: time.Second}}); !has(vs, RetryEarly) {
+		t.Errorf("a retry 300ms after its attempt returned, with a 1s backoff, not judged retry-early: %v", vs)
+	}
+	if vs := Check(evs, Spec{Backoff: map[string]time.Duration{runA.Job: time.Second}, Slack: 800 * time.Millisecond}); len(vs) != 0 {
+		t.Errorf("a retry 300ms after, with a 1s backoff less 800ms of skew, was judged: %v", vs)
+	}
+	unrecorded := func(string, int) bool { return false }
+	if vs := Check(evs, Spec{Backoff: map[string]time.Duration{runA.Job: time.Second}, Recorded: unrecorded}); len(vs) != 0 {
+		t.Errorf("a retry of an attempt whose retry time never reached the register was judged: %v", vs)
+	}
+	clockOff := func(replica string, from, to time.Time) bool { return replica != "b" }
+	if vs := Check(evs, Spec{Backoff: map[string]time.Duration{runA.Job: time.Second}, ClockOK: clockOff}); len(vs) != 0 {
+		t.Errorf("a retry early by a clock out of bounds was judged: %v", vs)
+	}
+}
+
 func has(vs []Violation, inv string) bool {
 	for _, v := range vs {
 		if v.Invariant == inv {
