@@ -16,13 +16,23 @@ import (
 
 // etcdDriver: one etcd cluster.
 var etcdDriver = driver{
-	open: func(_ context.Context, c config.Claimer, instance string, _ Options) (*Backend, error) {
+	open: func(ctx context.Context, c config.Claimer, instance string, _ Options) (*Backend, error) {
 		e := c.Etcd
 		cli, err := etcdClient(e)
 		if err != nil {
 			return nil, err
 		}
 		cl := etcd.New(cli, etcd.Options{Instance: instance, Prefix: e.Prefix, DoneTTL: e.DoneTTL.Duration()})
+		rctx, cancel := context.WithTimeout(ctx, e.DialTimeout.Duration())
+		defer cancel()
+		if err := cl.Reach(rctx); err != nil {
+			_ = cl.Close()
+			hint := ""
+			if e.TLS.Enabled {
+				hint = " (tls is enabled: do the endpoints serve TLS, under a certificate the CA signed?)"
+			}
+			return nil, fmt.Errorf("etcd %v: %w%s", e.Endpoints, err, hint)
+		}
 		return &Backend{Claimer: cl, Controls: cl.Controls()}, nil
 	},
 	servers: func(c config.Claimer) []string { return slices.Clone(c.Etcd.Endpoints) },

@@ -232,6 +232,17 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	return nil
 }
 
+// Reach asks one member how many keys lie under the prefix: a
+// serializable read, which needs no quorum, so it fails only where no
+// endpoint can be reached (a wrong address, TLS the endpoints do not
+// speak) or the user may not read the prefix. The opener calls it: the
+// client dials lazily, so without it a replica whose endpoints are all
+// wrong started and failed every claim for good (an outside review).
+func (c *Claimer) Reach(ctx context.Context) error {
+	_, err := c.cli.Get(ctx, string(c.keys), clientv3.WithPrefix(), clientv3.WithSerializable(), clientv3.WithCountOnly())
+	return c.translate(ctx, err)
+}
+
 // Ping implements claim.Claimer with a write that changes nothing: a
 // transaction that would put the ping key if it had a negative create
 // revision, which no key has. A transaction with a write in it goes
