@@ -53,10 +53,22 @@ func openPostgres(ctx context.Context, c config.Claimer, instance string, o Opti
 	cl := postgres.New(pool, postgres.Options{Instance: instance, Leases: leases})
 	b := &Backend{Claimer: cl, Pruner: cl, Controls: cl.Controls(), DB: db, Dialect: migrations.Postgres,
 		closers: []func(){pool.Close, leases.Close, func() { _ = db.Close() }}}
-	if o.Migrate && c.Postgres.Migrate {
+	switch {
+	case o.Migrate && c.Postgres.Migrate:
 		if err := migrations.Up(ctx, db, migrations.Postgres); err != nil {
 			_ = b.Close()
 			return nil, fmt.Errorf("postgres: migrate up: %w", err)
+		}
+	case o.Migrate:
+		// A replica that leaves migrations to the operator still asks
+		// the server before it starts, as one that applies them does:
+		// the pool dials lazily, so one started against a server out of
+		// reach started anyway and failed every claim, for good, where
+		// the other asks again for two leases and exits 1 (an outside
+		// review).
+		if err := pool.Ping(ctx); err != nil {
+			_ = b.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
 		}
 	}
 	return b, nil
