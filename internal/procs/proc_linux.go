@@ -25,3 +25,21 @@ func (r *Redis) Resume() error {
 	}
 	return r.cmd.Process.Signal(syscall.SIGCONT)
 }
+
+// Pause stops the member's process (SIGSTOP) until Resume: its
+// connections stay open, but it reads, answers and replicates nothing
+// meanwhile, as a stalled host would.
+func (m *EtcdMember) Pause() error {
+	if m.cmd == nil {
+		return errors.New("etcd " + m.name + " is not running")
+	}
+	return m.cmd.Process.Signal(syscall.SIGSTOP)
+}
+
+// Resume continues a paused member (SIGCONT).
+func (m *EtcdMember) Resume() error {
+	if m.cmd == nil {
+		return errors.New("etcd " + m.name + " is not running")
+	}
+	return m.cmd.Process.Signal(syscall.SIGCONT)
+}

@@ -14,3 +14,9 @@ func (r *Redis) Pause() error { return errors.New("pausing a process is supporte
 
 // Resume is not supported off Linux.
 func (r *Redis) Resume() error { return errors.New("pausing a process is supported on Linux only") }
+
+// Pause is not supported off Linux.
+func (m *EtcdMember) Pause() error { return errors.New("pausing a process is supported on Linux only") }
+
+// Resume is not supported off Linux.
+func (m *EtcdMember) Resume() error { return errors.New("pausing a process is supported on Linux only") }
