@@ -19,4 +19,6 @@ func (r *Redis) Resume() error { return errors.New("pausing a process is support
 func (m *EtcdMember) Pause() error { return errors.New("pausing a process is supported on Linux only") }
 
 // Resume is not supported off Linux.
-func (m *EtcdMember) Resume() error { return errors.New("pausing a process is supported on Linux only") }
+func (m *EtcdMember) Resume() error {
+	return errors.New("pausing a process is supported on Linux only")
+}
