@@ -101,7 +101,10 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	// The lease starts when the leader applies the grant, after this;
 	// the holder's trust window counts from here.
 	requested := time.Now()
-	g, err := c.cli.Grant(ctx, leaseSeconds(lease))
+	attempt := attemptTimeout(lease)
+	g, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return c.cli.Grant(ctx, leaseSeconds(lease))
+	})
 	if err != nil {
 		fail(bids, c.translate(ctx, err))
 		return claims, errs
@@ -120,7 +123,9 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				tokens[k] = newToken(requested)
 				ops[k] = c.bidOp(b, tokens[k], int64(k), requested, lease, g.ID)
 			}
-			resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+			resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+				return c.cli.Txn(ctx).Then(ops...).Commit()
+			})
 			if err != nil {
 				// Grants of earlier chunks stand; nothing of this one
 				// or later ones is known to.
@@ -132,9 +137,15 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				switch {
 				case tr == nil:
 					errs[b.i] = fmt.Errorf("claim %s: etcd: malformed transaction response", b.run.ID())
-				case tr.Succeeded:
+				case tr.Succeeded || ownLive(tr, tokens[k]) != 0:
+					// A live key holding this bid's token was created
+					// by an earlier try of this transaction.
+					rev := resp.Header.Revision
+					if !tr.Succeeded {
+						rev = ownLive(tr, tokens[k])
+					}
 					claims[b.i] = &claim.Claim{Run: b.run, Token: tokens[k], Holder: c.instance,
-						Fence: fenceOf(resp.Header.Revision, int64(k)), Attempt: b.attempt,
+						Fence: fenceOf(rev, int64(k)), Attempt: b.attempt,
 						Deadline: requested.Add(lease).UTC(), Requested: requested, Lease: lease}
 				default:
 					if again, err := c.judge(b, tr.Responses); err != nil {
@@ -164,6 +175,20 @@ func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease 
 	return clientv3.OpTxn(cmps,
 		[]clientv3.Op{clientv3.OpPut(live, token, clientv3.WithLease(id)), clientv3.OpPut(rec, r.encode())},
 		[]clientv3.Op{clientv3.OpGet(live), clientv3.OpGet(rec)})
+}
+
+// ownLive is the create revision of the live key a lost bid read, if
+// it holds token: the bid won in an earlier try of its transaction,
+// whose answer was lost. Else 0.
+func ownLive(tr *pb.TxnResponse, token string) int64 {
+	if len(tr.Responses) != 2 {
+		return 0
+	}
+	live := tr.Responses[0].GetResponseRange().GetKvs()
+	if len(live) == 0 || string(live[0].Value) != token {
+		return 0
+	}
+	return live[0].CreateRevision
 }
 
 // judge reads a lost bid's live key and record: held, done, or worth
@@ -212,16 +237,23 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	if !requested.Before(cl.Requested.Add(cl.Lease)) {
 		return fmt.Errorf("renew %s: %w: its %v lease ran out", cl.ID(), claim.ErrLeaseLost, cl.Lease)
 	}
-	g, err := c.cli.Grant(ctx, leaseSeconds(lease))
+	attempt := attemptTimeout(min(lease, cl.Lease))
+	g, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return c.cli.Grant(ctx, leaseSeconds(lease))
+	})
 	if err != nil {
 		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
 	}
 	r := recordOf(cl, claim.Running, requested.Add(lease))
 	live := c.keys.live(cl.Run)
-	resp, err := c.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(live), "=", cl.Token)).
-		Then(clientv3.OpPut(live, cl.Token, clientv3.WithLease(g.ID)), clientv3.OpPut(c.keys.record(cl.Run), r.encode())).
-		Commit()
+	// A try that took effect leaves the key holding the token, on g: the
+	// next one writes the same again.
+	resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(live), "=", cl.Token)).
+			Then(clientv3.OpPut(live, cl.Token, clientv3.WithLease(g.ID)), clientv3.OpPut(c.keys.record(cl.Run), r.encode())).
+			Commit()
+	})
 	switch {
 	case err != nil:
 		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))

@@ -48,6 +48,11 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 		return clientv3.OpPut(c.keys.record(cls[i].Run), r.encode(), clientv3.WithLease(done))
 	}
 	terminal := slices.ContainsFunc(pending, func(i int) bool { return outcomes[i].Terminal() })
+	shortest := cls[pending[0]].Lease
+	for _, i := range pending {
+		shortest = min(shortest, cls[i].Lease)
+	}
+	attempt := attemptTimeout(shortest)
 
 	type late struct {
 		i      int
@@ -56,7 +61,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	var lates []late
 	for start := 0; start < len(pending); start += maxOps {
 		chunk := pending[start:min(start+maxOps, len(pending))]
-		resp, err := c.commitDone(ctx, terminal, func(done clientv3.LeaseID) []clientv3.Op {
+		resp, err := c.commitDone(ctx, attempt, terminal, func(done clientv3.LeaseID) []clientv3.Op {
 			ops := make([]clientv3.Op, len(chunk))
 			for k, i := range chunk {
 				live := c.keys.live(cls[i].Run)
@@ -100,23 +105,38 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	}
 	for start := 0; start < len(lates); start += maxOps {
 		chunk := lates[start:min(start+maxOps, len(lates))]
-		resp, err := c.commitDone(ctx, terminal, func(done clientv3.LeaseID) []clientv3.Op {
+		resp, err := c.commitDone(ctx, attempt, terminal, func(done clientv3.LeaseID) []clientv3.Op {
 			ops := make([]clientv3.Op, len(chunk))
 			for k, l := range chunk {
 				run := cls[l.i].Run
 				ops[k] = clientv3.OpTxn([]clientv3.Cmp{
 					clientv3.Compare(clientv3.CreateRevision(c.keys.live(run)), "=", 0),
 					clientv3.Compare(clientv3.ModRevision(c.keys.record(run)), "=", l.modRev),
-				}, []clientv3.Op{put(l.i, done)}, nil)
+				}, []clientv3.Op{put(l.i, done)}, []clientv3.Op{clientv3.OpGet(c.keys.record(run))})
 			}
 			return ops
 		})
 		for k, l := range chunk {
-			switch {
-			case err != nil:
+			if err != nil {
 				fail([]int{l.i}, err)
-			case !resp.Responses[k].GetResponseTxn().GetSucceeded():
-				fail([]int{l.i}, claim.ErrLeaseLost) // taken over meanwhile
+				continue
+			}
+			tr := resp.Responses[k].GetResponseTxn()
+			if tr.GetSucceeded() {
+				continue
+			}
+			// An earlier try that took effect left the record with
+			// this claim's token and outcome; else the run was taken
+			// over meanwhile.
+			var r record
+			var derr error = claim.ErrLeaseLost
+			if rs := tr.GetResponses(); len(rs) == 1 {
+				if kvs := rs[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+					r, derr = decodeRecord(string(kvs[0].Key), kvs[0].Value)
+				}
+			}
+			if derr != nil || r.Token != cls[l.i].Token || r.Status != outcomes[l.i] {
+				fail([]int{l.i}, claim.ErrLeaseLost)
 			}
 		}
 	}
@@ -127,16 +147,18 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 // the done lease when terminal says some record needs it. A done lease
 // that is gone (revoked, or the cluster restored from a backup) is
 // replaced and the transaction sent once more.
-func (c *Claimer) commitDone(ctx context.Context, terminal bool, ops func(done clientv3.LeaseID) []clientv3.Op) (*clientv3.TxnResponse, error) {
+func (c *Claimer) commitDone(ctx context.Context, attempt time.Duration, terminal bool, ops func(done clientv3.LeaseID) []clientv3.Op) (*clientv3.TxnResponse, error) {
 	for try := 0; ; try++ {
 		var done clientv3.LeaseID
 		if terminal {
 			var err error
-			if done, err = c.done.get(ctx, c.cli); err != nil {
+			if done, err = c.done.get(ctx, attempt, c.cli); err != nil {
 				return nil, c.translate(ctx, err)
 			}
 		}
-		resp, err := c.cli.Txn(ctx).Then(ops(done)...).Commit()
+		resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return c.cli.Txn(ctx).Then(ops(done)...).Commit()
+		})
 		if terminal && try == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			c.done.forget(done)
 			continue
@@ -166,7 +188,7 @@ func newDoneLease(ttl time.Duration) *doneLease {
 	return &doneLease{ttl: ttl, reuse: min(time.Hour, max(ttl/8, time.Second)), sem: make(chan struct{}, 1)}
 }
 
-func (d *doneLease) get(ctx context.Context, cli *clientv3.Client) (clientv3.LeaseID, error) {
+func (d *doneLease) get(ctx context.Context, attempt time.Duration, cli *clientv3.Client) (clientv3.LeaseID, error) {
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -179,7 +201,9 @@ func (d *doneLease) get(ctx context.Context, cli *clientv3.Client) (clientv3.Lea
 	// The lease runs from after now: used until now+reuse, it has at
 	// least ttl left for any record written under it.
 	now := time.Now()
-	g, err := cli.Grant(ctx, leaseSeconds(d.ttl+d.reuse))
+	g, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+		return cli.Grant(ctx, leaseSeconds(d.ttl+d.reuse))
+	})
 	if err != nil {
 		return 0, err
 	}

@@ -1,0 +1,49 @@
+package etcd
+
+import (
+	"context"
+	"time"
+)
+
+// The client spreads calls over the members' connections (gRPC round
+// robin) and keeps using a connection until it breaks. A member that
+// stalls without closing its connections (a paused process, a hung host,
+// a partition that drops packets) is noticed only by gRPC keepalives,
+// which gRPC sends no more often than every 10s (it raises a shorter
+// DialKeepAliveTime to that) and etcd refuses more often than every 5s:
+// meanwhile every call sent to that member waits out its whole deadline,
+// though a quorum answers. A renewal or release that waits its whole
+// deadline loses the lease, and the run is executed again. So the
+// calls a lease depends on give each try a share of the lease, and send
+// it again, to the next connection, when that share runs out.
+//
+// Sending again is safe because every write here compares first: a
+// renewal that took effect takes effect again (same token, same lease,
+// same record); a release that took effect is recognised by its token
+// and outcome in the record; a claim that took effect by its token in the
+// live key; a lease grant that took effect only leaves a lease that
+// holds nothing and expires.
+
+// attemptTimeout is how long one try of a call made for a lease of d may
+// take: a sixth of the lease, so that two stalled tries (a grant and a
+// transaction) leave most of a renewal's time, but no less than a slow
+// healthy cluster needs and no more than two seconds.
+func attemptTimeout(d time.Duration) time.Duration {
+	return min(max(d/6, 250*time.Millisecond), 2*time.Second)
+}
+
+// retry calls f with a context that ends after attempt, or with ctx, and
+// again, at once, whenever a try ran out of its time before ctx did. It
+// returns the first other outcome; once ctx is done, that of the try it
+// ended.
+func retry[T any](ctx context.Context, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		v, err := f(actx)
+		again := err != nil && actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if !again {
+			return v, err
+		}
+	}
+}
