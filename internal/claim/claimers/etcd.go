@@ -77,8 +77,13 @@ func etcdClient(e config.Etcd) (*clientv3.Client, error) {
 		Username:    e.Username,
 		Password:    string(e.Password),
 		DialTimeout: e.DialTimeout.Duration(),
-		// Keepalives notice a dead member within seconds, so calls move
-		// to another, instead of waiting on a connection that is gone.
+		// Keepalives notice a member that stalls without closing its
+		// connections, so that calls move to another. gRPC pings no
+		// more often than every 10s (it raises a shorter time to that,
+		// and etcd refuses pings more often than 5s), so they notice in
+		// 10-12s, longer than a lease: the claimer sends each try of a
+		// lease's call again, to the next member, after a share of the
+		// lease (internal/claim/etcd/retry.go).
 		DialKeepAliveTime:    2 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
 		Logger:               zap.NewNop(),
