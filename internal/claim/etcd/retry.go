@@ -3,6 +3,9 @@ package etcd
 import (
 	"context"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The client spreads calls over the members' connections (gRPC round
@@ -32,15 +35,26 @@ func attemptTimeout(d time.Duration) time.Duration {
 	return min(max(d/6, 250*time.Millisecond), 2*time.Second)
 }
 
+// timedOut says whether err is a try's deadline that passed on the
+// member (which sees the client's deadline): etcd 3.4 answers it as code
+// Unknown with the context's text, a moment before the client's own
+// deadline would have passed.
+func timedOut(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && (s.Code() == codes.DeadlineExceeded ||
+		s.Code() == codes.Unknown && s.Message() == context.DeadlineExceeded.Error())
+}
+
 // retry calls f with a context that ends after attempt, or with ctx, and
-// again, at once, whenever a try ran out of its time before ctx did. It
+// again, at once, whenever a try ran out of its time (on the client or
+// on the member) before ctx did. It
 // returns the first other outcome; once ctx is done, that of the try it
 // ended.
 func retry[T any](ctx context.Context, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
 	for {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		v, err := f(actx)
-		again := err != nil && actx.Err() != nil && ctx.Err() == nil
+		again := err != nil && ctx.Err() == nil && (actx.Err() != nil || timedOut(err))
 		cancel()
 		if !again {
 			return v, err
