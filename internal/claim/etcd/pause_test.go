@@ -12,15 +12,15 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
-// TestPausedMemberKeepsLeases holds a claim while one follower is stopped
+// TestPausedMemberKeepsLeases holds a claim while one member is stopped
 // (SIGSTOP), as a stalled host: its connections stay open, nothing on
 // them is answered, and the client cannot tell it from a slow member. The
 // holder renews as the runner does (every lease/3, each renewal due
 // before the trust window closes, a failed one tried again soon), then
 // releases within the lease. With a quorum up, every renewal and the
 // release must land in time: a claim lost here is a finished run that
-// another replica executes again. Each follower is paused in turn, a few
-// times, so calls land on the paused member's connection.
+// another replica executes again. A follower and the leader are paused in
+// turn, a few times, so calls land on the paused member's connection.
 func TestPausedMemberKeepsLeases(t *testing.T) {
 	cluster := testenv.StartEtcd(t, 3)
 	ns := backends.Prepare(t, "etcd", backends.Options{Servers: cluster.Endpoints()})
@@ -29,7 +29,7 @@ func TestPausedMemberKeepsLeases(t *testing.T) {
 	const (
 		lease   = 3 * time.Second
 		handler = 2500 * time.Millisecond
-		rounds  = 4
+		rounds  = 6
 	)
 	for i := range rounds {
 		leader := leaderOf(t, cluster)
@@ -39,7 +39,11 @@ func TestPausedMemberKeepsLeases(t *testing.T) {
 				followers = append(followers, m)
 			}
 		}
-		paused := followers[i%len(followers)]
+		paused := followers[i/2%len(followers)]
+		if i%2 == 1 {
+			// Writes wait for the followers to elect another leader.
+			paused = leader
+		}
 
 		run := claim.Run{Job: "job.paused", At: base.Add(time.Duration(i) * time.Minute)}
 		cl, err := claim.ClaimOne(ctxFor(t, 10*time.Second), holder, run, lease)
