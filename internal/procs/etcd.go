@@ -161,6 +161,33 @@ func (e *Etcd) Close() {
 	}
 }
 
+// Wipe kills every member (SIGKILL), removes their data directories and
+// starts them again as a new cluster on the same ports, with the same
+// names and token (so the same cluster and member ids): a cluster that
+// lost everything it had acknowledged. It waits until every member
+// serves clients.
+func (e *Etcd) Wipe(ctx context.Context) error {
+	for _, m := range e.members {
+		m.Stop()
+	}
+	for _, m := range e.members {
+		if err := os.RemoveAll(m.dataDir); err != nil {
+			return err
+		}
+	}
+	for _, m := range e.members {
+		if err := m.spawn(); err != nil {
+			return err
+		}
+	}
+	for _, m := range e.members {
+		if err := m.await(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Name is the member's name in the cluster.
 func (m *EtcdMember) Name() string { return m.name }
 
