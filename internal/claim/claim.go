@@ -43,11 +43,18 @@ var (
 type DataLossError struct {
 	Backend string // what lost its data, e.g. the server's address
 	Until   time.Time
+	// Detail, when set, says how the loss was seen and what it leaves
+	// behind (an etcd cluster's fences restarting lower).
+	Detail string
 }
 
 func (e *DataLossError) Error() string {
-	return fmt.Sprintf("claim: %s lost its data; every run is held until %s",
+	s := fmt.Sprintf("claim: %s lost its data; every run is held until %s",
 		e.Backend, e.Until.UTC().Format(time.RFC3339Nano))
+	if e.Detail != "" {
+		s += "; " + e.Detail
+	}
+	return s
 }
 
 // Run names one firing of a job. At comes from the job's schedule, never from

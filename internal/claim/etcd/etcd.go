@@ -19,6 +19,9 @@
 // old revision. A cluster restored from a snapshot goes back to the
 // snapshot's revision, and fences with it: restore with a revision bump
 // (etcdutl snapshot restore --bump-revision) above every fence handed out.
+// A claimer that reads a revision below one it read before (or another
+// cluster id) tells the runner its backend lost its data and holds every
+// run for a lease (see lossGuard).
 package etcd
 
 import (
@@ -51,6 +54,7 @@ type Claimer struct {
 	instance string
 	keys     keyspace
 	done     *doneLease
+	guard    lossGuard
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -98,6 +102,18 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	for k, i := range valid {
 		bids[k] = bid{i: i, run: claim.Run{Job: runs[i].Job, At: runs[i].At.UTC()}, attempt: 1}
 	}
+	// lost refuses every grant of the call: the cluster lost its data
+	// (see lossGuard), and holders from before may still trust theirs.
+	lost := func(loss *claim.DataLossError) ([]*claim.Claim, []error) {
+		for _, i := range valid {
+			claims[i], errs[i] = nil, fmt.Errorf("claim %s: %w: %w", runs[i].ID(), loss, claim.ErrHeld)
+		}
+		return claims, errs
+	}
+	s, loss := c.guard.send(lease)
+	if loss != nil {
+		return lost(loss)
+	}
 	// The lease starts when the leader applies the grant, after this;
 	// the holder's trust window counts from here.
 	requested := time.Now()
@@ -108,6 +124,9 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if err != nil {
 		fail(bids, c.translate(ctx, err))
 		return claims, errs
+	}
+	if loss := c.seen(s, g.ResponseHeader); loss != nil {
+		return lost(loss)
 	}
 	for round := 0; len(bids) > 0; round++ {
 		if round == maxRounds {
@@ -123,6 +142,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				tokens[k] = newToken(requested)
 				ops[k] = c.bidOp(b, tokens[k], int64(k), requested, lease, g.ID)
 			}
+			s, _ := c.guard.send(lease)
 			resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 				return c.cli.Txn(ctx).Then(ops...).Commit()
 			})
@@ -131,6 +151,14 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				// or later ones is known to.
 				fail(append(next, bids[start:]...), c.translate(ctx, err))
 				return claims, errs
+			}
+			if loss := c.seen(s, resp.Header); loss != nil {
+				// The keys this lease holds hold nothing anyone may
+				// trust: let them go now, not when the lease ends.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				_, _ = c.cli.Revoke(rctx, g.ID)
+				cancel()
+				return lost(loss)
 			}
 			for k, b := range chunk {
 				tr := resp.Responses[k].GetResponseTxn()
@@ -237,6 +265,15 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	if !requested.Before(cl.Requested.Add(cl.Lease)) {
 		return fmt.Errorf("renew %s: %w: its %v lease ran out", cl.ID(), claim.ErrLeaseLost, cl.Lease)
 	}
+	// No claim granted before a loss may be renewed on the cluster that
+	// forgot it, and none was granted since while the guard holds.
+	lost := func(loss *claim.DataLossError) error {
+		return fmt.Errorf("renew %s: %w: %w", cl.ID(), loss, claim.ErrLeaseLost)
+	}
+	s, loss := c.guard.send(lease)
+	if loss != nil {
+		return lost(loss)
+	}
 	attempt := attemptTimeout(min(lease, cl.Lease))
 	g, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return c.cli.Grant(ctx, leaseSeconds(lease))
@@ -244,6 +281,10 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	if err != nil {
 		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
 	}
+	if loss := c.seen(s, g.ResponseHeader); loss != nil {
+		return lost(loss)
+	}
+	s, _ = c.guard.send(lease)
 	r := recordOf(cl, claim.Running, requested.Add(lease))
 	live := c.keys.live(cl.Run)
 	// A try that took effect leaves the key holding the token, on g: the
@@ -254,6 +295,11 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 			Then(clientv3.OpPut(live, cl.Token, clientv3.WithLease(g.ID)), clientv3.OpPut(c.keys.record(cl.Run), r.encode())).
 			Commit()
 	})
+	if err == nil {
+		if loss := c.seen(s, resp.Header); loss != nil {
+			return lost(loss)
+		}
+	}
 	switch {
 	case err != nil:
 		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
@@ -283,13 +329,15 @@ func (c *Claimer) Reach(ctx context.Context) error {
 // read would pass; one whose writes do not run leaves the revision alone.
 func (c *Claimer) Ping(ctx context.Context) error {
 	key := c.keys.ping()
-	_, err := c.cli.Txn(ctx).
+	s, _ := c.guard.send(0)
+	resp, err := c.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "<", 0)).
 		Then(clientv3.OpPut(key, "")).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("ping: %w", c.translate(ctx, err))
 	}
+	c.seen(s, resp.Header) // the claims refuse while a loss is guarded
 	return nil
 }
 

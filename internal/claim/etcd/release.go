@@ -156,9 +156,13 @@ func (c *Claimer) commitDone(ctx context.Context, attempt time.Duration, termina
 				return nil, c.translate(ctx, err)
 			}
 		}
+		s, _ := c.guard.send(0)
 		resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 			return c.cli.Txn(ctx).Then(ops(done)...).Commit()
 		})
+		if err == nil {
+			c.seen(s, resp.Header) // noticed here, refused by the next claim
+		}
 		if terminal && try == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			c.done.forget(done)
 			continue
