@@ -48,11 +48,15 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 		return clientv3.OpPut(c.keys.record(cls[i].Run), r.encode(), clientv3.WithLease(done))
 	}
 	terminal := slices.ContainsFunc(pending, func(i int) bool { return outcomes[i].Terminal() })
-	shortest := cls[pending[0]].Lease
-	for _, i := range pending {
-		shortest = min(shortest, cls[i].Lease)
+	// Each try gets a share of the time the caller gave the release (a
+	// lease, in the runner), not of the claims' leases: the holder's
+	// keep-alive renews those fields until the release has landed (a data
+	// race the explorer found under the race detector).
+	budget := 30 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		budget = time.Until(d)
 	}
-	attempt := attemptTimeout(shortest)
+	attempt := attemptTimeout(budget)
 
 	type late struct {
 		i      int
