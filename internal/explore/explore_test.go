@@ -241,7 +241,9 @@ func TestBackfillsAreExplored(t *testing.T) {
 			}
 		})
 	}
-	if backfills < seeds/4 || started < seeds/2 || resumed < 5 || killed < 5 || givenUp < 5 || fleetTook < 5 {
+	// (The patient job, stop 49, took some of the backfills' runs: 98 in
+	// 200 seeds, where half was the floor before.)
+	if backfills < seeds/4 || started < seeds*2/5 || resumed < 5 || killed < 5 || givenUp < 5 || fleetTook < 5 {
 		t.Fatalf("over %d seeds: %d backfills, %d runs started by them, %d of those resumed, %d backfills killed mid-run, %d given up with runs left, %d of their runs taken over by the fleet; backfills are not exercised",
 			seeds, backfills, started, resumed, killed, givenUp, fleetTook)
 	}
