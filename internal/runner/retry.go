@@ -122,10 +122,17 @@ func (d *dispatcher) withinAttempts(ctx context.Context, j *jobState, cl *claim.
 // after recording the attempt), the lease lapses at its last deadline,
 // sooner than a backoff longer than the lease, and the run is taken over
 // early. A failed read waits for nothing: that costs the backoff, never
-// the run. One register read per takeover of such a job.
+// the run. One register read per takeover of such a job, where the
+// backoff outlasts what a lapsed lease leaves.
 func (d *dispatcher) backoffLeft(ctx context.Context, j *jobState, cl *claim.Claim) time.Duration {
 	r := d.r
 	if cl.Attempt <= 1 || j.Backoff <= 0 || r.opts.Controls == nil {
+		return 0
+	}
+	if j.backoff(cl.Attempt-1) <= r.opts.Lease-r.opts.RenewEvery {
+		// A lease left to lapse ends no sooner than a lease less a
+		// renewal period after the attempt failed (its last renewal
+		// came at most that long before), past such a backoff: no read.
 		return 0
 	}
 	rctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
