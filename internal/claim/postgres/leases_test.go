@@ -69,3 +69,40 @@ func TestLeaseUpkeepDoesNotQueueBehindTheMainPool(t *testing.T) {
 		}
 	}
 }
+
+// TestASlowLinkRenewsAndReleasesInOneRoundTrip: a replica's first renewal
+// and first release used to connect the lease pool and then prepare their
+// statement before sending it, three round trips and two. At 800ms round
+// trips on a 3s lease they landed after the lease had ended, and another
+// replica ran the finished run again (the fault table's latency row). The
+// lease pool now keeps a connection open and sends its statements in one
+// round trip: each call here gets a round trip and a half, which passes
+// one round trip and no more, on a link slowed from before the replica
+// opened its pools.
+func TestASlowLinkRenewsAndReleasesInOneRoundTrip(t *testing.T) {
+	t.Parallel() // it waits on the link for most of its time
+	const oneWay = time.Second
+	ns, proxy, via := proxied(t)
+	proxy.SetLatency(oneWay)
+	slow := ns.OpenClient("slow", backends.Client{Via: via})
+
+	run := claim.Run{Job: "job.slow-link", At: time.Date(2026, 1, 2, 3, 5, 0, 0, time.UTC)}
+	// The claim connects the main pool and sends its statements: two
+	// round trips at least, in which the lease pool's connection, opened
+	// in the background when the replica opened its pools, has been set up.
+	cl, err := claim.ClaimOne(t.Context(), slow, run, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within := func(what string, call func(context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 3*oneWay)
+		defer cancel()
+		start := time.Now()
+		if err := call(ctx); err != nil {
+			t.Fatalf("%s on a link of %v round trips: %v after %v, want done in one round trip", what, 2*oneWay, err, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	within("the first renewal", func(ctx context.Context) error { return slow.Renew(ctx, cl, time.Minute) })
+	within("the first release", func(ctx context.Context) error { return claim.ReleaseOne(ctx, slow, cl, claim.Succeeded) })
+}

@@ -216,14 +216,29 @@ func Tune(c *pgxpool.Config) {
 }
 
 // LeasePool returns the configuration of a pool for Options.Leases, made
-// from the main pool's: up to max(2, MaxConns/2) connections, opened when
-// first needed (a connection kept open per replica for nothing but
-// renewals costs more of the server's max_connections than the set-up,
-// one round trip, costs the first renewal).
+// from the main pool's: up to max(2, MaxConns/2) connections, one of them
+// kept idle and open in the background. A renewal or release that has to
+// connect first pays the set-up's round trips (two at least, more with
+// TLS) inside its lease: at 800ms round trips on a 3s lease, a replica's
+// first renewals and releases, and every one after a timeout had closed
+// the connection, landed after the lease ended, and finished runs were
+// taken over and run again. The idle connection costs each replica one
+// of the server's max_connections.
+//
+// Its statements go out in one round trip each (QueryExecModeExec), unless
+// the DSN chose a mode: pgx's default prepares each statement on each new
+// connection first, a round trip more on a replica's first renewal and
+// first release, and on every one after a connection was replaced. The
+// server parses the two short statements anew each time instead, which
+// renewals every lease/3 per running run do not notice.
 func LeasePool(main *pgxpool.Config) *pgxpool.Config {
 	c := main.Copy()
 	c.MaxConns = max(2, main.MaxConns/2)
 	c.MinConns = 0
+	c.MinIdleConns = 1
+	if !strings.Contains(main.ConnString(), "default_query_exec_mode") {
+		c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	return c
 }
 
