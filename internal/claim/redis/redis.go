@@ -166,6 +166,12 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		tokens[k] = claim.NewToken()
 	}
 	c.done.lease.Store(int64(lease))
+	if err := c.done.refusal(); err != nil {
+		for k, run := range runs {
+			out[k].Err = fmt.Errorf("claim %s: %w: %w", run.ID(), claim.ErrUnavailable, err)
+		}
+		return out
+	}
 	requested := time.Now()
 	replies, rerrs := c.node.ClaimBatch(ctx, runs, tokens, c.instance, lease)
 	if err := ctx.Err(); err != nil {

@@ -244,6 +244,159 @@ func TestNewNamespaceWaitsOnlyOnAYoungServer(t *testing.T) {
 	}
 }
 
+// TestANamespaceEmptiedUnderALongRunningServerIsHeld: a server up for
+// longer than a lease lost a namespace's keys while a run was held (a
+// FLUSHALL, a FLUSHDB, keys evicted). A replica that had never seen the
+// marker (just started, or a one-shot command) took its absence for a new
+// namespace, wrote it anew with no guard, and was granted the run beside
+// its holder; the old replicas then found a marker of this server and
+// reported nothing (an outside review). The server's record of a bulk
+// deletion now starts the guard for the newcomer too, and the holder's
+// next claim reports the loss.
+func TestANamespaceEmptiedUnderALongRunningServerIsHeld(t *testing.T) {
+	const lease = time.Second // the newcomer's: the server is up for longer
+	evict := func(t *testing.T, c *goredis.Client, prefix string) {
+		// Keys evicted under a memory limit, the namespace's among them:
+		// allkeys-random evicts some of the junk for certain, and what it
+		// left of the namespace's keys goes by hand.
+		used, err := c.Info(ctxT(t), "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, v, _ := strings.Cut(used, "used_memory:")
+		v, _, _ = strings.Cut(v, "\r")
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("used_memory %q: %v", v, err)
+		}
+		for _, kv := range [][2]string{{"maxmemory", strconv.Itoa(n + 200_000)}, {"maxmemory-policy", "allkeys-random"}} {
+			if err := c.ConfigSet(ctxT(t), kv[0], kv[1]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		junk := strings.Repeat("x", 10_000)
+		for i := 0; i < 200; i++ {
+			_ = c.Set(ctxT(t), fmt.Sprintf("junk:%d", i), junk, 0).Err() // refused once nothing is left to evict
+		}
+		for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "0"}} {
+			if err := c.ConfigSet(ctxT(t), kv[0], kv[1]).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stats, _ := c.Info(ctxT(t), "stats").Result()
+		if strings.Contains(stats, "evicted_keys:0\r") {
+			t.Fatal("no key was evicted: the test evicts nothing")
+		}
+		keys, err := c.Keys(ctxT(t), prefix+"*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) > 0 {
+			must(t, c.Del(ctxT(t), keys...).Err())
+		}
+	}
+	for name, empty := range map[string]func(*testing.T, *goredis.Client, string){
+		"flushall": func(t *testing.T, c *goredis.Client, _ string) { must(t, c.FlushAll(ctxT(t)).Err()) },
+		"flushdb":  func(t *testing.T, c *goredis.Client, _ string) { must(t, c.FlushDB(ctxT(t)).Err()) },
+		"evicted":  evict,
+	} {
+		t.Run(name, func(t *testing.T) {
+			node := testenv.StartRedis(t)
+			client := newClient(node.Addr())
+			t.Cleanup(func() { _ = client.Close() })
+			prefix := testenv.RandomPrefix(t.Name())
+			must(t, redisnode.MarkNew(ctxT(t), client, prefix))
+			holder := redis.New(client, redis.Options{Instance: "holder", Prefix: prefix})
+			defer holder.Close()
+			run := claim.Run{Job: "job.emptied", At: base}
+			held, err := claim.ClaimOne(ctxT(t), holder, run, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			upFor(t, client, 2)
+
+			empty(t, client, prefix)
+			fresh := newClient(node.Addr())
+			t.Cleanup(func() { _ = fresh.Close() })
+			newcomer := redis.New(fresh, redis.Options{Instance: "newcomer", Prefix: prefix})
+			defer newcomer.Close()
+			_, err = claim.ClaimOne(ctxT(t), newcomer, run, lease)
+			heldForLoss(t, err, "a newcomer's claim of a run held when the namespace was emptied")
+			if err := holder.Renew(ctxT(t), held, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
+				t.Fatalf("renewal of the emptied run: %v, want ErrLeaseLost", err)
+			}
+			_, err = claim.ClaimOne(ctxT(t), holder, claim.Run{Job: "job.emptied", At: base.Add(time.Minute)}, lease)
+			heldForLoss(t, err, "the holder's next claim")
+		})
+	}
+}
+
+// TestAnEvictingPolicySetWhileRunningRefusesClaims: Open refused a server
+// that may evict claims, but a policy set to evict later (CONFIG SET, a
+// restart with another config) went unnoticed; the server evicted live
+// claims and runs started twice (an outside review). Within a look of the
+// watcher (a quarter of the lease), claims are now refused, naming the
+// policy, and so is readiness, until the policy is set back.
+func TestAnEvictingPolicySetWhileRunningRefusesClaims(t *testing.T) {
+	const lease = 400 * time.Millisecond
+	node := testenv.StartRedis(t)
+	client := newClient(node.Addr())
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := testenv.RandomPrefix(t.Name())
+	must(t, redisnode.MarkNew(ctxT(t), client, prefix))
+	c := redis.New(client, redis.Options{Instance: "a", Prefix: prefix})
+	defer c.Close()
+	at := base
+	claimNext := func() error {
+		at = at.Add(time.Minute)
+		cl, err := claim.ClaimOne(ctxT(t), c, claim.Run{Job: "job.evict", At: at}, lease)
+		if err == nil {
+			// A terminal release: the watcher runs from the first one on.
+			must(t, claim.ReleaseOne(ctxT(t), c, cl, claim.Succeeded))
+		}
+		return err
+	}
+	must(t, claimNext())
+
+	must(t, client.ConfigSet(ctxT(t), "maxmemory", "1gb").Err())
+	must(t, client.ConfigSet(ctxT(t), "maxmemory-policy", "allkeys-lru").Err())
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := claimNext()
+		if errors.Is(err, claim.ErrUnavailable) && strings.Contains(err.Error(), "allkeys-lru") {
+			break
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("claim on a server set to evict, 20s after the change: %v, want ErrUnavailable naming the policy", err)
+		}
+		time.Sleep(lease / 8) // polling the watcher's next look; no event to wait on
+	}
+	if err := c.Ping(ctxT(t)); err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
+		t.Fatalf("readiness on a server set to evict: %v, want an error naming the policy", err)
+	}
+
+	must(t, client.ConfigSet(ctxT(t), "maxmemory-policy", "noeviction").Err())
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		err := claimNext()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, claim.ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("claim once the policy was set back: %v, want granted", err)
+		}
+		time.Sleep(lease / 8) // polling the watcher's next look; no event to wait on
+	}
+	must(t, c.Ping(ctxT(t)))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestWriteBackOfManyRunsLandsWithinTheGuard: a replica finished 30,000
 // runs just before the server restarted empty; under a short lease and
 // while another replica keeps the server busy, its write-back of their

@@ -56,6 +56,17 @@ type doneLog struct {
 	done  chan struct{}
 	// check asks the watcher to look now (a claim was held by the guard).
 	check chan struct{}
+	// unsafe is what the watcher's last look at the server's settings
+	// found that cannot keep a claim (redisnode.Node.Check), or nil.
+	unsafe atomic.Pointer[error]
+}
+
+// refusal is why claims are refused now (see unsafe), or nil.
+func (d *doneLog) refusal() error {
+	if p := d.unsafe.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 func newDoneLog(n *redisnode.Node, ttl time.Duration) *doneLog {
@@ -204,6 +215,17 @@ func (d *doneLog) watch(ctx context.Context) {
 		d.mu.Unlock()
 		cctx, cancel := context.WithTimeout(ctx, every)
 		nows, errs := d.node.Epochs(cctx, buckets, lease)
+		// The settings Open checked, again: a maxmemory-policy set to
+		// evict while replicas run (CONFIG SET, a restart with another
+		// config) let the server drop live claims, and runs started twice
+		// (an outside review). Claims are refused while it stands; a
+		// server out of reach is the claims' own to find.
+		switch err := d.node.Check(cctx); {
+		case err == nil:
+			d.unsafe.Store(nil)
+		case !errors.Is(err, claim.ErrUnavailable) && cctx.Err() == nil:
+			d.unsafe.Store(&err)
+		}
 		cancel()
 		changed := map[int]bool{}
 		for i, b := range buckets {

@@ -30,12 +30,23 @@ import goredis "github.com/redis/go-redis/v9"
 // one (then the keys were deleted under it, or the server lost them while
 // the caller could not reach it for longer than a lease: the done markers
 // the replicas write back still need the guard to land before anyone
-// claims), or the server was a replica once (promoted()):
+// claims), or this server emptied keys in bulk since it started
+// (emptied(): a FLUSHALL, FLUSHDB or SWAPDB called, or keys evicted),
+// or the server was a replica once (promoted()):
 // its uptime does not say since when it is a master, and replication is
 // asynchronous, so a marker written just before the failover, and the
 // claims after it, may never have reached it. On a cluster, where a marker
 // is one per bucket, that is a bucket whose first claims were the last
 // ones the old master made.
+//
+// emptied() closes most of what "a caller that saw a marker" leaves open:
+// a replica started, or a one-shot command run, just after a FLUSHALL on
+// a server up for longer than a lease, was the first to find the marker
+// gone, wrote it anew with no guard, and was granted a run its holder
+// still ran (an outside review: two executions at once, and nobody
+// reported the loss, since the old replicas then found a marker of this
+// server). Keys deleted one by one (DEL of the namespace's keys by hand)
+// leave no such trace, and stay an exposure (docs/hardening.md).
 const incarnationLua = `
 local function s(x) return string.format('%.0f', x) end
 local function clock()
@@ -57,12 +68,19 @@ local function promoted()
   local off = string.match(redis.call('INFO', 'replication'), 'second_repl_offset:(%-?%d+)')
   return off ~= nil and off ~= '-1'
 end
+local function emptied()
+  local calls = redis.call('INFO', 'commandstats')
+  for _, c in ipairs({'flushall', 'flushdb', 'swapdb'}) do
+    if string.find(calls, 'cmdstat_' .. c .. ':', 1, true) then return true end
+  end
+  return tonumber(string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)') or '0') > 0
+end
 local function incarnation(marker, seen, lease, now)
   local id = server()
   local m = redis.call('HMGET', marker, 'run_id', 'since', 'hold')
   if m[1] == id then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
   local since = now
-  if not m[1] and seen == '' and uptime() >= lease and not promoted() then since = 0 end
+  if not m[1] and seen == '' and uptime() >= lease and not promoted() and not emptied() then since = 0 end
   redis.call('DEL', marker)
   redis.call('HSET', marker, 'run_id', id, 'since', s(since))
   return id, since, 0

@@ -20,13 +20,18 @@ import (
 // memory (OOM), demoted to a replica (READONLY), short of in-sync replicas
 // (NOREPLICAS), after a failed snapshot (MISCONF). So it writes a short-
 // lived key per bucket instead (<prefix>ready), which those refuse too.
+// Then it checks what Open checked (Check): a maxmemory-policy set to
+// evict since then is a server that cannot keep a claim.
 func (n *Node) Ping(ctx context.Context) error {
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
 	if n.keys.count() == 1 {
 		// One command, not a pipeline: go-redis retries a pipeline that
 		// cannot dial for longer, and a server that is down must be
 		// reported down within a readiness probe's time.
-		return n.translate(ctx, n.client.Set(ctx, n.keys.ready(0), now, time.Minute).Err())
+		if err := n.client.Set(ctx, n.keys.ready(0), now, time.Minute).Err(); err != nil {
+			return n.translate(ctx, err)
+		}
+		return n.Check(ctx)
 	}
 	_, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for b := range n.keys.count() {
@@ -34,7 +39,10 @@ func (n *Node) Ping(ctx context.Context) error {
 		}
 		return nil
 	})
-	return n.translate(ctx, err)
+	if err != nil {
+		return n.translate(ctx, err)
+	}
+	return n.Check(ctx)
 }
 
 // Check refuses what cannot keep a claim:
