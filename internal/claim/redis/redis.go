@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -261,6 +262,22 @@ func (c *Claimer) release(ctx context.Context, ends []claim.Ending) []error {
 		ids[k], tokens[k], outs[k], sent[k] = e.Claim.ID(), e.Claim.Token, e.Outcome, e.Claim
 	}
 	errs := c.node.ReleaseBatch(ctx, ids, tokens, outs)
+	for k, err := range errs {
+		// A run that finished while the server lost its record: write
+		// its end down, as the watcher writes back remembered ones. Left
+		// refused, it was run again after the restart guard, as attempt 1,
+		// or recorded missed though it ran (an outside review: FLUSHALL).
+		if errors.Is(err, redisnode.ErrGone) && outs[k].Terminal() {
+			cl := sent[k]
+			f := redisnode.Finished{Run: cl.Run, Token: cl.Token, Holder: cl.Holder, Fence: cl.Fence,
+				Attempt: cl.Attempt, Status: outs[k], At: time.Now()}
+			if ok, rerr := c.node.RecordGone(ctx, f, c.node.DoneTTL(), time.Duration(c.done.lease.Load())); rerr != nil {
+				errs[k] = fmt.Errorf("%w; writing it down: %w", err, rerr)
+			} else if ok {
+				errs[k] = nil
+			}
+		}
+	}
 	c.done.released(sent, outs, errs)
 	for k, err := range errs {
 		if err != nil {

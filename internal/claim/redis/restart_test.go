@@ -390,6 +390,55 @@ func TestAnEvictingPolicySetWhileRunningRefusesClaims(t *testing.T) {
 	must(t, c.Ping(ctxT(t)))
 }
 
+// TestARunThatFinishedWhileItsRecordWasLostStaysDone: the server lost the
+// record of a run while its holder ran it (a FLUSHALL). The holder's
+// release found nothing and was refused, "taken over" though nobody had
+// taken it; after the restart guard the run was granted again as attempt
+// 1, and ran again, or was recorded missed though it had run (an outside
+// review). The release now writes the run's end down where no record is,
+// and stands: the next claim finds the run done, with its holder's
+// outcome.
+func TestARunThatFinishedWhileItsRecordWasLostStaysDone(t *testing.T) {
+	const lease = time.Second
+	node := testenv.StartRedis(t)
+	client := newClient(node.Addr())
+	t.Cleanup(func() { _ = client.Close() })
+	prefix := testenv.RandomPrefix(t.Name())
+	must(t, redisnode.MarkNew(ctxT(t), client, prefix))
+	holder := redis.New(client, redis.Options{Instance: "holder", Prefix: prefix})
+	defer holder.Close()
+	other := redis.New(newClient(node.Addr()), redis.Options{Instance: "other", Prefix: prefix})
+	defer other.Close()
+	run := claim.Run{Job: "job.gone", At: base}
+	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	must(t, client.FlushAll(ctxT(t)).Err())
+	if err := claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded); err != nil {
+		t.Fatalf("release of a run whose record the server lost: %v, want it written down", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, err := claim.ClaimOne(ctxT(t), other, run, lease)
+		if errors.Is(err, claim.ErrDone) {
+			break
+		}
+		if !errors.Is(err, claim.ErrHeld) || time.Now().After(deadline) {
+			t.Fatalf("another replica's claim of the finished run: %v, want ErrDone (after the guard, if one holds)", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the guard's end; no event to wait on
+	}
+	recs, err := other.History(ctxT(t), run.Job, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Holder != "holder" || recs[0].Fence != cl.Fence {
+		t.Fatalf("history of the run: %+v, want it succeeded on holder with fence %d", recs, cl.Fence)
+	}
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {

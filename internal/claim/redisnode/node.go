@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -443,6 +444,12 @@ func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcom
 	return errs
 }
 
+// ErrGone is a release that found no record of its run at all: not
+// taken over (that leaves the new holder's record), but lost with the
+// server's keys (a FLUSHALL, an eviction, a restart without persistence)
+// while it ran. See RecordGone.
+var ErrGone = errors.New("no record of the run (the server lost it)")
+
 func releaseReply(v any) error {
 	vals, _ := v.([]any)
 	r := reply(vals)
@@ -450,6 +457,9 @@ func releaseReply(v any) error {
 	case "released":
 		return r.err
 	case "lost":
+		if r.str(1) == "no such run" {
+			return fmt.Errorf("%w: %w", ErrGone, claim.ErrLeaseLost)
+		}
 		return fmt.Errorf("%s: %w", r.str(1), claim.ErrLeaseLost)
 	case "error":
 		return fmt.Errorf("redis: release script: %s", r.str(1))

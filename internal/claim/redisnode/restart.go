@@ -179,6 +179,23 @@ func (n *Node) Restore(ctx context.Context, runs []Finished, ttl, lease time.Dur
 	}
 }
 
+// RecordGone writes the record of a run that finished but whose release
+// found no record of it (ErrGone: the server lost its keys while it ran),
+// as Restore would write it back: over no record, or one the loss left,
+// never over a newer grant. It reports whether it was written.
+func (n *Node) RecordGone(ctx context.Context, f Finished, ttl, lease time.Duration) (bool, error) {
+	id := f.Run.ID()
+	b := n.keys.bucket(f.Run.Job)
+	written, err := restoreScript.Run(ctx, n.client,
+		[]string{n.keys.jobs(b), n.keys.marker(b), n.keys.run(id), n.keys.runs(f.Run.Job)},
+		lease.Milliseconds(), f.Token, f.Holder, f.Fence, f.Attempt, string(f.Status), f.At.UnixMilli(),
+		ttl.Milliseconds(), f.Run.At.UnixMilli(), id, f.Run.Job).Int()
+	if err != nil {
+		return false, n.translate(ctx, err)
+	}
+	return written == 1, nil
+}
+
 // DropPrefix deletes every key under prefix (a namespace a harness made),
 // in batches, on every master of a cluster; glob characters in prefix are
 // matched literally.
