@@ -48,6 +48,15 @@ type DataLossError struct {
 	Detail string
 }
 
+// LossWatcher is a Claimer that can find a data loss outside a claim (a
+// watcher of the backend's marker, say): a loss that no claim met while
+// it held runs was neither logged nor counted. The runner passes report,
+// which it calls for each loss it finds, as a claim held for one would
+// report it; report may be called from any goroutine.
+type LossWatcher interface {
+	WatchLoss(report func(*DataLossError))
+}
+
 func (e *DataLossError) Error() string {
 	s := fmt.Sprintf("claim: %s lost its data; every run is held until %s",
 		e.Backend, e.Until.UTC().Format(time.RFC3339Nano))

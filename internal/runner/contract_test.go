@@ -234,6 +234,55 @@ func TestDataLossWarnsOncePerLoss(t *testing.T) {
 	})
 }
 
+// watching is a claimer that finds a loss outside any claim, as the redis
+// claimer's done watcher does (claim.LossWatcher).
+type watching struct {
+	claim.Claimer
+	report chan func(*claim.DataLossError)
+}
+
+func (w *watching) WatchLoss(report func(*claim.DataLossError)) { w.report <- report }
+
+// TestALossNoClaimMeetsIsWarnedAndCounted: a backend that lost its data
+// while no claim came (an idle fleet) was never reported; a claimer that
+// watches for losses now reports them to the runner, which warns and
+// counts each once, as for a loss a claim met.
+func TestALossNoClaimMeetsIsWarnedAndCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs, logger, reg, metrics := observed(slog.LevelInfo)
+		c := &watching{Claimer: memory.New(memory.NewStore(nil), "a"), report: make(chan func(*claim.DataLossError), 1)}
+		jobs := []runner.Job{{Name: "job.idle", Schedule: mustSchedule(t, "@every 1h"),
+			Handler: func(context.Context, job.Run) error { return nil }}}
+		r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "redis", Instance: "a", Logger: logger, Metrics: metrics}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		report := <-c.report
+		until := time.Now().Add(time.Minute)
+		loss := &claim.DataLossError{Backend: "the test server", Until: until}
+		report(loss)
+		report(loss) // the same loss, found again: one warning
+		cancel()
+		<-done
+		warned := 0
+		for _, l := range logs.JSONLines() {
+			if l["msg"] == "claimer backend lost its data" {
+				warned++
+				if l["held_until"] != until.UTC().Format(time.RFC3339Nano) {
+					t.Errorf("warning %v: want held_until %s", l, until.UTC().Format(time.RFC3339Nano))
+				}
+			}
+		}
+		if warned != 1 {
+			t.Errorf("%d warnings of the loss, want 1:\n%s", warned, logs)
+		}
+		checkDataLossCounter(t, reg, "redis", 1)
+	})
+}
+
 // A handler that ignores its cancellation keeps its claim until it
 // returns (handed back while it runs, the run could start elsewhere beside
 // it), and the shutdown says, every few seconds, which runs it waits on

@@ -398,6 +398,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	var standby, exec sync.WaitGroup
 	d := r.dispatcher(&standby, &exec)
 	d.adopts = true
+	if lw, ok := r.opts.Claimer.(claim.LossWatcher); ok {
+		// A loss no claim meets (a restart of an idle fleet's backend)
+		// is warned about and counted all the same.
+		lctx := context.WithoutCancel(ctx)
+		lw.WatchLoss(func(loss *claim.DataLossError) { r.dataLost(lctx, loss) })
+	}
 
 	// Pauses are honoured from the first instant on: read them before
 	// dispatching anything.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -54,9 +55,28 @@ type Claimer struct {
 	// (see lossUntil).
 	lossMu sync.Mutex
 	loss   struct{ start, until time.Time }
+	// report is WatchLoss's, or nil.
+	report atomic.Pointer[func(*claim.DataLossError)]
 }
 
-var _ claim.Claimer = (*Claimer)(nil)
+var (
+	_ claim.Claimer     = (*Claimer)(nil)
+	_ claim.LossWatcher = (*Claimer)(nil)
+)
+
+// WatchLoss implements claim.LossWatcher: the done watcher (restore.go)
+// reports a restart guard it finds begun, which it does within a quarter
+// of a lease once this Claimer has released a run, whether or not a
+// claim meets the guard.
+func (c *Claimer) WatchLoss(report func(*claim.DataLossError)) { c.report.Store(&report) }
+
+// guardBegan reports the restart guard that began at since (the server's
+// clock) to WatchLoss's func, for the lease the guard holds.
+func (c *Claimer) guardBegan(since time.Time, lease time.Duration) {
+	if p := c.report.Load(); p != nil {
+		(*p)(&claim.DataLossError{Backend: c.server, Until: c.lossUntil(since, lease)})
+	}
+}
 
 // New returns a Claimer over client, which it owns from now on: Close
 // closes it. A *goredis.ClusterClient (or Options.HashTags) gets the
@@ -76,6 +96,7 @@ func New(client goredis.UniversalClient, opts Options) *Claimer {
 		c.server += " at " + addr
 	}
 	c.done = newDoneLog(c.node, c.node.DoneTTL())
+	c.done.guard = c.guardBegan
 	return c
 }
 

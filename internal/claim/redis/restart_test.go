@@ -439,6 +439,39 @@ func TestARunThatFinishedWhileItsRecordWasLostStaysDone(t *testing.T) {
 	}
 }
 
+// TestALossNoClaimMeetsIsReported: the server restarted empty while no
+// claim came (an idle fleet, a job every hour). The done watcher started
+// the restart guard and wrote the done markers back, but nothing said the
+// server had lost its data: the runner reports only losses a claim meets
+// (an outside review). The watcher now reports the guard it finds begun.
+func TestALossNoClaimMeetsIsReported(t *testing.T) {
+	const lease = time.Second
+	node := testenv.StartRedis(t)
+	client := newClient(node.Addr())
+	prefix := testenv.RandomPrefix(t.Name())
+	must(t, redisnode.MarkNew(ctxT(t), client, prefix))
+	c := redis.New(client, redis.Options{Instance: "idle", Prefix: prefix})
+	defer c.Close()
+	reports := make(chan *claim.DataLossError, 10)
+	c.WatchLoss(func(l *claim.DataLossError) { reports <- l })
+	cl, err := claim.ClaimOne(ctxT(t), c, claim.Run{Job: "job.idle", At: base}, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, claim.ReleaseOne(ctxT(t), c, cl, claim.Succeeded)) // the watcher runs from here on
+
+	restarted := time.Now()
+	node.Restart()
+	select {
+	case l := <-reports:
+		if l.Until.Before(restarted) || !strings.Contains(l.Error(), node.Addr()) {
+			t.Fatalf("loss reported: %v, want the guard begun after the restart, naming the server", l)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no loss reported 20s after the server restarted empty, with no claim made")
+	}
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,9 @@ type doneLog struct {
 	done  chan struct{}
 	// check asks the watcher to look now (a claim was held by the guard).
 	check chan struct{}
+	// guard is told of each restart guard the watcher finds begun (the
+	// Claimer's guardBegan).
+	guard func(since time.Time, lease time.Duration)
 	// unsafe is what the watcher's last look at the server's settings
 	// found that cannot keep a claim (redisnode.Node.Check), or nil.
 	unsafe atomic.Pointer[error]
@@ -235,10 +239,13 @@ func (d *doneLog) watch(ctx context.Context) {
 			if errs[i] != nil {
 				continue
 			}
-			server, _, _ := strings.Cut(nows[i], " ")
+			server, since, _ := strings.Cut(nows[i], " ")
 			epoch, known := epochs[b]
 			if known && nows[i] != epoch || !known && origin[i] != "" && origin[i] != server {
 				changed[b] = true
+				if ms, _ := strconv.ParseInt(since, 10, 64); ms > 0 && d.guard != nil {
+					d.guard(time.UnixMilli(ms), lease)
+				}
 			}
 			epochs[b] = nows[i]
 		}
