@@ -51,12 +51,17 @@ func timedOut(err error) bool {
 // connection. Every try gets the same time: doubled, a second try that
 // met the paused leader too spent the rest of a renewal's deadline (the
 // pause test, one CI run). It returns the first other outcome; once ctx
-// is done, that of the try it ended.
+// is done, that of the try it ended. A ctx without a deadline gets six
+// tries (a lease's worth, as attemptTimeout sizes them): sent with one, a
+// call to a cluster that had lost its quorum tried forever (the explorer's
+// stalled backend, which applies a request late with its cancellation
+// removed, hung two seeds in twenty).
 func retry[T any](ctx context.Context, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
-	for {
+	_, bounded := ctx.Deadline()
+	for tries := 1; ; tries++ {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		v, err := f(actx)
-		again := err != nil && ctx.Err() == nil && (actx.Err() != nil || timedOut(err))
+		again := err != nil && ctx.Err() == nil && (actx.Err() != nil || timedOut(err)) && (bounded || tries < 6)
 		cancel()
 		if !again {
 			return v, err

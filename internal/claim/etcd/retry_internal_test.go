@@ -1,0 +1,41 @@
+package etcd
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestRetryEndsWithoutACallersDeadline: each try of a member that does
+// not answer runs out its time and is sent again. Under a caller's
+// deadline that goes on until the deadline; without one it went on
+// forever (the explorer hung on a stalled backend's late request). It now
+// stops after six tries, a lease's worth.
+func TestRetryEndsWithoutACallersDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const attempt = 100 * time.Millisecond
+		tries := 0
+		silent := func(ctx context.Context) (int, error) {
+			tries++
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}
+		start := time.Now()
+		if _, err := retry(context.Background(), attempt, silent); err == nil {
+			t.Fatal("retry against a member that never answers returned no error")
+		}
+		if tries != 6 || time.Since(start) != 6*attempt {
+			t.Fatalf("without a deadline: %d tries in %v, want 6 in %v", tries, time.Since(start), 6*attempt)
+		}
+
+		tries = 0
+		ctx, cancel := context.WithTimeout(context.Background(), 20*attempt)
+		defer cancel()
+		start = time.Now()
+		_, _ = retry(ctx, attempt, silent)
+		if tries != 20 || time.Since(start) != 20*attempt {
+			t.Fatalf("under a deadline of %v: %d tries in %v, want 20, until the deadline", 20*attempt, tries, time.Since(start))
+		}
+	})
+}
