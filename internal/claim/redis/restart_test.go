@@ -62,6 +62,23 @@ func grantAfterGuard(t *testing.T, c claim.Claimer, run claim.Run, lease time.Du
 	}
 }
 
+// doneAfterGuard polls c's claim of run until it is found done, failing t
+// if it is anything but held (by the restart guard) meanwhile.
+func doneAfterGuard(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := claim.ClaimOne(ctxT(t), c, run, lease)
+		if errors.Is(err, claim.ErrDone) {
+			return
+		}
+		if !errors.Is(err, claim.ErrHeld) || time.Now().After(deadline) {
+			t.Fatalf("%s: %v, want ErrHeld until ErrDone", what, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a server-side guard; no event to wait on
+	}
+}
+
 // upFor waits until the server behind client reports an uptime of at
 // least secs seconds (answering, for a server just restarted).
 func upFor(t *testing.T, client *goredis.Client, secs int) {
@@ -419,17 +436,7 @@ func TestARunThatFinishedWhileItsRecordWasLostStaysDone(t *testing.T) {
 	if err := claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded); err != nil {
 		t.Fatalf("release of a run whose record the server lost: %v, want it written down", err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		_, err := claim.ClaimOne(ctxT(t), other, run, lease)
-		if errors.Is(err, claim.ErrDone) {
-			break
-		}
-		if !errors.Is(err, claim.ErrHeld) || time.Now().After(deadline) {
-			t.Fatalf("another replica's claim of the finished run: %v, want ErrDone (after the guard, if one holds)", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the guard's end; no event to wait on
-	}
+	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
 	recs, err := other.History(ctxT(t), run.Job, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -600,15 +607,5 @@ func TestAFinishedRunStaysDoneWhileAReplicaThatSawItIsUp(t *testing.T) {
 	_, err = answered(t, func() (*claim.Claim, error) { return claim.ClaimOne(ctxT(t), witness, other, lease) })
 	heldForLoss(t, err, "witness's first claim after the restart, on a server up for longer than a lease")
 	newcomer := open("newcomer", node.Addr())
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := claim.ClaimOne(ctxT(t), newcomer, finished, lease)
-		if errors.Is(err, claim.ErrDone) {
-			return
-		}
-		if !errors.Is(err, claim.ErrHeld) || time.Now().After(deadline) {
-			t.Fatalf("newcomer's claim of a run finished before the restart: %v, want ErrHeld until ErrDone", err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a server-side guard; no event to wait on
-	}
+	doneAfterGuard(t, newcomer, finished, lease, "newcomer's claim of a run finished before the restart")
 }
