@@ -20,6 +20,7 @@ func TestEtcdBlock(t *testing.T) {
 		{"DoneTTLShort", et + "    endpoints: [a:1]\n    done_ttl: 1h\njobs:\n  billing.nightly:\n    schedule: '@daily'\n", "claimer.etcd.done_ttl", "1h0m0s", "at least 1h1m4s"},
 		{"ZeroDialTimeout", et + "    endpoints: [a:1]\n    dial_timeout: 0s\n", "claimer.etcd.dial_timeout", "0s", "must be positive"},
 		{"TLSKeyWithoutCert", et + "    endpoints: [a:1]\n    tls: {enabled: true, key_file: /k.pem}\n", "claimer.etcd.tls.cert_file", "", "needs cert_file"},
+		{"TLSSettingsWhileDisabled", et + "    endpoints: [a:1]\n    tls: {enabled: false, ca_file: /ca.pem}\n", "claimer.etcd.tls.enabled", "false", "claimer.etcd.tls.ca_file is set: connections would go without TLS"},
 	} {
 		t.Run(tt.name, func(t *testing.T) { wantProblem(t, tt.yaml, tt.key, tt.value, tt.msg) })
 	}

@@ -354,6 +354,20 @@ func validateJob(p *problems, name string, j Job, registered func(string) bool) 
 
 // checkTLS reports the TLS file that cannot be used.
 func checkTLS(p *problems, key string, t TLS) {
+	if !t.Enabled {
+		// A certificate given with TLS left off is a mistake that would
+		// connect in the clear without a word (an outside review).
+		for _, s := range []struct {
+			name string
+			set  bool
+		}{{"ca_file", t.CAFile != ""}, {"cert_file", t.CertFile != ""}, {"key_file", t.KeyFile != ""},
+			{"server_name", t.ServerName != ""}, {"insecure_skip_verify", t.InsecureSkipVerify}} {
+			if s.set {
+				p.add(key+".enabled", "false", "is false, yet %s.%s is set: connections would go without TLS; set enabled: true, or remove the TLS settings", key, s.name)
+				return
+			}
+		}
+	}
 	if _, sub, err := t.build(); err != nil {
 		file := map[string]string{"ca_file": t.CAFile, "cert_file": t.CertFile, "key_file": t.KeyFile}[sub]
 		p.add(key+"."+sub, file, "%v", err)
