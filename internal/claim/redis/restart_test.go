@@ -318,13 +318,8 @@ func TestANamespaceEmptiedUnderALongRunningServerIsHeld(t *testing.T) {
 		"evicted":  evict,
 	} {
 		t.Run(name, func(t *testing.T) {
-			node := testenv.StartRedis(t)
-			client := newClient(node.Addr())
-			t.Cleanup(func() { _ = client.Close() })
-			prefix := testenv.RandomPrefix(t.Name())
-			must(t, redisnode.MarkNew(ctxT(t), client, prefix))
-			holder := redis.New(client, redis.Options{Instance: "holder", Prefix: prefix})
-			defer holder.Close()
+			be, client := private(t)
+			holder := be.Open("holder")
 			run := claim.Run{Job: "job.emptied", At: base}
 			held, err := claim.ClaimOne(ctxT(t), holder, run, time.Minute)
 			if err != nil {
@@ -332,11 +327,8 @@ func TestANamespaceEmptiedUnderALongRunningServerIsHeld(t *testing.T) {
 			}
 			upFor(t, client, 2)
 
-			empty(t, client, prefix)
-			fresh := newClient(node.Addr())
-			t.Cleanup(func() { _ = fresh.Close() })
-			newcomer := redis.New(fresh, redis.Options{Instance: "newcomer", Prefix: prefix})
-			defer newcomer.Close()
+			empty(t, client, be.Config.Redis.Prefix)
+			newcomer := be.Open("newcomer")
 			_, err = claim.ClaimOne(ctxT(t), newcomer, run, lease)
 			heldForLoss(t, err, "a newcomer's claim of a run held when the namespace was emptied")
 			if err := holder.Renew(ctxT(t), held, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
@@ -356,13 +348,8 @@ func TestANamespaceEmptiedUnderALongRunningServerIsHeld(t *testing.T) {
 // policy, and so is readiness, until the policy is set back.
 func TestAnEvictingPolicySetWhileRunningRefusesClaims(t *testing.T) {
 	const lease = 400 * time.Millisecond
-	node := testenv.StartRedis(t)
-	client := newClient(node.Addr())
-	t.Cleanup(func() { _ = client.Close() })
-	prefix := testenv.RandomPrefix(t.Name())
-	must(t, redisnode.MarkNew(ctxT(t), client, prefix))
-	c := redis.New(client, redis.Options{Instance: "a", Prefix: prefix})
-	defer c.Close()
+	be, client := private(t)
+	c := be.Open("a")
 	at := base
 	claimNext := func() error {
 		at = at.Add(time.Minute)
@@ -417,15 +404,8 @@ func TestAnEvictingPolicySetWhileRunningRefusesClaims(t *testing.T) {
 // outcome.
 func TestARunThatFinishedWhileItsRecordWasLostStaysDone(t *testing.T) {
 	const lease = time.Second
-	node := testenv.StartRedis(t)
-	client := newClient(node.Addr())
-	t.Cleanup(func() { _ = client.Close() })
-	prefix := testenv.RandomPrefix(t.Name())
-	must(t, redisnode.MarkNew(ctxT(t), client, prefix))
-	holder := redis.New(client, redis.Options{Instance: "holder", Prefix: prefix})
-	defer holder.Close()
-	other := redis.New(newClient(node.Addr()), redis.Options{Instance: "other", Prefix: prefix})
-	defer other.Close()
+	be, client := private(t)
+	holder, other := be.Open("holder"), be.Open("other")
 	run := claim.Run{Job: "job.gone", At: base}
 	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
 	if err != nil {
@@ -454,13 +434,9 @@ func TestARunThatFinishedWhileItsRecordWasLostStaysDone(t *testing.T) {
 func TestALossNoClaimMeetsIsReported(t *testing.T) {
 	const lease = time.Second
 	node := testenv.StartRedis(t)
-	client := newClient(node.Addr())
-	prefix := testenv.RandomPrefix(t.Name())
-	must(t, redisnode.MarkNew(ctxT(t), client, prefix))
-	c := redis.New(client, redis.Options{Instance: "idle", Prefix: prefix})
-	defer c.Close()
+	c := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}}).Open("idle")
 	reports := make(chan *claim.DataLossError, 10)
-	c.WatchLoss(func(l *claim.DataLossError) { reports <- l })
+	c.Claimer.(*redis.Claimer).WatchLoss(func(l *claim.DataLossError) { reports <- l })
 	cl, err := claim.ClaimOne(ctxT(t), c, claim.Run{Job: "job.idle", At: base}, lease)
 	if err != nil {
 		t.Fatal(err)
@@ -477,6 +453,18 @@ func TestALossNoClaimMeetsIsReported(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no loss reported 20s after the server restarted empty, with no claim made")
 	}
+}
+
+// private starts a Redis server of t's own, prepares a namespace on it
+// (declared new) and returns the namespace and a client that reaches the
+// server directly, to flush or configure it.
+func private(t *testing.T) (*backends.Namespace, *goredis.Client) {
+	t.Helper()
+	node := testenv.StartRedis(t)
+	be := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}})
+	client := newClient(node.Addr())
+	t.Cleanup(func() { _ = client.Close() })
+	return be, client
 }
 
 func must(t *testing.T, err error) {
