@@ -31,6 +31,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -55,6 +56,7 @@ type Claimer struct {
 	keys     keyspace
 	done     *doneLease
 	guard    lossGuard
+	revs     revs
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -175,6 +177,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 					claims[b.i] = &claim.Claim{Run: b.run, Token: tokens[k], Holder: c.instance,
 						Fence: fenceOf(rev, int64(k)), Attempt: b.attempt,
 						Deadline: requested.Add(lease).UTC(), Requested: requested, Lease: lease}
+					c.revs.set(tokens[k], rev, requested.Add(lease))
 				default:
 					if again, err := c.judge(b, tr.Responses); err != nil {
 						errs[b.i] = fmt.Errorf("claim %s: %w", b.run.ID(), err)
@@ -284,30 +287,59 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	if loss := c.seen(s, g.ResponseHeader); loss != nil {
 		return lost(loss)
 	}
-	s, _ = c.guard.send(lease)
 	r := recordOf(cl, claim.Running, requested.Add(lease))
 	live := c.keys.live(cl.Run)
-	// A try that took effect leaves the key holding the token, on g: the
-	// next one writes the same again.
-	resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
-		return c.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.Value(live), "=", cl.Token)).
-			Then(clientv3.OpPut(live, cl.Token, clientv3.WithLease(g.ID)), clientv3.OpPut(c.keys.record(cl.Run), r.encode())).
-			Commit()
-	})
-	if err == nil {
-		if loss := c.seen(s, resp.Header); loss != nil {
-			return lost(loss)
+	at, known := c.revs.get(cl.Token)
+	for round := 0; ; round++ {
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.Value(live), "=", cl.Token)}
+		if known {
+			// Only the holder's latest write (see revs).
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(live), "=", at))
 		}
+		s, _ = c.guard.send(lease)
+		// A try that took effect leaves the key holding the token, on g:
+		// the next one finds it so.
+		resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return c.cli.Txn(ctx).If(cmps...).
+				Then(clientv3.OpPut(live, cl.Token, clientv3.WithLease(g.ID)), clientv3.OpPut(c.keys.record(cl.Run), r.encode())).
+				Else(clientv3.OpGet(live)).
+				Commit()
+		})
+		if err == nil {
+			if loss := c.seen(s, resp.Header); loss != nil {
+				return lost(loss)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
+		}
+		var kv *mvccpb.KeyValue
+		if !resp.Succeeded && len(resp.Responses) == 1 {
+			if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+				kv = kvs[0]
+			}
+		}
+		switch {
+		case resp.Succeeded:
+			at = resp.Header.Revision
+		case kv == nil || string(kv.Value) != cl.Token:
+			c.revs.drop(cl.Token)
+			return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
+		case clientv3.LeaseID(kv.Lease) == g.ID:
+			// An earlier try of this renewal took effect.
+			at = kv.ModRevision
+		case round < maxRounds:
+			// Still this holder's, written by a try of an earlier
+			// renewal applied late: renew over it.
+			at, known = kv.ModRevision, true
+			continue
+		default:
+			return fmt.Errorf("renew %s: %w: its live key kept changing under the renewal", cl.ID(), claim.ErrLeaseLost)
+		}
+		c.revs.set(cl.Token, at, requested.Add(lease))
+		cl.Requested, cl.Lease, cl.Deadline = requested, lease, r.LeaseUntil
+		return nil
 	}
-	switch {
-	case err != nil:
-		return fmt.Errorf("renew %s: %w", cl.ID(), c.translate(ctx, err))
-	case !resp.Succeeded:
-		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
-	}
-	cl.Requested, cl.Lease, cl.Deadline = requested, lease, r.LeaseUntil
-	return nil
 }
 
 // Reach asks one member how many keys lie under the prefix: a

@@ -27,6 +27,15 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 	if len(pending) == 0 {
 		return errs
 	}
+	defer func() {
+		// A claim released, or found lost, is renewed no more; one whose
+		// release failed may be, until a retry lands.
+		for _, i := range pending {
+			if errs[i] == nil || errors.Is(errs[i], claim.ErrLeaseLost) {
+				c.revs.drop(cls[i].Token)
+			}
+		}
+	}()
 	fail := func(idx []int, err error) {
 		for _, i := range idx {
 			errs[i] = fmt.Errorf("release %s as %s: %w", cls[i].ID(), outcomes[i], err)

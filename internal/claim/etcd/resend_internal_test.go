@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -25,11 +26,23 @@ import (
 type replyLoser struct {
 	armed atomic.Int32 // how many more Txn replies to lose
 	sent  atomic.Int32 // Txn requests sent, lost or not
+	// hold, when set, keeps the next Txn from the cluster altogether,
+	// as a stalled member keeps a request it has read: its caller hears
+	// nothing until its try runs out, and late sends it on afterwards.
+	hold atomic.Bool
+	late func(context.Context) error
 }
 
 func (l *replyLoser) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if method != "/etcdserverpb.KV/Txn" {
 		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	if l.hold.CompareAndSwap(true, false) {
+		l.late = func(ctx context.Context) error {
+			return invoker(ctx, method, req, new(pb.TxnResponse), cc, opts...)
+		}
+		<-ctx.Done()
+		return status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
 	}
 	l.sent.Add(1)
 	err := invoker(ctx, method, req, reply, cc, opts...)
@@ -128,5 +141,73 @@ func TestAWriteWhoseReplyWasLostIsRecognisedWhenSentAgain(t *testing.T) {
 	again, err := claim.ClaimOne(ctx(), other, run2, lease)
 	if err != nil || again.Attempt != 2 || again.Fence <= cl2.Fence {
 		t.Fatalf("claim after the handback: %+v, %v; want attempt 2 with a higher fence than %d", again, err, cl2.Fence)
+	}
+}
+
+// TestARenewalAppliedLateCannotShortenTheLease: a renewal grants a new
+// etcd lease and moves the live key onto it. A try of one renewal that a
+// stalled member applies after a later renewal has landed must not move
+// the key back onto the earlier renewal's lease, which expires first:
+// etcd would delete the key, and grant the run to another replica, while
+// its holder still trusted the later renewal.
+func TestARenewalAppliedLateCannotShortenTheLease(t *testing.T) {
+	cluster := testenv.StartEtcd(t, 1)
+	loser := &replyLoser{}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
+		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(loser.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(cli, Options{Instance: "holder", Prefix: "late/"})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	const lease = 6 * time.Second
+	run := claim.Run{Job: "job.late", At: time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)}
+	cl, err := claim.ClaimOne(ctx, c, run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseOf := func() clientv3.LeaseID {
+		t.Helper()
+		got, err := cli.Get(ctx, c.keys.live(run))
+		if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != cl.Token {
+			t.Fatalf("live key: %+v, %v", got, err)
+		}
+		return clientv3.LeaseID(got.Kvs[0].Lease)
+	}
+
+	// The first renewal's first try is held; its second try lands.
+	loser.hold.Store(true)
+	if err := c.Renew(ctx, cl, lease); err != nil {
+		t.Fatal(err)
+	}
+	first := leaseOf()
+	if loser.late == nil {
+		t.Fatal("no renewal try was held")
+	}
+	// The leases must end at different seconds for the later one to
+	// outlive the earlier one.
+	time.Sleep(1500 * time.Millisecond)
+	if err := c.Renew(ctx, cl, lease); err != nil {
+		t.Fatal(err)
+	}
+	second := leaseOf()
+	if second == first {
+		t.Fatalf("the second renewal left the key on the first one's lease %x", first)
+	}
+	// The held try arrives now, behind the second renewal.
+	_ = loser.late(ctx)
+	if now := leaseOf(); now != second {
+		ttl, _ := cli.TimeToLive(ctx, now)
+		t.Fatalf("a try of the first renewal, applied after the second, moved the key back onto lease %x (%ds left), "+
+			"though its holder trusts the second renewal's lease %x until %s", now, ttl.TTL, second, time.Until(cl.TrustedUntil(0)).Round(time.Millisecond))
+	}
+	// And the claim goes on as before: renewed, and released.
+	if err := c.Renew(ctx, cl, lease); err != nil {
+		t.Fatalf("renewal after the late try: %v", err)
+	}
+	if err := claim.ReleaseOne(ctx, c, cl, claim.Succeeded); err != nil {
+		t.Fatalf("release: %v", err)
 	}
 }
