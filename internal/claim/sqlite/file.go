@@ -1,13 +1,17 @@
 package sqlite
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -25,6 +29,65 @@ import (
 // Claimer records the three files' identities at Open and, before each
 // write, checks that the path still names them.
 var suffixes = [...]string{"", "-wal", "-shm"}
+
+// oneName refuses a database file that processes could reach by
+// different names, each with a -wal and -shm of its own: a file with
+// several hard links, or a file mounted on its own (a container runtime
+// mounting one file into each container, -v host.db:/data/s.db). Each
+// name would keep a ledger, and every run would execute once per name
+// (found by an outside review: 13 of 13 runs twice, fences handed out
+// twice, /readyz ready). A directory mounted whole shares its -wal and
+// -shm: that is the way to share the file between containers.
+func oneName(path string, info os.FileInfo) error {
+	if n := links(info); n > 1 {
+		return fmt.Errorf("the file has %d names (hard links): SQLite keeps the write-ahead log and shared memory beside the name a process opens,"+
+			" so processes opening it by different names would not see each other's claims and each would run every run;"+
+			" open it by one name (copy the file if another is needed)", n)
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return nil // gone meanwhile: the open finds out
+	}
+	if mountedAlone(real) {
+		return errors.New("the file is mounted on its own: SQLite keeps the write-ahead log and shared memory beside it, outside the mount,"+
+			" so processes that mount the same file elsewhere would not see each other's claims and each would run every run,"+
+			" and the log would be lost with this mount namespace; mount the directory that holds it instead")
+	}
+	return nil
+}
+
+// isMountPoint says whether path is a mount point in r, a mount table in
+// the format of /proc/self/mountinfo (its fifth field, with space, tab,
+// newline and backslash escaped in octal).
+func isMountPoint(r io.Reader, path string) bool {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && unescapeMount(fields[4]) == path {
+			return true
+		}
+	}
+	return false
+}
+
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
 
 // file is the database a Claimer opened.
 type file struct {
@@ -87,6 +150,12 @@ func pin(ctx context.Context, db *sql.DB, path string, before os.FileInfo) (*fil
 		if err != nil || i == 0 && (before == nil || !os.SameFile(before, info)) {
 			_ = conn.Close()
 			return nil, nil
+		}
+		if i == 0 {
+			if err := oneName(path, info); err != nil {
+				_ = conn.Close()
+				return nil, err
+			}
 		}
 		f.infos[i] = info
 	}

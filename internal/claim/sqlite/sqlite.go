@@ -155,6 +155,12 @@ func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
 	// file exists.
 	for attempt := 1; ; attempt++ {
 		before, _ := os.Stat(path) // nil if there is no file yet
+		if before != nil {
+			// Before anything is written through a name of several.
+			if err := oneName(path, before); err != nil {
+				return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+			}
+		}
 		db, err := sql.Open("sqlite", migrations.SQLiteDSN(path)+"&_pragma=synchronous("+sync+")")
 		if err != nil {
 			return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
