@@ -49,8 +49,8 @@ func oneName(path string, info os.FileInfo) error {
 		return nil // gone meanwhile: the open finds out
 	}
 	if mountedAlone(real) {
-		return errors.New("the file is mounted on its own: SQLite keeps the write-ahead log and shared memory beside it, outside the mount,"+
-			" so processes that mount the same file elsewhere would not see each other's claims and each would run every run,"+
+		return errors.New("the file is mounted on its own: SQLite keeps the write-ahead log and shared memory beside it, outside the mount," +
+			" so processes that mount the same file elsewhere would not see each other's claims and each would run every run," +
 			" and the log would be lost with this mount namespace; mount the directory that holds it instead")
 	}
 	return nil
