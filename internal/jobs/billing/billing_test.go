@@ -290,6 +290,43 @@ func TestSeedIsDeterministic(t *testing.T) {
 	})
 }
 
+// TestALargeSeedCommitsInBatches: on the embedded default the demo data
+// shares the claimer's SQLite file, so a seed must not hold its write lock
+// for the whole insert. One transaction writes about seedBatch rows, never
+// a customer in part, and the batches together seed every customer.
+func TestALargeSeedCommitsInBatches(t *testing.T) {
+	eachDialect(t, func(t *testing.T, open opener) {
+		ctx := t.Context()
+		s := open(t, nil)
+		p := day("2026-03-01")
+		perCustomer := 1 + len(DemoUsage(1, p)) // its row and its usage
+		next, err := s.seed(ctx, 1, 1_000_000, []Period{p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 1 + int64((seedBatch+perCustomer-1)/perCustomer); next != want {
+			t.Fatalf("one transaction seeded customers up to %d, want %d (%d rows of %d each)", next-1, want-1, seedBatch, perCustomer)
+		}
+		const customers = 2500
+		if err := s.Seed(ctx, customers, p); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Charges(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != customers {
+			t.Fatalf("charges for %d customers, want %d", len(got), customers)
+		}
+		want := expectedAmounts(t, s, p)
+		for _, inv := range got {
+			if inv.AmountCents != want[inv.CustomerID] || inv.AmountCents == 0 {
+				t.Fatalf("customer %d: charge %d, want %d (non-zero)", inv.CustomerID, inv.AmountCents, want[inv.CustomerID])
+			}
+		}
+	})
+}
+
 // expectedAmounts sums the raw usage rows of p in Go, independently of the
 // store's SQL aggregate.
 func expectedAmounts(t *testing.T, s *Store, p Period) map[int64]int64 {

@@ -251,28 +251,54 @@ func (s *Store) Charges(ctx context.Context, p Period) ([]Invoice, error) {
 // Seed creates customers 1..customers and their usage in each period, unless
 // present: deterministic demo data, so seeding twice changes nothing. Each
 // customer gets four usage samples per period, the first at its start.
+//
+// It commits every seedBatch rows or so, never splitting a customer: on
+// the embedded default the demo data shares the claimer's SQLite file,
+// and one transaction of a large seed held its write lock for a minute
+// (50,000 customers over 30 days), during which no replica could claim or
+// release (an outside review). An interrupted seed leaves whole customers,
+// and seeding again completes it.
 func (s *Store) Seed(ctx context.Context, customers int, periods ...Period) error {
+	for first := int64(1); first <= int64(customers); {
+		next, err := s.seed(ctx, first, int64(customers), periods)
+		if err != nil {
+			return err
+		}
+		first = next
+	}
+	return nil
+}
+
+// seedBatch is about how many rows one transaction of Seed writes.
+const seedBatch = 5000
+
+// seed writes customers from first on, until it has written seedBatch rows
+// or reached last, in one transaction, and returns the next customer.
+func (s *Store) seed(ctx context.Context, first, last int64, periods []Period) (int64, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("billing: seed: %w", err)
+		return 0, fmt.Errorf("billing: seed: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
-	for id := int64(1); id <= int64(customers); id++ {
+	id, rows := first, 0
+	for ; id <= last && rows < seedBatch; id++ {
 		if _, err := tx.ExecContext(ctx, s.customer, id, fmt.Sprintf("customer-%04d", id), DemoRate(id)); err != nil {
-			return fmt.Errorf("billing: seed customer %d: %w", id, err)
+			return 0, fmt.Errorf("billing: seed customer %d: %w", id, err)
 		}
+		rows++
 		for _, p := range periods {
 			for _, u := range DemoUsage(id, p) {
 				if _, err := tx.ExecContext(ctx, s.usage, id, s.at(u.At), u.Units); err != nil {
-					return fmt.Errorf("billing: seed usage of customer %d: %w", id, err)
+					return 0, fmt.Errorf("billing: seed usage of customer %d: %w", id, err)
 				}
+				rows++
 			}
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("billing: seed: %w", err)
+		return 0, fmt.Errorf("billing: seed: %w", err)
 	}
-	return nil
+	return id, nil
 }
 
 // DemoRate is a seeded customer's price per unit, in cents (5 to 99).
