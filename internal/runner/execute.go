@@ -73,7 +73,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		d.keepAlive(keepCtx, ectx, cl, cancel)
 	}()
 	settle := func(status, o claim.Status, elapsed time.Duration, err error) claim.Status {
-		status, err = d.settle(ctx, cl, status, o, err)
+		status, err = d.settle(ctx, cl, status, o, err, elapsed)
 		stopKeep()
 		<-keepDone
 		d.finished(ctx, cl, status, elapsed, err)
@@ -271,15 +271,27 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 // own only if the backend accepted the release. A release refused because
 // the run was taken over, or never confirmed, ends the run as lease_lost,
 // whatever its handler did: another replica may run it again, and only
-// one of them may report success. ctx is Run's (see release).
-func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status, o claim.Status, err error) (claim.Status, error) {
+// one of them may report success. ran is how long the handler ran, 0 if
+// it did not start. ctx is Run's (see release).
+func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status, o claim.Status, err error, ran time.Duration) (claim.Status, error) {
 	if status == claim.Interrupted {
-		d.recordHandBack(ctx, cl)
+		d.recordEnded(ctx, cl, claim.Interrupted, ran, job.ErrShutdown)
 	}
 	rerr := d.release(ctx, cl, o)
 	switch {
 	case rerr == nil:
 	case errors.Is(rerr, claim.ErrLeaseLost):
+		if ran > 0 {
+			// The backend's record is the takeover's now: this
+			// attempt, which ran, would leave no trace in the history
+			// but its logs (an outside review: a run executed twice
+			// showed one attempt).
+			how := "its handler returned"
+			if err != nil {
+				how += " " + err.Error()
+			}
+			d.recordEnded(ctx, cl, claim.LeaseLost, ran, fmt.Errorf("%s, and its release was refused: the run was taken over", how))
+		}
 		status = claim.LeaseLost
 		if err == nil {
 			err = fmt.Errorf("release refused, the run was taken over: %w", rerr)

@@ -22,7 +22,6 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/control"
-	"github.com/scheduler-dev/scheduler/job"
 )
 
 // retries reports whether a failed attempt of j is retried.
@@ -64,31 +63,36 @@ func (d *dispatcher) recordAttempt(ctx context.Context, j *jobState, cl *claim.C
 	}
 }
 
-// recordHandBack remembers that cl's attempt was handed back at a
-// shutdown (status interrupted), for handBacks: a run's takeovers count
-// against max_attempts (a run that kills its process every time must not
-// loop for good), but an attempt a deploy stopped did not fail and did
-// not crash (an outside review: three rolling restarts during a long run
-// failed it, "attempt 4 exceeds max_attempts 3"). Best effort: an attempt
-// not recorded counts as a crash.
-func (d *dispatcher) recordHandBack(ctx context.Context, cl *claim.Claim) {
+// recordEnded remembers an attempt that ended without the run's record
+// saying so, as recordAttempt does a failed one: handed back at a
+// shutdown (interrupted), or run while its release was refused, the run
+// taken over (lease_lost). ran is how long its handler ran (0: it did not
+// start). Best effort.
+//
+// A hand-back is counted by handBacks: a run's takeovers count against
+// max_attempts (a run that kills its process every time must not loop
+// for good), but an attempt a deploy stopped did not fail and did not
+// crash (an outside review: three rolling restarts during a long run
+// failed it, "attempt 4 exceeds max_attempts 3"). One not recorded
+// counts as a crash.
+func (d *dispatcher) recordEnded(ctx context.Context, cl *claim.Claim, status claim.Status, ran time.Duration, why error) {
 	r := d.r
 	if r.opts.Controls == nil {
 		return
 	}
 	now := r.opts.Now().UTC()
 	a := control.Attempt{RunID: cl.ID(), Attempt: cl.Attempt, Fence: cl.Fence, Holder: r.opts.Instance,
-		Status: claim.Interrupted, Started: now, Ended: now, Error: job.ErrShutdown.Error()}
+		Status: status, Started: now.Add(-ran), Ended: now, Error: why.Error()}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease/3)
 	defer cancel()
 	if err := r.opts.Controls.RecordAttempt(wctx, a); err != nil {
-		r.log.WarnContext(ctx, "cannot record the handed-back attempt", append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
+		r.log.WarnContext(ctx, "cannot record the ended attempt", append(runAttrs(r, cl.Run, cl), "status", string(status), "error", err.Error())...)
 	}
 }
 
 // withinAttempts reports whether cl's attempt is within j's max_attempts
 // once the attempts handed back at a shutdown before it are not counted
-// (recordHandBack). Read only for an attempt past max_attempts: a
+// (recordEnded). Read only for an attempt past max_attempts: a
 // register read per such takeover. A read that fails counts them all.
 func (d *dispatcher) withinAttempts(ctx context.Context, j *jobState, cl *claim.Claim) bool {
 	if cl.Attempt <= j.MaxAttempts {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -250,6 +252,10 @@ func TestAttemptsHandedBackAtAShutdownDoNotCountAgainstMaxAttempts(t *testing.T)
 				for _, a := range atts {
 					if a.Status == claim.Interrupted {
 						handedBack++
+						// Its handler ran until the deploy stopped it.
+						if !a.Ended.After(a.Started) {
+							t.Errorf("attempt %d handed back: started %s, ended %s; want how long it ran", a.Attempt, a.Started, a.Ended)
+						}
 					}
 				}
 				if deploys := len(tc.crashes) - count(tc.crashes, true); handedBack != deploys {
@@ -400,5 +406,76 @@ func TestARetryWaitsForItsBackoffWhereTheLeaseCouldNotBeCut(t *testing.T) {
 			t.Errorf("flaky ended %s, want succeeded on its second attempt", st)
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"flaky": true}})
+	})
+}
+
+// TestAnAttemptWhoseReleaseWasRefusedIsRecorded: a holder whose handler
+// finished while the backend could take no writes (a database locked
+// past the lease) cannot end the run; its lease lapses, another replica
+// takes the run over and runs it again, and the first holder's release,
+// landing after, is refused. The backend's record is the takeover's, so
+// the first attempt is recorded in the register, lease_lost, with how
+// long it ran and why, and so is a hand-back's duration: else a run that
+// executed twice showed one attempt (an outside review).
+func TestAnAttemptWhoseReleaseWasRefusedIsRecorded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		at := time.Now().Truncate(time.Hour).Add(time.Hour)
+		first := &cutOff{Claimer: memory.New(store, "r1")}
+		ran := make(chan int, 2)
+		replica := func(name string, c claim.Claimer) (stop func()) {
+			ctx, cancel := context.WithCancel(t.Context())
+			r, err := runner.New(runner.Options{Claimer: c, Instance: name, Lease: 2 * time.Second,
+				Controls: control.New(store.Controls(), nil)},
+				[]runner.Job{{Name: "nightly", Schedule: mustSchedule(t, "0 * * * *"),
+					Handler: func(ctx context.Context, run job.Run) error {
+						if run.Attempt == 1 {
+							first.off.Store(true) // the backend takes no writes from here
+							time.Sleep(time.Second)
+						}
+						ran <- run.Attempt
+						return nil
+					}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return running(t, ctx, cancel, r)
+		}
+		time.Sleep(time.Until(at.Add(-time.Minute)))
+		defer replica("r1", first)()
+		time.Sleep(time.Until(at.Add(-time.Millisecond)))
+		if got := <-ran; got != 1 {
+			t.Fatalf("attempt %d first, want 1", got)
+		}
+		// r1 only: r2 comes up once r1's handler has run.
+		defer replica("r2", memory.New(store, "r2"))()
+		if got := <-ran; got != 2 {
+			t.Fatalf("attempt %d second, want the takeover's 2", got)
+		}
+		first.off.Store(false) // r1's release retries land now, refused
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+
+		id := claim.Run{Job: "nightly", At: at}.ID()
+		atts, err := control.New(store.Controls(), nil).Attempts(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(atts) != 1 {
+			t.Fatalf("recorded attempts %+v, want r1's", atts)
+		}
+		a := atts[0]
+		if a.Attempt != 1 || a.Holder != "r1" || a.Status != claim.LeaseLost || a.Ended.Sub(a.Started) < time.Second ||
+			!strings.Contains(a.Error, "release was refused") {
+			t.Fatalf("recorded %+v; want attempt 1 of r1, lease_lost, having run a second, its release refused", a)
+		}
+		recs, err := memory.New(store, "reader").History(t.Context(), "nightly", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(recs, func(r claim.Record) bool { return r.RunID == id })
+		if i < 0 || recs[i].Attempt != 2 || recs[i].Status != claim.Succeeded {
+			t.Fatalf("history %+v, want %s the takeover's, attempt 2, succeeded", recs, id)
+		}
 	})
 }
