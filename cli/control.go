@@ -104,7 +104,7 @@ func (e *env) setPause(cmd string, args []string, paused bool) int {
 }
 
 func (e *env) trigger(args []string) int {
-	fs, path := e.flags("trigger", "[--config FILE] [--note TEXT] [--request-id ID] [--overlap allow] [--wait [--timeout D]] [--here] JOB")
+	fs, path := e.flags("trigger", "[--config FILE] [--note TEXT] [--by WHO] [--request-id ID] [--overlap allow] [--wait [--timeout D]] [--here] JOB")
 	note := fs.String("note", "", "why, recorded with the request")
 	by := fs.String("by", control.Identity(), "who, recorded with the request")
 	reqID := fs.String("request-id", "", "idempotency `KEY`: a request sent again with it runs nothing more (default: random)")
