@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
@@ -137,6 +138,64 @@ func TestRedisPasswordAuth(t *testing.T) {
 		cfg := writeConfig(t, dir, secureConfig(redisBlock(srv.Addr(), "")))
 		failsAtStartup(t, dir, cfg, []string{pw}, "redis", "NOAUTH")
 	})
+}
+
+// TestARotatedPasswordFileIsReadAgain: a password_file is read anew at
+// every new connection, so a secret rotated in place (a Kubernetes
+// secret, rewritten by the kubelet, the server's password changed with
+// it) is used from the next connection on. Read once at start-up, every
+// connection after the rotation failed AUTH for good, and the replica ran
+// nothing while /healthz stayed up (an outside review, on PostgreSQL;
+// PostgreSQL's pool takes the same path, config.Rotating).
+func TestARotatedPasswordFileIsReadAgain(t *testing.T) {
+	const before, after = "first-secret-1", "second-secret-2"
+	srv := testenv.StartRedis(t, "--requirepass", before)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "redis-password")
+	if err := os.WriteFile(file, []byte(before+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startReplica(t, dir, writeConfig(t, dir, secureConfig(redisBlock(srv.Addr(), "    password_file: "+file+"\n"))), "replica")
+	succeededSince := func(since time.Time) bool {
+		for _, e := range readEvents(t, dir, "replica") {
+			if e.Msg == "run finished" && e.Status == "succeeded" && e.Time.After(since) {
+				return true
+			}
+		}
+		return false
+	}
+	waitFor(t, "a run to succeed", func() bool { return succeededSince(time.Time{}) })
+
+	// Rotate: the server's password, then the file, then every
+	// connection the replica holds is closed, as a server restart or an
+	// idle timeout would.
+	admin := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), Password: before})
+	defer admin.Close()
+	ctx := t.Context()
+	if err := admin.ConfigSet(ctx, "requirepass", after).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file+".new", []byte(after+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(file+".new", file); err != nil {
+		t.Fatal(err)
+	}
+	rotated := time.Now()
+	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a run to succeed on the rotated password", func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("scheduler exited (%v): %s", p.cmd.ProcessState, readLog(t, dir, "replica"))
+		default:
+		}
+		return succeededSince(rotated.Add(time.Second))
+	})
+	if log := readLog(t, dir, "replica"); strings.Contains(log, before) || strings.Contains(log, after) {
+		t.Fatal("the log shows a password")
+	}
 }
 
 func TestRedisACLUser(t *testing.T) {

@@ -154,15 +154,11 @@ func (c *Config) readSecrets(p *problems) {
 		case inline:
 			p.add(key, "", "set both the secret and %s; keep one", key[strings.LastIndexByte(key, '.')+1:])
 		case selected:
-			b, err := readSmall(file)
-			s := strings.TrimRight(string(b), "\r\n")
-			switch {
-			case err != nil:
+			s, err := readSecret(file)
+			if err != nil {
 				p.add(key, file, "%v", err)
-			case s == "":
-				p.add(key, file, "empty file")
-			default:
-				*dst = Secret(s)
+			} else {
+				*dst = s
 			}
 		}
 	}

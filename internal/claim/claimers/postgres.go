@@ -36,6 +36,15 @@ func openPostgres(ctx context.Context, c config.Claimer, instance string, o Opti
 	if c.Postgres.Password != "" {
 		pc.ConnConfig.Password = string(c.Postgres.Password)
 	}
+	if f := c.Postgres.PasswordFile; f != "" {
+		// Read anew at every connection (config.Rotating); the lease
+		// pool's configuration is a copy of this one, hook included.
+		password := config.Rotating(f, c.Postgres.Password)
+		pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+			cc.Password = string(password())
+			return nil
+		}
+	}
 	if c.Postgres.MaxConns > 0 {
 		pc.MaxConns = int32(c.Postgres.MaxConns)
 	}

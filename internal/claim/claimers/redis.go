@@ -47,7 +47,7 @@ var redisDriver = driver{
 			return isolateCluster(ctx, *r)
 		}
 		return isolatePrefix(ctx, []string{r.Addr}, r.Prefix, func(addr string) (*goredis.Client, error) {
-			return redisClient(&goredis.Options{Addr: addr}, r.Username, string(r.Password), r.DB, r.TLS)
+			return redisClient(&goredis.Options{Addr: addr}, r.Username, credentials(r.Password, r.PasswordFile), r.DB, r.TLS)
 		})
 	},
 }
@@ -69,15 +69,19 @@ func redisUniversal(r config.Redis) (goredis.UniversalClient, error) {
 		// DisableIdentity: a new connection costs no CLIENT SETINFO round
 		// trip, which on a slow link could outlast a renewal's trust window.
 		return redisClient(&goredis.Options{Addr: r.Addr, ContextTimeoutEnabled: true, DisableIdentity: true},
-			r.Username, string(r.Password), r.DB, r.TLS)
+			r.Username, credentials(r.Password, r.PasswordFile), r.DB, r.TLS)
 	}
 	tc, err := r.TLS.ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("%s: tls: %w", redisName(r), err)
 	}
 	// The same settings, for every node the cluster client opens.
-	return goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: r.Seeds(), Username: r.Username,
-		Password: string(r.Password), TLSConfig: tc, ContextTimeoutEnabled: true, DisableIdentity: true}), nil
+	o := &goredis.ClusterOptions{Addrs: r.Seeds(), Username: r.Username,
+		Password: string(r.Password), TLSConfig: tc, ContextTimeoutEnabled: true, DisableIdentity: true}
+	if password := credentials(r.Password, r.PasswordFile); password != nil {
+		o.CredentialsProvider = func() (string, string) { return r.Username, string(password()) }
+	}
+	return goredis.NewClusterClient(o), nil
 }
 
 // isolateCluster is isolatePrefix on a cluster, through one cluster
@@ -107,14 +111,30 @@ func isolateCluster(ctx context.Context, r config.Redis) (func() error, error) {
 }
 
 // redisClient opens one Redis connection pool; base carries the claimer's
-// own settings.
-func redisClient(base *goredis.Options, user, password string, db int, t config.TLS) (*goredis.Client, error) {
+// own settings. password is asked at every new connection (nil: none).
+func redisClient(base *goredis.Options, user string, password func() config.Secret, db int, t config.TLS) (*goredis.Client, error) {
 	tc, err := t.ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("redis %s: tls: %w", base.Addr, err)
 	}
-	base.Username, base.Password, base.DB, base.TLSConfig = user, password, db, tc
+	base.Username, base.DB, base.TLSConfig = user, db, tc
+	if password != nil {
+		base.CredentialsProvider = func() (string, string) { return user, string(password()) }
+	}
 	return goredis.NewClient(base), nil
+}
+
+// credentials is what a client asks for its password at each new
+// connection: from password_file, read anew each time (config.Rotating),
+// else the password set inline; nil if there is none.
+func credentials(inline config.Secret, file string) func() config.Secret {
+	switch {
+	case file != "":
+		return config.Rotating(file, inline)
+	case inline != "":
+		return func() config.Secret { return inline }
+	}
+	return nil
 }
 
 // isolatePrefix declares the namespace under prefix new on every server

@@ -22,7 +22,7 @@ var redlockDriver = driver{
 			}
 		}
 		for _, addr := range r.Addrs {
-			client, err := redisClient(redlock.ClientOptions(addr), r.Username, string(r.Password), 0, r.TLS)
+			client, err := redisClient(redlock.ClientOptions(addr), r.Username, credentials(r.Password, r.PasswordFile), 0, r.TLS)
 			if err != nil {
 				closeAll()
 				return nil, err
@@ -57,7 +57,7 @@ var redlockDriver = driver{
 		r := &c.Redlock
 		r.Prefix += name + ":"
 		return isolatePrefix(ctx, r.Addrs, r.Prefix, func(addr string) (*goredis.Client, error) {
-			return redisClient(&goredis.Options{Addr: addr}, r.Username, string(r.Password), 0, r.TLS)
+			return redisClient(&goredis.Options{Addr: addr}, r.Username, credentials(r.Password, r.PasswordFile), 0, r.TLS)
 		})
 	},
 }
