@@ -36,7 +36,8 @@ type Backend struct {
 	DB      *sql.DB
 	Dialect migrations.Dialect
 	// Lost, if not nil, is closed once the claimer stopped claiming for
-	// good (sqlite: its file deleted, replaced or gone back in time), and
+	// good (sqlite: its file deleted, replaced or gone back in time;
+	// postgres: its database gone back in time), and
 	// LostErr then says why: only a new process claims again.
 	Lost    <-chan struct{}
 	LostErr func() error

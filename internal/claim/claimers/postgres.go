@@ -61,6 +61,7 @@ func openPostgres(ctx context.Context, c config.Claimer, instance string, o Opti
 	db := stdlib.OpenDBFromPool(pool)
 	cl := postgres.New(pool, postgres.Options{Instance: instance, Leases: leases})
 	b := &Backend{Claimer: cl, Pruner: cl, Controls: cl.Controls(), DB: db, Dialect: migrations.Postgres,
+		Lost: cl.Lost(), LostErr: cl.LostErr,
 		closers: []func(){pool.Close, leases.Close, func() { _ = db.Close() }}}
 	switch {
 	case o.Migrate && c.Postgres.Migrate:

@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -263,6 +265,7 @@ type Claimer struct {
 	undos    claim.Stragglers // abandonLater's, which Close waits for
 	closing  chan struct{}    // closed by Close: abandonLater waits no more
 	close    sync.Once
+	watch    *claim.FenceWatch
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -278,7 +281,10 @@ func New(pool *pgxpool.Pool, opts Options) *Claimer {
 	if leases == nil {
 		leases = pool
 	}
-	return &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}, closing: make(chan struct{})}
+	cc := pool.Config().ConnConfig
+	where := fmt.Sprintf("the database %s on %s", cc.Database, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	return &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}, closing: make(chan struct{}),
+		watch: claim.NewFenceWatch(where)}
 }
 
 // Open builds a pool for dsn, and a lease pool beside it unless
@@ -478,6 +484,35 @@ func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
 // already had a row. The second round runs in one implicit transaction
 // whose row locks are taken in run id order, like the first's.
 func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	if err := c.watch.Err(); err != nil {
+		errs := make([]error, len(runs))
+		for i, run := range runs {
+			errs[i] = fmt.Errorf("claim %s: %w", run.ID(), err)
+		}
+		return make([]*claim.Claim, len(runs)), errs
+	}
+	mark := c.watch.Mark()
+	claims, errs := c.claim(ctx, runs, lease)
+	if err := c.watch.Granted(mark, claims); err != nil {
+		// Granted by a backend that forgot what it granted before: the
+		// run may be some replica's still. The rows lapse by themselves.
+		for i, cl := range claims {
+			if cl != nil {
+				claims[i], errs[i] = nil, fmt.Errorf("claim %s: %w", cl.ID(), err)
+			}
+		}
+	}
+	return claims, errs
+}
+
+// Lost is closed once the database went back in time (claim.FenceWatch):
+// `scheduler run` exits 1 then, for its supervisor to restart it.
+func (c *Claimer) Lost() <-chan struct{} { return c.watch.Lost() }
+
+// LostErr says why Lost was closed.
+func (c *Claimer) LostErr() error { return c.watch.Err() }
+
+func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	c.parts.look()
 	claims, errs := make([]*claim.Claim, len(runs)), make([]error, len(runs))
 	if err := c.leasesReady(ctx); err != nil {
