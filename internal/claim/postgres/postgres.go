@@ -284,7 +284,8 @@ func New(pool *pgxpool.Pool, opts Options) *Claimer {
 	cc := pool.Config().ConnConfig
 	where := fmt.Sprintf("the database %s on %s", cc.Database, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
 	return &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}, closing: make(chan struct{}),
-		watch: claim.NewFenceWatch(where)}
+		watch: claim.NewFenceWatch(where, "a backup restored under running replicas, or another server answering?"+
+			" before replicas start again, set scheduler_fence_seq above every fence handed out")}
 }
 
 // Open builds a pool for dsn, and a lease pool beside it unless
@@ -493,7 +494,13 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	}
 	mark := c.watch.Mark()
 	claims, errs := c.claim(ctx, runs, lease)
-	if err := c.watch.Granted(mark, claims); err != nil {
+	var fences []int64
+	for _, cl := range claims {
+		if cl != nil {
+			fences = append(fences, cl.Fence)
+		}
+	}
+	if err := c.watch.Granted(mark, fences...); err != nil {
 		// Granted by a backend that forgot what it granted before: the
 		// run may be some replica's still. The rows lapse by themselves.
 		for i, cl := range claims {

@@ -104,14 +104,10 @@ type file struct {
 	// files unless someone else deletes them.
 	pin *sql.Conn
 
-	mu   sync.Mutex
-	lost error // set once the path named other files, or none; never cleared
-	// fence is the highest value of the fence counter seen, at open, in
-	// grants or in reads, to tell when the file went back in time (see
-	// mark).
-	fence int64
-	// gone is closed when lost is set.
-	gone chan struct{}
+	mu sync.Mutex // serialises check
+	// watch is set lost once the path named other files, or none, or the
+	// file went back in time (see mark); never cleared.
+	watch *claim.FenceWatch
 }
 
 // pin holds a connection open on db and records the identities of the
@@ -144,7 +140,9 @@ func pin(ctx context.Context, db *sql.DB, path string, before os.FileInfo) (*fil
 		_ = conn.Close()
 		return nil, nil
 	}
-	f := &file{path: path, real: real, pin: conn, fence: n, gone: make(chan struct{})}
+	f := &file{path: path, real: real, pin: conn,
+		watch: claim.NewFenceWatch(path, "a copy written over it, a backup restored under running replicas?")}
+	_ = f.watch.Observed(0, n)
 	for i := range suffixes {
 		info, err := os.Stat(f.name(i))
 		if err != nil || i == 0 && (before == nil || !os.SameFile(before, info)) {
@@ -180,8 +178,8 @@ func (f *file) check() error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.lost != nil {
-		return f.lost
+	if err := f.watch.Err(); err != nil {
+		return err
 	}
 	for i := range suffixes {
 		name := f.name(i)
@@ -190,15 +188,14 @@ func (f *file) check() error {
 		case err == nil && os.SameFile(f.infos[i], now):
 			continue
 		case err == nil:
-			f.lose(fmt.Errorf("%w: %s was deleted or replaced since this process opened it, and names another file now;"+
+			return f.watch.Lose(fmt.Errorf("%w: %s was deleted or replaced since this process opened it, and names another file now;"+
 				" this process claims nothing more (a process started now opens the database there)", claim.ErrUnavailable, name))
 		case errors.Is(err, fs.ErrNotExist):
-			f.lose(fmt.Errorf("%w: %s was deleted since this process opened it;"+
+			return f.watch.Lose(fmt.Errorf("%w: %s was deleted since this process opened it;"+
 				" this process claims nothing more (a process started now opens the database there)", claim.ErrUnavailable, name))
 		default: // the directory cannot be read now: say so, and look again next time
 			return fmt.Errorf("%w: %w", claim.ErrUnavailable, err)
 		}
-		return f.lost
 	}
 	return nil
 }
@@ -219,9 +216,7 @@ func (f *file) mark() int64 {
 	if f == nil {
 		return 0
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.fence
+	return f.watch.Mark()
 }
 
 // observed records counter value v, read by an operation begun at mark.
@@ -229,44 +224,15 @@ func (f *file) observed(mark, v int64) error {
 	if f == nil {
 		return nil
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if v < mark {
-		f.wentBack(fmt.Sprintf("the fence counter read %d after %d", v, mark))
-	}
-	f.fence = max(f.fence, v)
-	return f.lost
+	return f.watch.Observed(mark, v)
 }
 
-// granted records the fences of grants committed by a write begun at mark,
-// in the order of their commits. Called with c's write queue held.
+// granted records the fences of grants committed by a write begun at mark.
 func (f *file) granted(mark int64, fences ...int64) error {
 	if f == nil {
 		return nil
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, fence := range fences {
-		if fence <= mark {
-			f.wentBack(fmt.Sprintf("fence %d was granted after %d", fence, mark))
-		}
-		mark = max(mark, fence)
-		f.fence = max(f.fence, fence)
-	}
-	return f.lost
-}
-
-func (f *file) wentBack(what string) {
-	if f.lost == nil {
-		f.lose(fmt.Errorf("%w: %s went back in time: %s (a copy written over it, a backup restored"+
-			" under running replicas?); the runs since are forgotten, and this process claims nothing more from it",
-			claim.ErrUnavailable, f.path, what))
-	}
-}
-
-func (f *file) lose(err error) {
-	f.lost = err
-	close(f.gone)
+	return f.watch.Granted(mark, fences...)
 }
 
 // Lost is closed once c stopped claiming for good: the path no longer
@@ -278,7 +244,7 @@ func (c *Claimer) Lost() <-chan struct{} {
 	if c.file == nil {
 		return nil
 	}
-	return c.file.gone
+	return c.file.watch.Lost()
 }
 
 // LostErr says why Lost is closed; nil while it is not.
@@ -286,7 +252,5 @@ func (c *Claimer) LostErr() error {
 	if c.file == nil {
 		return nil
 	}
-	c.file.mu.Lock()
-	defer c.file.mu.Unlock()
-	return c.file.lost
+	return c.file.watch.Err()
 }
