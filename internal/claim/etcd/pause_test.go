@@ -22,16 +22,21 @@ import (
 // another replica executes again. A follower and the leader are paused in
 // turn, a few times, so calls land on the paused member's connection.
 func TestPausedMemberKeepsLeases(t *testing.T) {
-	// Leases of 3s, trusted to a tenth of that: a test beside it that
-	// starves the CPU would fail it for the machine's sake.
+	// Leases of 6s, trusted to a tenth of that: a test beside it that
+	// starves the CPU would fail it for the machine's sake. With the
+	// leader paused, a renewal waits out an election first (the election
+	// timeout is 1s): at 3s leases, a renewal's 1.7s was too short for
+	// that under load (one CI run in four). Still far below the 10s a
+	// stalled member takes to be noticed by gRPC's keepalives, which is
+	// what the test is about.
 	testenv.WallClock(t)
 	cluster := testenv.StartEtcd(t, 3)
 	ns := backends.Prepare(t, "etcd", backends.Options{Servers: cluster.Endpoints()})
 	holder := ns.Open("replica-a")
 
 	const (
-		lease   = 3 * time.Second
-		handler = 2500 * time.Millisecond
+		lease   = 6 * time.Second
+		handler = 5 * time.Second
 		rounds  = 4
 	)
 	for i := range rounds {
