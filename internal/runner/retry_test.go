@@ -479,3 +479,30 @@ func TestAnAttemptWhoseReleaseWasRefusedIsRecorded(t *testing.T) {
 		}
 	})
 }
+
+// checkOverlapSkip checks that run, which never started, was skipped for
+// overlap while prev, the instant before it, was still live: prev ended
+// (its terminal release confirmed) after run fell due, or never did.
+func checkOverlapSkip(t *testing.T, led *ledger, run, prev claim.Run) {
+	t.Helper()
+	skips := led.skipped()[run.ID()]
+	if !slices.Contains(skips, runner.ReasonOverlap) {
+		t.Errorf("%s: never started, and not skipped for overlap (skips: %v)", run.ID(), skips)
+		for _, e := range led.log.Events() { // what the replicas did about it, and the run before
+			if id := e.Run.ID(); id == run.ID() || id == prev.ID() {
+				t.Logf("  %s %v", e.At.Format("15:04:05.000"), e)
+			}
+		}
+		return
+	}
+	var ended time.Time
+	for _, e := range led.events(history.End)[prev.ID()] {
+		if e.Status.Terminal() && e.At.After(ended) {
+			ended = e.At
+		}
+	}
+	if !ended.IsZero() && !ended.After(run.At) {
+		t.Errorf("%s: skipped for overlap, but %s had ended at %s, before it fell due",
+			run.ID(), prev.ID(), ended.Format("15:04:05.000"))
+	}
+}

@@ -137,6 +137,33 @@ func (l *ledger) finishes(id string) []runner.Event {
 	return out
 }
 
+// awaitEnded waits until each of runs has ended (a terminal release
+// confirmed) on some replica, and fails t if one has not within d.
+func (l *ledger) awaitEnded(t *testing.T, runs []claim.Run, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for _, run := range runs {
+		for !l.ended(run.ID()) {
+			if time.Now().After(deadline) {
+				t.Errorf("%s had not ended %v after the replicas were let run", run.ID(), d)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// ended reports whether run id's terminal release was confirmed: the
+// backend accepted it, or its replica's run ended so.
+func (l *ledger) ended(id string) bool {
+	for _, e := range l.log.Events() {
+		if (e.Kind == history.End || e.Kind == history.Release) && e.Status.Terminal() && e.Run.ID() == id {
+			return true
+		}
+	}
+	return false
+}
+
 // skipped returns the reasons runs were skipped for, by run id.
 func (l *ledger) skipped() map[string][]string {
 	by := map[string][]string{}
