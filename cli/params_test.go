@@ -86,7 +86,7 @@ func TestCommandsCheckParamsBeforeRunning(t *testing.T) {
 	t.Run("DisabledJobIsNotChecked", func(t *testing.T) {
 		var ran atomic.Int32
 		code, out, errOut := paramsMain(t, bad+"    enabled: false\n", &ran, "run", "--check")
-		if code != cli.ExitOK || !strings.Contains(out, "0 jobs enabled") {
+		if code != cli.ExitOK || !strings.Contains(out, "0 jobs enabled") || !strings.Contains(out, "claims nothing") {
 			t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 		}
 	})

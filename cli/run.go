@@ -116,6 +116,9 @@ func (e *env) run(args []string) int {
 	}
 	if *check {
 		fmt.Fprintf(e.stdout, "configuration ok: claimer %s, %d jobs enabled\n", cfg.Claimer.Kind, len(jobsList))
+		if len(jobsList) == 0 {
+			fmt.Fprintln(e.stdout, "note: with no job enabled, this replica claims nothing")
+		}
 		return ExitOK
 	}
 	log := newLogger(cfg, e.stderr)
@@ -213,6 +216,9 @@ func (e *env) run(args []string) int {
 
 	log.Info("scheduler started", "claimer", cfg.Claimer.Kind, "jobs", len(jobsList), "http", ln != nil && srv != nil,
 		"http_addr", listenAddr(ln), "version", version())
+	if len(jobsList) == 0 {
+		log.Warn("no job is enabled: this replica claims nothing", "config", *path)
+	}
 	// The HTTP server stays up through the runner's shutdown grace, so
 	// probes and scrapes still answer; it closes once the runner returns.
 	g, gctx := errgroup.WithContext(ctx)

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"unicode"
@@ -219,8 +221,8 @@ func (c *Config) validateClaimer(p *problems) {
 
 	c.validateEtcd(p)
 
-	if kind == ClaimerSQLite && cl.SQLite.Path == "" {
-		p.add("claimer.sqlite.path", "", "missing (required when claimer.kind is sqlite)")
+	if kind == ClaimerSQLite {
+		checkSQLitePath(p, "claimer.sqlite.path", "claimer.kind", cl.SQLite.Path)
 	}
 	if !oneOf(cl.SQLite.Synchronous, SyncFull, SyncNormal) {
 		p.add("claimer.sqlite.synchronous", cl.SQLite.Synchronous, "want full or normal")
@@ -286,8 +288,8 @@ func (c *Config) validateDatabase(p *problems) {
 			p.add("database.path", d.Path, "only used when database.kind is sqlite")
 		}
 	case DatabaseSQLite:
-		if d.Path == "" {
-			p.add("database.path", "", "missing (required when database.kind is sqlite)")
+		if c.Claimer.Kind != ClaimerSQLite || d.Path != c.Claimer.SQLite.Path { // else said once, of the claimer's
+			checkSQLitePath(p, "database.path", "database.kind", d.Path)
 		}
 		if d.DSN != "" {
 			p.add("database.dsn", d.DSN, "only used when database.kind is postgres")
@@ -413,4 +415,33 @@ func oneOf(v string, allowed ...string) bool {
 		}
 	}
 	return false
+}
+
+// checkSQLitePath checks an SQLite database's path, at key, where the
+// file system can tell already: a file, or a name to create one under in
+// an existing directory. (Opened, SQLite would only say "unable to open
+// database file".) What else may refuse the file, a second name or a
+// mount of its own, the open checks.
+func checkSQLitePath(p *problems, key, kindKey, path string) {
+	if path == "" {
+		p.add(key, "", "missing (required when %s is sqlite)", kindKey)
+		return
+	}
+	if info, err := os.Stat(path); err == nil {
+		what := "not a regular file"
+		if info.IsDir() {
+			what = "a directory"
+		}
+		if !info.Mode().IsRegular() {
+			p.add(key, path, "%s: want the path of the database file, which is created if missing", what)
+		}
+		return
+	}
+	dir := filepath.Dir(path)
+	switch info, err := os.Stat(dir); {
+	case err != nil:
+		p.add(key, path, "the directory %s cannot be used: %v", dir, errors.Unwrap(err))
+	case !info.IsDir():
+		p.add(key, path, "%s is not a directory", dir)
+	}
 }

@@ -39,6 +39,9 @@ var suffixes = [...]string{"", "-wal", "-shm"}
 // twice, /readyz ready). A directory mounted whole shares its -wal and
 // -shm: that is the way to share the file between containers.
 func oneName(path string, info os.FileInfo) error {
+	if !info.Mode().IsRegular() { // a directory has several links too
+		return fmt.Errorf("not a regular file (%s): want the path of the database file, which is created if missing", info.Mode().Type())
+	}
 	if n := links(info); n > 1 {
 		return fmt.Errorf("the file has %d names (hard links): SQLite keeps the write-ahead log and shared memory beside the name a process opens,"+
 			" so processes opening it by different names would not see each other's claims and each would run every run;"+

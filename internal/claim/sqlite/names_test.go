@@ -64,6 +64,15 @@ func TestAFileWithSeveralNamesIsRefused(t *testing.T) {
 		_ = c.Close()
 	})
 
+	// Neither is a file: SQLite would say only "unable to open database
+	// file" (the directory's own links read as a second name).
+	t.Run("a directory", func(t *testing.T) {
+		refused(t, t.TempDir(), "not a regular file")
+	})
+	t.Run("in a missing directory", func(t *testing.T) {
+		refused(t, filepath.Join(t.TempDir(), "gone", "claims.db"), "its directory: stat")
+	})
+
 	t.Run("mounted on its own", func(t *testing.T) {
 		path := created(t)
 		target := filepath.Join(t.TempDir(), "mounted.db")

@@ -155,6 +155,12 @@ func Open(ctx context.Context, path string, opts Options) (*Claimer, error) {
 	// file exists.
 	for attempt := 1; ; attempt++ {
 		before, _ := os.Stat(path) // nil if there is no file yet
+		if before == nil {
+			// SQLite says only "unable to open database file".
+			if _, err := os.Stat(filepath.Dir(path)); err != nil {
+				return nil, fmt.Errorf("sqlite: open %s: its directory: %w", path, err)
+			}
+		}
 		if before != nil {
 			// Before anything is written through a name of several.
 			if err := oneName(path, before); err != nil {
