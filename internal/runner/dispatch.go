@@ -49,6 +49,10 @@ type dispatcher struct {
 	// the standby group (see goStandby).
 	standbyMu     sync.Mutex
 	standbyClosed bool
+	// unconfirmed counts the releases given up at a shutdown, the
+	// backend silent for a lease: Run then says so, for its process to
+	// exit 1.
+	unconfirmed atomic.Int64
 }
 
 // goStandby runs f on the standby group. Executions call it too (an

@@ -2,10 +2,13 @@ package runner_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -84,6 +87,70 @@ func TestARunMissedWhileTheBackendWasDownSaysSo(t *testing.T) {
 				<-done
 				if causes[runner.MissedUnavailable] < 3 || len(causes) != 1 {
 					t.Errorf("missed runs by cause: %v, want backend_unavailable only, for the outage's instants", causes)
+				}
+			})
+		})
+	}
+}
+
+// silentReleases fails every release with ErrUnavailable once down is set:
+// a backend that went away under a shutting-down replica.
+type silentReleases struct {
+	claim.Claimer
+	down *atomic.Bool
+}
+
+func (s *silentReleases) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	if !s.down.Load() {
+		return s.Claimer.Release(ctx, cls, outs)
+	}
+	errs := make([]error, len(cls))
+	for i := range errs {
+		errs[i] = fmt.Errorf("silent: %w", claim.ErrUnavailable)
+	}
+	return errs
+}
+
+// A shutdown whose hand-back the backend never confirmed is not a clean
+// one: Run says so (the process exits 1), after trying for a lease. One
+// whose backend answered returns nil. (Two outside reviews expected the
+// exit code to tell them apart.)
+func TestAShutdownWhoseHandBackWasNotConfirmedSaysSo(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		t.Run(fmt.Sprintf("backend down %v", down), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var silent atomic.Bool
+				started := make(chan struct{}, 1)
+				r, err := runner.New(runner.Options{
+					Claimer: &silentReleases{memory.New(memory.NewStore(nil), "a"), &silent}, ClaimerName: "memory", Instance: "a",
+					Lease: 3 * time.Second, MaxClockSkew: time.Second, ShutdownGrace: time.Second,
+					Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				}, []runner.Job{{Name: "long", Schedule: mustSchedule(t, "@every 10s"), Handler: func(ctx context.Context, run job.Run) error {
+					select {
+					case started <- struct{}{}:
+					default:
+					}
+					<-ctx.Done()
+					return ctx.Err()
+				}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				go func() { done <- r.Run(ctx) }()
+				<-started
+				silent.Store(down)
+				stopped := time.Now()
+				cancel()
+				err = <-done
+				switch {
+				case !down && err != nil:
+					t.Errorf("Run: %v, want nil: the hand-back was confirmed", err)
+				case down && (!errors.Is(err, claim.ErrUnavailable) || !strings.Contains(err.Error(), "1 releases were not confirmed")):
+					t.Errorf("Run: %v, want ErrUnavailable saying one release was not confirmed", err)
+				case down && time.Since(stopped) < 3*time.Second:
+					t.Errorf("Run returned %v after the shutdown began: it gave the release less than a lease", time.Since(stopped))
 				}
 			})
 		})

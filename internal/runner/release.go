@@ -48,6 +48,7 @@ func (d *dispatcher) release(ctx context.Context, cl *claim.Claim, o claim.Statu
 		case <-giveUp:
 			t.Stop()
 			r.log.ErrorContext(ctx, "release failed", append(runAttrs(r, cl.Run, cl), "outcome", string(o), "error", err.Error())...)
+			d.unconfirmed.Add(1)
 			return err
 		case <-shutdown:
 			t.Stop()

@@ -389,7 +389,9 @@ func (h *dueHeap) Pop() any {
 // Run schedules until ctx is done, then shuts down gracefully: no new
 // claims, running handlers get ShutdownGrace, then are cancelled and
 // released as interrupted. It returns once every goroutine it started has
-// exited.
+// exited: nil, or an error wrapping claim.ErrUnavailable if some release
+// was given up at the shutdown (the backend silent for a lease), whose
+// runs other replicas take over as their leases lapse.
 func (r *Runner) Run(ctx context.Context) error {
 	// Executions outlive ctx by up to ShutdownGrace, so they hang off a
 	// context of their own that only the shutdown path cancels.
@@ -501,6 +503,13 @@ loop:
 		r.log.WarnContext(ctx, "shutdown grace passed; interrupting running handlers", "shutdown_grace", r.opts.ShutdownGrace.String())
 		cancelExec(job.ErrShutdown)
 		r.awaitHandlers(ctx, done)
+	}
+	if n := d.unconfirmed.Load(); n > 0 {
+		// Nothing is lost: each such run is taken over once its lease
+		// lapses. But the shutdown was not clean, and a supervisor or an
+		// operator watching exit codes should hear it.
+		return fmt.Errorf("%w: %d releases were not confirmed at shutdown (logged as release failed);"+
+			" other replicas take their runs over as their leases lapse", claim.ErrUnavailable, n)
 	}
 	return nil
 }
