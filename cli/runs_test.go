@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -208,5 +209,32 @@ func TestRunsTellsAManualRunFromTheScheduledRunOfItsSecond(t *testing.T) {
 	second := day.Format("2006-01-02T15:04:05")
 	if !strings.Contains(out, second+"Z ") || !strings.Contains(out, second+".592Z ") {
 		t.Fatalf("runs does not tell the two runs of %s apart:\n%s", second, out)
+	}
+}
+
+// The commands that read or write the fleet's state, against a
+// PostgreSQL server that does not answer, say so first and exit 1: they
+// said "migration status" first, which sent an operator to the schema
+// (found by an outside review). The password stays out.
+func TestCommandsOnADatabaseThatDoesNotAnswerSaySo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("claimer:\n  kind: postgres\n  postgres:\n    dsn: postgres://app:s3cr3t-pw@"+addr+"/db?connect_timeout=5\n"+
+		"http:\n  addr: \"\"\njobs:\n  example.sleep:\n    schedule: \"@daily\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"runs"}, {"pause", "example.sleep"}, {"prune", "--older-than", "720h"}} {
+		code, _, errOut := mainIn(t, dir, append(args, "--config", cfg)...)
+		if code != cli.ExitRuntime || !strings.Contains(errOut, "the database does not answer") || !strings.Contains(errOut, addr) ||
+			strings.Contains(errOut, "migration status") || strings.Contains(errOut, "s3cr3t-pw") {
+			t.Errorf("%s on a server that does not answer: exit %d, stderr %q; want 1, saying the database does not answer at %s",
+				args[0], code, errOut, addr)
+		}
 	}
 }

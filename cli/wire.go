@@ -79,7 +79,15 @@ func openForCommand(ctx context.Context, cfg *config.Config) (*claimers.Backend,
 		return b, err
 	}
 	current, err := migrations.Current(ctx, b.DB, b.Dialect)
+	var down error
+	if err != nil {
+		down = b.Ping(ctx)
+	}
 	switch {
+	case down != nil:
+		// Said first, where "migration status" led an operator to the
+		// schema when the server was down (found by an outside review).
+		err = fmt.Errorf("the database does not answer: %w", down)
 	case err != nil:
 		err = fmt.Errorf("migration status: %w", err)
 	case !current:
