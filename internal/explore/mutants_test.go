@@ -25,15 +25,15 @@ import (
 // seeds CI sweeps.
 //
 // Two more were tried and are not caught, in 200 seeds each, and are
-// left out (docs/explore.md, "what the sweep does not catch"):
+// left out (docs/explore.md, "What the sweep catches"):
 //   - a renewal that reports success when the backend refused it (a
 //     takeover): harmless under the runner's trust window, since the
 //     backend grants a takeover only after the holder stopped trusting
 //     its lease, and a renewal's reply after that is not heeded;
 //   - a lease whose trust is measured from the reply, not the request:
-//     it bites only when a delayed reply is the holder's last before it
-//     is cut off, and another replica claims within the overshoot. The
-//     conformance suite checks every claimer's Requested instead.
+//     out of reach by construction, since the harness's faulty link
+//     dates grants and renewals from the request over what the claimer
+//     says. The conformance suite checks every claimer's Requested.
 type mutant struct {
 	name string
 	// finds are the violations that name the bug: any one of them found
