@@ -19,8 +19,9 @@ import (
 // A sweep that finds nothing proves little unless it would have found
 // something. Each mutant below is the memory claimer with one bug of the
 // kind that has run cron jobs twice in the field, planted where only
-// faults or races expose it: a release that does not notice a takeover,
-// a takeover that keeps its fence, a done marker forgotten. The sweep
+// faults or races expose it: a lease overstated, a release that does not
+// notice a takeover, a takeover that keeps its fence, a done marker
+// forgotten. The sweep
 // must report each, as the violation that names it, within a few of the
 // seeds CI sweeps.
 //
@@ -54,6 +55,9 @@ type mutantState struct {
 }
 
 var mutants = []mutant{
+	{"lease-overstated", []string{history.GrantOverlap, history.RunOverlap}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
+		return &overstates{Claimer: c}
+	}},
 	{"release-ignores-takeover", []string{history.ReleasedTwice, history.SucceededTwice}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
 		return &releasesAnyway{Claimer: c}
 	}},
@@ -63,6 +67,29 @@ var mutants = []mutant{
 	{"forgets-done", []string{history.SucceededTwice, history.RunOverlap}, func(c claim.Claimer, m *mutantState) claim.Claimer {
 		return &forgetsDone{Claimer: c, m: m}
 	}},
+}
+
+// overstates reports a lease twice as long as the one the backend
+// granted, as a claimer that mixed up its units: its holders trust their
+// leases past the backend's.
+type overstates struct{ claim.Claimer }
+
+func (o *overstates) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	cls, errs := o.Claimer.Claim(ctx, runs, lease)
+	for _, cl := range cls {
+		if cl != nil {
+			cl.Lease = 2 * lease
+		}
+	}
+	return cls, errs
+}
+
+func (o *overstates) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	err := o.Claimer.Renew(ctx, cl, lease)
+	if err == nil {
+		cl.Lease = 2 * lease
+	}
+	return err
 }
 
 // releasesAnyway accepts a release the backend refused because the run
