@@ -488,11 +488,8 @@ func checkOverlapSkip(t *testing.T, led *ledger, run, prev claim.Run) {
 	skips := led.skipped()[run.ID()]
 	if !slices.Contains(skips, runner.ReasonOverlap) {
 		t.Errorf("%s: never started, and not skipped for overlap (skips: %v)", run.ID(), skips)
-		for _, e := range led.log.Events() { // what the replicas did about it, and the run before
-			if id := e.Run.ID(); id == run.ID() || id == prev.ID() {
-				t.Logf("  %s %v", e.At.Format("15:04:05.000"), e)
-			}
-		}
+		led.explain(t, run.ID()) // what the replicas did about it, and the run before
+		led.explain(t, prev.ID())
 		return
 	}
 	var ended time.Time

@@ -164,6 +164,32 @@ func (l *ledger) ended(id string) bool {
 	return false
 }
 
+// missedLate reports whether run id was recorded missed, and only
+// granted (to anyone) after deadline.
+func (l *ledger) missedLate(id string, deadline time.Time) bool {
+	missed := false
+	for _, e := range l.log.Events() {
+		switch {
+		case e.Run.ID() != id:
+		case e.Kind == history.Skip && e.Reason == runner.ReasonMissed:
+			missed = true
+		case e.Kind == history.Grant && !e.At.After(deadline):
+			return false
+		}
+	}
+	return missed
+}
+
+// explain logs every event of run id, for a failure's message.
+func (l *ledger) explain(t *testing.T, id string) {
+	t.Helper()
+	for _, e := range l.log.Events() {
+		if e.Run.ID() == id {
+			t.Logf("  %s %v", e.At.Format("15:04:05.000"), e)
+		}
+	}
+}
+
 // skipped returns the reasons runs were skipped for, by run id.
 func (l *ledger) skipped() map[string][]string {
 	by := map[string][]string{}
