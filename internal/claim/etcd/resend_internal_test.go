@@ -8,6 +8,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -206,6 +207,74 @@ func TestARenewalAppliedLateCannotShortenTheLease(t *testing.T) {
 	// And the claim goes on as before: renewed, and released.
 	if err := c.Renew(ctx, cl, lease); err != nil {
 		t.Fatalf("renewal after the late try: %v", err)
+	}
+	if err := claim.ReleaseOne(ctx, c, cl, claim.Succeeded); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
+
+// A renewal that gave up (its caller's time ran out) while its one try
+// was held in a stalled member may still be applied afterwards: the live
+// key moves onto that renewal's lease, at a revision its holder never
+// saw. The holder's next renewal finds its token there on a lease not its
+// own, and renews over it rather than report the lease lost: the key is
+// still its own, and a holder cancelled for it would hand a live run to a
+// takeover for nothing.
+func TestARenewalThatGaveUpButLandedLaterIsRenewedOver(t *testing.T) {
+	cluster := testenv.StartEtcd(t, 1)
+	loser := &replyLoser{}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
+		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(loser.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(cli, Options{Instance: "holder", Prefix: "over/"})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	const lease = 6 * time.Second
+	run := claim.Run{Job: "job.over", At: time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)}
+	cl, err := claim.ClaimOne(ctx, c, run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := func() *mvccpb.KeyValue {
+		t.Helper()
+		got, err := cli.Get(ctx, c.keys.live(run))
+		if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != cl.Token {
+			t.Fatalf("live key: %+v, %v", got, err)
+		}
+		return got.Kvs[0]
+	}
+	before := live()
+
+	// The renewal's only try is held, and its caller gives up first.
+	loser.hold.Store(true)
+	short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = c.Renew(short, cl, lease)
+	stop()
+	if err == nil || loser.late == nil {
+		t.Fatalf("renewal whose try was held: %v (held: %v), want an error", err, loser.late != nil)
+	}
+	// The held try lands now: the key moves onto its lease.
+	if err := loser.late(ctx); err != nil {
+		t.Fatal(err)
+	}
+	landed := live()
+	if landed.ModRevision == before.ModRevision || landed.Lease == before.Lease {
+		t.Fatalf("the held try did not land: the key is at revision %d on lease %x, as before", landed.ModRevision, landed.Lease)
+	}
+
+	// The next renewal renews over it.
+	if err := c.Renew(ctx, cl, lease); err != nil {
+		t.Fatalf("renewal after a given-up renewal landed: %v, want it renewed over", err)
+	}
+	now := live()
+	if now.Lease == landed.Lease || now.ModRevision <= landed.ModRevision {
+		t.Fatalf("the key stayed on the landed try's lease %x (revision %d)", landed.Lease, landed.ModRevision)
+	}
+	if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(now.Lease)); err != nil || ttl.TTL < int64(lease/time.Second)-2 {
+		t.Fatalf("the renewed key's lease has %v left (%v), want about %v", ttl.TTL, err, lease)
 	}
 	if err := claim.ReleaseOne(ctx, c, cl, claim.Succeeded); err != nil {
 		t.Fatalf("release: %v", err)
