@@ -34,7 +34,8 @@ import (
 //   - a lease whose trust is measured from the reply, not the request:
 //     out of reach by construction, since the harness's faulty link
 //     dates grants and renewals from the request over what the claimer
-//     says. The conformance suite checks every claimer's Requested.
+//     says. TestEveryClaimerDatesItsLeasesFromTheRequest (runner) checks
+//     every networked claimer's Requested behind slowed links instead.
 type mutant struct {
 	name string
 	// finds are the violations that name the bug: any one of them found
