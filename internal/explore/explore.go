@@ -202,15 +202,18 @@ func (w *world) workload() []jobDef {
 
 // world is one exploration: the shared store, the replicas, the log.
 type world struct {
-	cfg    Config
-	plan   nemesis.Plan
-	rng    *rand.Rand
-	store  *memory.Store
-	log    *history.Log
-	t0     time.Time
-	jobs   []jobDef
-	scheds []*schedule.Schedule
-	reps   []*replica
+	cfg Config
+	// inProcess: every replica on the in-process memory store, in a
+	// synctest bubble (Config.Open was nil).
+	inProcess bool
+	plan      nemesis.Plan
+	rng       *rand.Rand
+	store     *memory.Store
+	log       *history.Log
+	t0        time.Time
+	jobs      []jobDef
+	scheds    []*schedule.Schedule
+	reps      []*replica
 	// recorded holds the failed attempts ("run id#attempt") whose retry
 	// time reached the register (noteRecorded).
 	recorded map[string]bool
@@ -279,6 +282,7 @@ func Run(cfg Config) (*Result, error) {
 		return rand.N(100 * time.Millisecond)
 	})
 	if cfg.Open == nil {
+		w.inProcess = true
 		cfg.Open = func(replica string) (claim.Claimer, error) { return memory.New(w.store, replica), nil }
 		if cfg.Controls == nil {
 			cfg.Controls = w.store.Controls()
@@ -373,6 +377,7 @@ func Run(cfg Config) (*Result, error) {
 	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled,
 		Backfills: w.backfillNames, Alongside: w.alongside,
 		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
+		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(),
 		Recorded: func(id string, n int) bool { return w.recorded[fmt.Sprintf("%s#%d", id, n)] }}
 	for _, j := range w.jobs {
 		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
@@ -620,6 +625,36 @@ func (w *world) clockOK(name string, from, to time.Time) bool {
 		}
 	}
 	return false
+}
+
+// mustStop reports whether job's handler on replica name had to stop by
+// from, its lease's end, given what happened until to: not a stubborn
+// handler (it ignores its cancellation), nor one whose replica was paused
+// from a lease before (the pause freezes a handler its runner already
+// cancelled). A process in a replica's pod or a backfill's is not judged.
+func (w *world) mustStop(name, job string, from, to time.Time) bool {
+	if slices.ContainsFunc(w.jobs, func(j jobDef) bool { return j.name == job && j.stubborn }) {
+		return false
+	}
+	for _, r := range w.reps {
+		if r.id == name {
+			return !slices.ContainsFunc(r.ops(nemesis.Pause), func(op nemesis.Op) bool { return overlaps(w.t0, op, from.Add(-w.cfg.Lease), to) })
+		}
+	}
+	return false
+}
+
+// overrunSlack is how far past its lease a handler may run before it
+// overran: none in a synctest bubble (the in-process memory store, where
+// a cancelled handler returns in the same instant; the runner cancels it
+// a tenth of a lease before the lease ends), half a lease on wall time
+// against a real backend, where a loaded machine delays the cancelling
+// goroutine.
+func (w *world) overrunSlack() time.Duration {
+	if w.inProcess {
+		return 0
+	}
+	return w.cfg.Lease / 2
 }
 
 // hash draws a stable number for a run: the same run works as long on

@@ -56,7 +56,7 @@ type mutantState struct {
 }
 
 var mutants = []mutant{
-	{"lease-overstated", []string{history.GrantOverlap, history.RunOverlap}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
+	{"lease-overstated", []string{history.GrantOverlap, history.RunOverlap, history.Overran}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
 		return &overstates{Claimer: c}
 	}},
 	{"release-ignores-takeover", []string{history.ReleasedTwice, history.SucceededTwice}, func(c claim.Claimer, _ *mutantState) claim.Claimer {

@@ -27,6 +27,7 @@ const (
 	RetryOverlap    = "retry-overlap"    // a retry of a run started before the attempt it retries had returned
 	RetryEarly      = "retry-early"      // a retry of a run started before its job's backoff had passed since the attempt it retries returned
 	AlongsideHeld   = "alongside-held"   // a run requested with overlap allow, or a backfill's, was skipped for overlap
+	Overran         = "overran"          // a handler ran on past its lease: its holder did not stop it when it stopped trusting the lease
 )
 
 // Spec is what a history is checked against.
@@ -76,6 +77,17 @@ type Spec struct {
 	Slack    time.Duration
 	ClockOK  func(replica string, from, to time.Time) bool
 	Recorded func(runID string, attempt int) bool
+	// MustStop, when set, judges that handlers stop within their leases:
+	// a holder stops trusting its lease before its last confirmed
+	// request + lease, and cancels the handler then, so one still running
+	// OverrunSlack past that overran. MustStop says whether job's handler
+	// on replica must have stopped by from, given what happened to it
+	// until to: not a handler that ignores its cancellation, nor one
+	// frozen with its replica meanwhile. Every execution is cut at its
+	// lease all the same for the overlap invariants: past it, only
+	// fencing protects storage.
+	MustStop     func(replica, job string, from, to time.Time) bool
+	OverrunSlack time.Duration
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -342,6 +354,10 @@ func (c *checker) executions(events []Event) {
 	}
 	for _, x := range done {
 		if h := c.holds[x.token]; h != nil && h.until.Before(x.stop) {
+			if over := x.stop.Sub(h.until); over > c.spec.OverrunSlack && c.spec.MustStop != nil && c.spec.MustStop(x.replica, x.run.Job, h.until, x.stop) {
+				c.add(Overran, x.run.ID(), fmt.Sprintf("the handler on %s (fence %d) ran %v past its lease, which ended at its last confirmed request + lease",
+					x.replica, h.grant.Fence, over.Round(time.Millisecond)))
+			}
 			x.stop = h.until
 		}
 	}

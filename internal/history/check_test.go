@@ -102,6 +102,32 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			b.at(1500*time.Millisecond).grant("r2", "b", runA, 2, 2).finish("r2", "b", runA, claim.Succeeded)
 		},
 	}, {
+		// The handler ran on 300ms past its lease (granted at 0, a 1s
+		// lease, never renewed): judged where MustStop says it had to
+		// stop, and not where it says the handler may run on (one that
+		// ignores its cancellation, a replica frozen meanwhile).
+		name: "HandlerRanPastItsLease",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.at(1300*time.Millisecond).event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+		},
+		spec: Spec{MustStop: func(string, string, time.Time, time.Time) bool { return true }},
+		want: []string{Overran},
+	}, {
+		name: "HandlerMayRunPastItsLease",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.at(1300*time.Millisecond).event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+		},
+		spec: Spec{MustStop: func(string, string, time.Time, time.Time) bool { return false }},
+	}, {
+		name: "HandlerRanPastItsLeaseWithinTheSlack",
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.at(1300*time.Millisecond).event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+		},
+		spec: Spec{MustStop: func(string, string, time.Time, time.Time) bool { return true }, OverrunSlack: 500 * time.Millisecond},
+	}, {
 		name: "TwoSuccesses",
 		build: func(b *builder) {
 			b.grant("r1", "a", runA, 1, 1).finish("r1", "a", runA, claim.Succeeded)

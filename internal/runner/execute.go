@@ -201,6 +201,14 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		return skip(ReasonReplaced)
 	}
 
+	if ectx.Err() != nil {
+		// The lease was lost while the run waited its turn or its owners'
+		// answer (renewals that could not land: a stalled backend): a
+		// handler started now would run on a lease nobody trusts, beside
+		// a takeover, until it noticed its context (the explorer's overran
+		// invariant found such starts, cancelled at once).
+		return settle(claim.LeaseLost, claim.Interrupted, 0, context.Cause(ectx))
+	}
 	logger := r.opts.Logger.With(runAttrs(r, cl.Run, cl)...)
 	start := time.Now()
 	r.opts.Metrics.started(cl.Run.Job, r.opts.Now().Sub(j.fire(cl.Run.At)))
