@@ -221,10 +221,8 @@ func (c *Claimer) Close() error {
 // Otherwise the most advanced record of any node stands (highest attempt,
 // then a terminal one, then the latest lease).
 func (c *Claimer) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
-	lists := make([][]claim.Record, len(c.nodes))
-	errs := make([]error, len(c.nodes))
-	c.each(ctx, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redisnode.Node) {
-		lists[i], errs[i] = n.History(ctx, job, limit)
+	lists, errs := readNodes(ctx, c, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, n *redisnode.Node) ([]claim.Record, error) {
+		return n.History(ctx, job, limit)
 	})
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -241,10 +239,8 @@ var _ claim.Historian = (*Claimer)(nil)
 // in its two pipelines (redisnode.Node.Histories), and each query's
 // answers are merged as History merges them.
 func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
-	answers := make([][][]claim.Record, len(c.nodes))
-	errs := make([]error, len(c.nodes))
-	c.each(ctx, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, i int, n *redisnode.Node) {
-		answers[i], errs[i] = n.Histories(ctx, qs)
+	answers, errs := readNodes(ctx, c, max(10*c.nodeTimeout, time.Second), func(ctx context.Context, n *redisnode.Node) ([][]claim.Record, error) {
+		return n.Histories(ctx, qs)
 	})
 	if err := ctx.Err(); err != nil {
 		return nil, err
