@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -238,11 +239,25 @@ func TestTwoProcessesUnderOneInstanceIDAreWarnedOf(t *testing.T) {
 // checks that Run returned no error.
 func running(t *testing.T, ctx context.Context, cancel context.CancelFunc, r *runner.Runner) (stop func()) {
 	t.Helper()
+	return runningCut(t, ctx, cancel, r, nil)
+}
+
+// runningCut is running for a replica that may be cut off from its
+// backend when it stops (cut reports it): then Run must say that its
+// releases were not confirmed (ErrUnavailable).
+func runningCut(t *testing.T, ctx context.Context, cancel context.CancelFunc, r *runner.Runner, cut func() bool) (stop func()) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	return func() {
 		cancel()
-		if err := <-done; err != nil {
+		err := <-done
+		switch {
+		case cut != nil && cut():
+			if !errors.Is(err, claim.ErrUnavailable) {
+				t.Errorf("Run of a replica cut off from its backend: %v, want its releases unconfirmed (ErrUnavailable)", err)
+			}
+		case err != nil:
 			t.Error(err)
 		}
 	}

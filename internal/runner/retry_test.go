@@ -210,7 +210,7 @@ func TestAttemptsHandedBackAtAShutdownDoNotCountAgainstMaxAttempts(t *testing.T)
 					if err != nil {
 						t.Fatal(err)
 					}
-					return running(t, ctx, cancel, r)
+					return runningCut(t, ctx, cancel, r, c.off.Load)
 				}
 				time.Sleep(time.Until(at.Add(-30 * time.Minute)))
 				for i, crashes := range tc.crashes {
