@@ -450,6 +450,10 @@ func (n *Node) ReleaseBatch(ctx context.Context, runIDs, tokens []string, outcom
 // while it ran. See RecordGone.
 var ErrGone = errors.New("no record of the run (the server lost it)")
 
+// ErrMayEvict is Check's refusal of a server whose maxmemory-policy may
+// evict keys, a claim among them.
+var ErrMayEvict = errors.New("the server may evict a claim")
+
 func releaseReply(v any) error {
 	vals, _ := v.([]any)
 	r := reply(vals)

@@ -132,9 +132,9 @@ func (n *Node) checkServer(ctx context.Context, c goredis.UniversalClient, addr 
 			"cluster client instead (claimer.redis.cluster: true); Redlock nodes must be independent servers", at)
 	}
 	if maxmemory > 0 && policy != "noeviction" && !n.allowEviction {
-		return "", fmt.Errorf("redis: maxmemory%s is %d bytes with maxmemory-policy %q: the server may evict a claim "+
+		return "", fmt.Errorf("redis: maxmemory%s is %d bytes with maxmemory-policy %q: %w "+
 			"and let a run execute twice; set maxmemory-policy noeviction (or maxmemory 0), or allow eviction "+
-			"explicitly to accept that risk", at, maxmemory, policy)
+			"explicitly to accept that risk", at, maxmemory, policy, ErrMayEvict)
 	}
 	return id, nil
 }

@@ -145,7 +145,20 @@ func (c *Claimer) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return c.verdict("ping", errs)
+	if err := c.verdict("ping", errs); err != nil {
+		return err
+	}
+	// A node set to evict since Open checked it (CONFIG SET, a restart
+	// with another config) is refused as Check refuses it, even alone: a
+	// majority cannot grant a run by itself, but one more node lost or
+	// evicting could (an outside review found it unreported).
+	var evicting []error
+	for i, err := range errs {
+		if errors.Is(err, redisnode.ErrMayEvict) {
+			evicting = append(evicting, fmt.Errorf("node %d: %w", i, err))
+		}
+	}
+	return errors.Join(evicting...)
 }
 
 // Check runs redisnode.Node.Check on every node: a node that may evict keys is
