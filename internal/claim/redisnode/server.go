@@ -54,8 +54,9 @@ func (n *Node) Ping(ctx context.Context) error {
 //   - on a cluster, a prefix holding a brace, which would move the hash
 //     tag of every key off its bucket.
 //
-// On a cluster it checks every master. It reads INFO, which managed
-// services that disable CONFIG still serve.
+// On a cluster it checks every master holding one of the namespace's
+// buckets. It reads INFO, which managed services that disable CONFIG
+// still serve.
 func (n *Node) Check(ctx context.Context) error {
 	if n.keys.tagged && strings.ContainsAny(n.keys.prefix, "{}") {
 		return fmt.Errorf("redis: key prefix %q holds a brace: on a Redis Cluster the claimer tags every key "+
@@ -65,28 +66,38 @@ func (n *Node) Check(ctx context.Context) error {
 		_, err := n.checkServer(ctx, n.client, n.addr)
 		return err
 	}
+	// The masters that hold the namespace's buckets, from the client's
+	// slot map as it stands (reloaded in the background, and at once on
+	// a redirection). go-redis's ForEachMaster reloads the map first from
+	// a random node, and one that was paused (a replica with no slots,
+	// even) held the whole check: readiness read 503 on some probes
+	// while claims ran on time (an outside review).
+	masters := map[string]*goredis.Client{}
+	for b := range n.keys.count() {
+		c, err := n.cluster.MasterForKey(ctx, n.keys.ready(b))
+		if err != nil {
+			// The slot map could not be read: no seed answers, or a seed
+			// is a server with cluster support disabled.
+			return fmt.Errorf("redis cluster at %s: %w", n.addr, n.translate(ctx, err))
+		}
+		masters[c.Options().Addr] = c
+	}
 	var (
+		wg    sync.WaitGroup
 		mu    sync.Mutex
 		found []error
 	)
-	err := n.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-		_, err := n.checkServer(ctx, c, c.Options().Addr)
-		if err != nil {
-			mu.Lock()
-			found = append(found, err)
-			mu.Unlock()
-		}
-		return err
-	})
-	if len(found) > 0 {
-		return errors.Join(found...)
+	for addr, c := range masters {
+		wg.Go(func() {
+			if _, err := n.checkServer(ctx, c, addr); err != nil {
+				mu.Lock()
+				found = append(found, err)
+				mu.Unlock()
+			}
+		})
 	}
-	if err != nil {
-		// The slot map could not be read: no seed answers, or a seed is
-		// a server with cluster support disabled.
-		return fmt.Errorf("redis cluster at %s: %w", n.addr, n.translate(ctx, err))
-	}
-	return nil
+	wg.Wait()
+	return errors.Join(found...)
 }
 
 // CheckID is Check on a single server (a Redlock node), which also
