@@ -145,13 +145,10 @@ func TestAWriteWhoseReplyWasLostIsRecognisedWhenSentAgain(t *testing.T) {
 	}
 }
 
-// TestARenewalAppliedLateCannotShortenTheLease: a renewal grants a new
-// etcd lease and moves the live key onto it. A try of one renewal that a
-// stalled member applies after a later renewal has landed must not move
-// the key back onto the earlier renewal's lease, which expires first:
-// etcd would delete the key, and grant the run to another replica, while
-// its holder still trusted the later renewal.
-func TestARenewalAppliedLateCannotShortenTheLease(t *testing.T) {
+// heldBehindALoser claims a run through a claimer whose transactions go
+// through a replyLoser, on a one-member cluster of its own, under lease.
+func heldBehindALoser(t *testing.T, ctx context.Context, name string, lease time.Duration) (*replyLoser, *clientv3.Client, *Claimer, claim.Run, *claim.Claim) {
+	t.Helper()
 	cluster := testenv.StartEtcd(t, 1)
 	loser := &replyLoser{}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
@@ -159,16 +156,27 @@ func TestARenewalAppliedLateCannotShortenTheLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := New(cli, Options{Instance: "holder", Prefix: "late/"})
+	c := New(cli, Options{Instance: "holder", Prefix: name + "/"})
 	t.Cleanup(func() { _ = c.Close() })
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	const lease = 6 * time.Second
-	run := claim.Run{Job: "job.late", At: time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)}
+	run := claim.Run{Job: "job." + name, At: time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)}
 	cl, err := claim.ClaimOne(ctx, c, run, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return loser, cli, c, run, cl
+}
+
+// TestARenewalAppliedLateCannotShortenTheLease: a renewal grants a new
+// etcd lease and moves the live key onto it. A try of one renewal that a
+// stalled member applies after a later renewal has landed must not move
+// the key back onto the earlier renewal's lease, which expires first:
+// etcd would delete the key, and grant the run to another replica, while
+// its holder still trusted the later renewal.
+func TestARenewalAppliedLateCannotShortenTheLease(t *testing.T) {
+	const lease = 6 * time.Second
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	loser, cli, c, run, cl := heldBehindALoser(t, ctx, "late", lease)
 	leaseOf := func() clientv3.LeaseID {
 		t.Helper()
 		got, err := cli.Get(ctx, c.keys.live(run))
@@ -221,23 +229,10 @@ func TestARenewalAppliedLateCannotShortenTheLease(t *testing.T) {
 // still its own, and a holder cancelled for it would hand a live run to a
 // takeover for nothing.
 func TestARenewalThatGaveUpButLandedLaterIsRenewedOver(t *testing.T) {
-	cluster := testenv.StartEtcd(t, 1)
-	loser := &replyLoser{}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
-		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(loser.intercept)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := New(cli, Options{Instance: "holder", Prefix: "over/"})
-	t.Cleanup(func() { _ = c.Close() })
+	const lease = 6 * time.Second
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	const lease = 6 * time.Second
-	run := claim.Run{Job: "job.over", At: time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)}
-	cl, err := claim.ClaimOne(ctx, c, run, lease)
-	if err != nil {
-		t.Fatal(err)
-	}
+	loser, cli, c, run, cl := heldBehindALoser(t, ctx, "over", lease)
 	live := func() *mvccpb.KeyValue {
 		t.Helper()
 		got, err := cli.Get(ctx, c.keys.live(run))
@@ -251,7 +246,7 @@ func TestARenewalThatGaveUpButLandedLaterIsRenewedOver(t *testing.T) {
 	// The renewal's only try is held, and its caller gives up first.
 	loser.hold.Store(true)
 	short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
-	err = c.Renew(short, cl, lease)
+	err := c.Renew(short, cl, lease)
 	stop()
 	if err == nil || loser.late == nil {
 		t.Fatalf("renewal whose try was held: %v (held: %v), want an error", err, loser.late != nil)
