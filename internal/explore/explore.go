@@ -647,14 +647,14 @@ func (w *world) mustStop(name, job string, from, to time.Time) bool {
 // overrunSlack is how far past its lease a handler may run before it
 // overran: none in a synctest bubble (the in-process memory store, where
 // a cancelled handler returns in the same instant; the runner cancels it
-// a tenth of a lease before the lease ends), half a lease on wall time
-// against a real backend, where a loaded machine delays the cancelling
-// goroutine.
+// a tenth of a lease before the lease ends), two leases on wall time
+// against a real backend, where a loaded machine stalls a process (1.7s
+// once in CI, at a 1s lease) between the cancel and the return.
 func (w *world) overrunSlack() time.Duration {
 	if w.inProcess {
 		return 0
 	}
-	return w.cfg.Lease / 2
+	return 2 * w.cfg.Lease
 }
 
 // hash draws a stable number for a run: the same run works as long on
