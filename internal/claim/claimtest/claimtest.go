@@ -289,6 +289,35 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		}
 	})
 
+	// A lease counts from when the backend ran the request, which is after
+	// it was sent: the deadline the backend sets is never before the
+	// request's time + the lease. A backend whose clock has coarser steps
+	// than the lease's precision must round the deadline up, not down:
+	// the Redis script and SQLite's statement dated it from the start of
+	// the millisecond they ran in, up to a millisecond early, and the
+	// explorer saw a takeover come that much before the holder's request
+	// + lease. (The backends here share this machine's clock.)
+	t.Run("ALeaseEndsNoEarlierThanItsRequestPlusItsLease", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a := open("replica-a")
+		early := func(what string, cl *claim.Claim) {
+			t.Helper()
+			if want := cl.Requested.Round(0).Add(cl.Lease); cl.Deadline.Before(want) {
+				t.Errorf("%s %s: the backend's deadline %s is %v before its request + lease",
+					what, cl.ID(), cl.Deadline.UTC().Format(time.RFC3339Nano), want.Sub(cl.Deadline))
+			}
+		}
+		for i := range 40 {
+			cl := mustClaim(t, a, runAt("job.deadline", i), longLease)
+			early("grant of", cl)
+			if err := a.Renew(ctxT(t), cl, longLease); err != nil {
+				t.Fatalf("renew: %v", err)
+			}
+			early("renewal of", cl)
+		}
+	})
+
 	t.Run("ExpiredLeaseIsTakenOverWithHigherFenceAndAttempt", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)

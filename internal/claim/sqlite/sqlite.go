@@ -25,6 +25,15 @@ import (
 // use reads the same instant.
 const nowMS = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 
+// leaseFrom is where a lease's end counts from (the lease in ms is added
+// to it): the millisecond after nowMS. SQLite's clock has whole
+// milliseconds, so the statement runs somewhere within the one nowMS
+// names; dated from its start, the lease could end up to a millisecond
+// before the holder's request time + lease, and a takeover come that
+// much early (the explorer found the same on Redis, whose script
+// truncated likewise).
+const leaseFrom = nowMS + ` + 1`
+
 const (
 	// claimRun grants a fresh run, or takes over an interrupted or expired
 	// one, in one statement; it returns no row when the run is held or done.
@@ -36,7 +45,7 @@ const (
 INSERT INTO scheduler_runs
        (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
 VALUES (?1, ?2, ?3, 'running', ?4, ?5, (SELECT value + 1 FROM scheduler_fence WHERE id = 1), 1,
-        ` + nowMS + `, ` + nowMS + ` + ?6)
+        ` + nowMS + `, ` + leaseFrom + ` + ?6)
 ON CONFLICT (run_id) DO UPDATE
    SET status = 'running', token = excluded.token, holder = excluded.holder,
        fence = excluded.fence, attempt = scheduler_runs.attempt + 1,
@@ -55,7 +64,7 @@ SELECT f.value, r.status, r.lease_until > ` + nowMS + `
 
 	renewRun = `
 UPDATE scheduler_runs
-   SET lease_until = ` + nowMS + ` + ?3
+   SET lease_until = ` + leaseFrom + ` + ?3
  WHERE run_id = ?1 AND token = ?2 AND status = 'running' AND lease_until > ` + nowMS + `
 RETURNING lease_until`
 
