@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
@@ -118,13 +119,26 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			return status
 		}
 	}
-	skip := func(reason string) claim.Status {
-		d.skip(ctx, cl.Run, cl, reason, slog.LevelInfo)
+	// end records the run, never started, as status once the keep-alive
+	// has stopped.
+	end := func(status claim.Status) claim.Status {
 		stopKeep()
 		<-keepDone
-		d.release(ctx, cl, claim.Skipped)
-		endRun(span, claim.Skipped, nil)
-		return claim.Skipped
+		d.release(ctx, cl, status)
+		endRun(span, status, nil)
+		return status
+	}
+	skip := func(reason string) claim.Status {
+		d.skip(ctx, cl.Run, cl, reason, slog.LevelInfo)
+		return end(claim.Skipped)
+	}
+	// missed records a run its owners could not be read for before its
+	// deadline (errMissedWaiting) missed, as a claim that came that late
+	// would have been.
+	missed := func() claim.Status {
+		span.SetAttributes(attrReason.String(MissedUnavailable))
+		d.missed(ctx, cl.Run, cl, MissedUnavailable)
+		return end(claim.Missed)
 	}
 	// overlapped settles a run an earlier live run keeps out: skipped
 	// (for good), unless it is the takeover of a run a backfill executed
@@ -177,6 +191,8 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			}
 		case errors.Is(err, errStopped):
 			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
+		case errors.Is(err, errMissedWaiting):
+			return missed()
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
@@ -186,6 +202,8 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 		switch {
 		case errors.Is(err, errStopped):
 			return settle(claim.Interrupted, claim.Interrupted, 0, job.ErrShutdown)
+		case errors.Is(err, errMissedWaiting):
+			return missed()
 		case err != nil:
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
@@ -378,10 +396,21 @@ const (
 // live run that comes after cl but was granted before it (a lower
 // fence) is returned as ahead: cl cannot know whether that run saw cl,
 // and never starts beside it (see probe).
+//
+// A read that fails is asked again until it answers, the lease is lost,
+// or cl, a scheduled run that never started, passes the deadline its
+// misfire policy gives it (errMissedWaiting, wrapping the read's error):
+// held here, unstarted, it would keep the job's later instants out and
+// start long past its instant when the reads came back (a history that
+// cannot be read: a schema rolled back under a live fleet, a revoked
+// grant). A failure that lasts is logged once.
 func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (probe, error) {
+	r := d.r
 	backoff := 50 * time.Millisecond
+	var failing time.Time // since when the reads fail
+	warned := false
 	for limit := ownerProbe; ; {
-		pctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
+		pctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
 		recs, err := d.reads.history(pctx, j.Name, limit)
 		cancel()
 		if err == nil {
@@ -425,6 +454,18 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 			})
 			return p, nil
 		}
+		switch {
+		case failing.IsZero():
+			failing = time.Now()
+		case !warned && time.Since(failing) >= r.opts.RenewEvery:
+			warned = true
+			r.opts.Logger.WarnContext(ctx, "cannot read the job's history; the run waits to start",
+				append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
+		}
+		now := r.opts.Now()
+		if cl.Attempt == 1 && !control.Manual(cl.Run) && now.Sub(j.fire(cl.Run.At)) > r.lateTolerance() && !j.runsLate(cl.Run.At, now) {
+			return probe{}, fmt.Errorf("%w: %w", errMissedWaiting, err)
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done(): // the lease could not be kept meanwhile
@@ -435,6 +476,11 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 		backoff = min(2*backoff, time.Second)
 	}
 }
+
+// errMissedWaiting ends the wait of a scheduled run whose owners could
+// not be read before its deadline: it is recorded missed, cause
+// backend_unavailable.
+var errMissedWaiting = errors.New("runner: the job's history could not be read before the run's deadline")
 
 // withHeldHere adds to recs, a page of j's newest runs, the runs of j
 // this replica executes (other than cl) that the page does not list. The

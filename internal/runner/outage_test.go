@@ -156,3 +156,93 @@ func TestAShutdownWhoseHandBackWasNotConfirmedSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// unreadable fails every history read while down is set: a schema rolled
+// back under a live fleet (an outside review ran `migrate down`, which
+// dropped the history function, beside three replicas), a revoked grant.
+// Claims, renewals and releases still work.
+type unreadable struct {
+	claim.Claimer
+	down *atomic.Bool
+}
+
+func (u *unreadable) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	if u.down.Load() {
+		return nil, errors.New("unreadable: function scheduler_history does not exist")
+	}
+	return u.Claimer.History(ctx, job, limit)
+}
+
+// A run granted while its job's history cannot be read does not wait to
+// start for as long as the reads fail: once past its deadline it is
+// recorded missed (backend_unavailable), as a claim that came that late
+// would be, and the replica says why in a warning. Held instead, it kept
+// the job's later instants out (skipped as overlap) and started a minute
+// late when the reads came back. Once they do, the job runs again.
+func TestARunWhoseOwnersCannotBeReadIsMissedNotHeld(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		var down atomic.Bool
+		var logs strings.Builder
+		var mu sync.Mutex
+		causes := map[string]int{}
+		other := map[string]int{}
+		var started []time.Time
+		r, err := runner.New(runner.Options{Claimer: &unreadable{memory.New(store, "a"), &down}, ClaimerName: "memory", Instance: "a",
+			Lease: 3 * time.Second, MaxClockSkew: time.Second,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil)), // the handler serialises its writes
+			Observe: func(e runner.Event) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case e.Kind == runner.EventStarted:
+					started = append(started, e.Run.At)
+				case e.Kind == runner.EventSkipped && e.Reason == runner.ReasonMissed:
+					causes[e.Cause]++
+				case e.Kind == runner.EventSkipped:
+					other[e.Reason]++
+				}
+			}}, []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/10 * * * * *"), Handler: func(ctx context.Context, run job.Run) error { return nil }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Until(time.Now().Truncate(time.Minute).Add(time.Minute + 5*time.Second)))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		time.Sleep(20 * time.Second) // :10 and :20 run
+		down.Store(true)
+		broke := time.Now()
+		time.Sleep(40 * time.Second) // :30 to :60 fall due unreadable
+		down.Store(false)
+		mended := time.Now()
+		time.Sleep(25 * time.Second) // the instants after it run
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, at := range started {
+			if at.After(broke) && at.Before(mended.Add(-8*time.Second)) {
+				t.Errorf("the instant %s started while the history could not be read", at.Format(time.TimeOnly))
+			}
+		}
+		after := 0
+		for _, at := range started {
+			if at.After(mended) {
+				after++
+			}
+		}
+		if causes[runner.MissedUnavailable] < 3 || len(causes) != 1 || len(other) != 0 || after < 2 {
+			t.Errorf("missed by cause %v, other skips %v, %d instants run after the reads came back: "+
+				"want the unreadable instants missed (backend_unavailable), none skipped, the later ones run", causes, other, after)
+		}
+		for at, st := range statuses(t, store, "tick") {
+			if at.After(broke) && at.Before(mended.Add(-8*time.Second)) && st != claim.Missed {
+				t.Errorf("%s recorded %s, want missed", at.Format(time.TimeOnly), st)
+			}
+		}
+		if !strings.Contains(logs.String(), "cannot read the job's history") {
+			t.Errorf("no warning that the history could not be read:\n%s", logs.String())
+		}
+	})
+}
