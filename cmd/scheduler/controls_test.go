@@ -267,10 +267,11 @@ claimer:
 			time.Sleep(2 * time.Second) // a second recording, if any, would land by now
 			logged := 0
 			for _, e := range readEvents(t, dir, back...) {
-				switch e.Msg {
-				case "run missed":
+				switch {
+				case e.Reason != runner.ReasonMisfire:
+				case e.Msg == "run skipped":
 					logged++
-				case "runs missed":
+				case e.Msg == "runs skipped":
 					logged += e.Count
 				}
 			}

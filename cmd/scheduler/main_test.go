@@ -341,6 +341,7 @@ type event struct {
 	Fence       int64     `json:"fence"`
 	Attempt     int       `json:"attempt"`
 	Reason      string    `json:"reason"`
+	Cause       string    `json:"cause"` // why a run skipped for misfire was missed
 	Job         string    `json:"job"`
 	Claimer     string    `json:"claimer"`
 	Duration    *int64    `json:"duration_ms"`
@@ -630,8 +631,18 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 	if r := run(t, dir, "trigger", "--here", "--config", pg, "example.sleep"); r.code != 0 {
 		t.Fatalf("trigger on postgres: %+v", r)
 	}
-	if r := run(t, dir, "migrate", "--config", pg, "down"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
-		t.Fatalf("migrate down: %+v", r)
+	// down names what it would drop and waits for --yes; then rolls back
+	// one migration a call, down to the billing tables, named first.
+	if r := run(t, dir, "migrate", "--config", pg, "down"); r.code != 2 || !strings.Contains(r.stderr, "function scheduler_histories") {
+		t.Fatalf("migrate down without --yes: %+v", r)
+	}
+	for _, name := range []string{"00005_", "00004_", "00003_"} {
+		if r := run(t, dir, "migrate", "--config", pg, "--yes", "down"); r.code != 0 || !strings.Contains(r.stdout, "rolled back "+name) {
+			t.Fatalf("migrate down --yes: %+v, want %s rolled back", r, name)
+		}
+	}
+	if r := run(t, dir, "migrate", "--config", pg, "down"); r.code != 2 || !strings.Contains(r.stderr, "table billing_invoices") {
+		t.Fatalf("migrate down of the billing tables without --yes: %+v", r)
 	}
 	// An operator's commands never change the schema, migrate: true or
 	// not (only run and migrate up do): each says what to do instead,
@@ -640,7 +651,7 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 	if r := run(t, dir, "migrate", "--config", pgAuto, "up"); r.code != 0 {
 		t.Fatalf("migrate up: %+v", r)
 	}
-	if r := run(t, dir, "migrate", "--config", pgAuto, "down"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
+	if r := run(t, dir, "migrate", "--config", pgAuto, "down", "--yes"); r.code != 0 || !strings.Contains(r.stdout, "pending") {
 		t.Fatalf("migrate down: %+v", r)
 	}
 	for _, args := range [][]string{{"runs"}, {"pause", "example.sleep"}, {"trigger", "--here", "example.sleep"}, {"prune", "--older-than", "720h"}} {

@@ -594,10 +594,10 @@ func checkCatchUp(t *testing.T, o outage) {
 	logged := 0
 	for _, e := range events {
 		switch {
-		case e.Reason != runner.MissedNoReplica:
-		case e.Msg == "runs missed":
+		case e.Reason != runner.ReasonMisfire || e.Cause != runner.MissedNoReplica:
+		case e.Msg == "runs skipped":
 			logged += e.Count
-		case e.Msg == "run missed":
+		case e.Msg == "run skipped":
 			logged++
 		}
 	}

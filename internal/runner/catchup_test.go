@@ -431,11 +431,7 @@ func fallBehind(t *testing.T, paused bool) {
 	for _, mf := range mfs {
 		if mf.GetName() == "scheduler_runs_missed_total" {
 			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "reason" {
-						counted[l.GetValue()] += m.GetCounter().GetValue()
-					}
-				}
+				counted[label(m, "reason")] += m.GetCounter().GetValue()
 			}
 		}
 	}

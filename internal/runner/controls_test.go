@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
@@ -199,22 +200,28 @@ func TestEveryInstantMissedDuringAnOutageIsRecordedOnce(t *testing.T) {
 		if missed != 40 || succeeded != 3 {
 			t.Fatalf("%d missed and %d succeeded, want 40 and 3", missed, succeeded)
 		}
-		var counted float64
+		// Counted once fleet-wide, by cause, and as DESIGN.md's skip
+		// reason misfire.
+		var counted, misfired float64
 		for _, reg := range regs {
 			mfs, err := reg.Gather()
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, mf := range mfs {
-				if mf.GetName() == "scheduler_runs_missed_total" {
-					for _, m := range mf.GetMetric() {
+				for _, m := range mf.GetMetric() {
+					switch {
+					case mf.GetName() == "scheduler_runs_missed_total" && label(m, "reason") == runner.MissedNoReplica:
 						counted += m.GetCounter().GetValue()
+					case mf.GetName() == "scheduler_runs_skipped_total" && label(m, "reason") == runner.ReasonMisfire:
+						misfired += m.GetCounter().GetValue()
 					}
 				}
 			}
 		}
-		if counted != 40 {
-			t.Fatalf("scheduler_runs_missed_total sums to %v across replicas, want 40", counted)
+		if counted != 40 || misfired != 40 {
+			t.Fatalf("scheduler_runs_missed_total{reason=no_replica} sums to %v across replicas, "+
+				"scheduler_runs_skipped_total{reason=misfire} to %v: want 40 each", counted, misfired)
 		}
 	})
 }
@@ -275,4 +282,14 @@ func testAPausedJobsOnTimeInstantsAreContendedForAtStartUp(t *testing.T, misfire
 		}
 		led.check(t, history.Spec{})
 	})
+}
+
+// label is m's value of the label name, or "".
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }

@@ -21,6 +21,11 @@ const (
 	// ReasonMissed is a run that passed its deadline before any replica
 	// could start it, recorded as claim.Missed; Event.Cause says why.
 	ReasonMissed = "missed"
+	// ReasonMisfire is how the `run skipped` log line and
+	// scheduler_runs_skipped_total name a missed run: DESIGN.md's word
+	// for an instant ended by its misfire policy. The line's `cause` and
+	// scheduler_runs_missed_total's reason say why it misfired.
+	ReasonMisfire = "misfire"
 )
 
 // Why a run was missed (Event.Cause, the reason label of
@@ -81,10 +86,11 @@ func (d *dispatcher) skip(ctx context.Context, run claim.Run, cl *claim.Claim, r
 
 // missed reports that run, won by cl, passed its deadline for cause and
 // is recorded missed: logged at warn once fleet-wide (only the winner of
-// the run reports it), counted, and emitted.
+// the run reports it) as DESIGN.md's `run skipped` with reason misfire,
+// counted, and emitted.
 func (d *dispatcher) missed(ctx context.Context, run claim.Run, cl *claim.Claim, cause string) {
 	r := d.r
-	r.opts.Logger.WarnContext(ctx, "run missed", append(runAttrs(r, run, cl), "reason", cause)...)
+	r.opts.Logger.WarnContext(ctx, "run skipped", append(runAttrs(r, run, cl), "reason", ReasonMisfire, "cause", cause)...)
 	r.opts.Metrics.missed(run.Job, cause, 1)
 	r.emit(Event{Kind: EventSkipped, Run: run, Claim: cl, Reason: ReasonMissed, Cause: cause})
 }

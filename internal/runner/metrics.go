@@ -173,9 +173,13 @@ func (m *Metrics) holding(job string) func() {
 	return g.Dec
 }
 
-func (m *Metrics) missed(job, reason string, n int) {
+// missed counts n runs of job recorded missed for cause, in
+// scheduler_runs_missed_total{reason=cause} and, as DESIGN.md names a
+// run its misfire policy ended, scheduler_runs_skipped_total{reason="misfire"}.
+func (m *Metrics) missed(job, cause string, n int) {
 	if m != nil {
-		m.missedRuns.WithLabelValues(job, reason).Add(float64(n))
+		m.missedRuns.WithLabelValues(job, cause).Add(float64(n))
+		m.skips.WithLabelValues(job, ReasonMisfire).Add(float64(n))
 	}
 }
 

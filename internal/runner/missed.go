@@ -118,12 +118,12 @@ func (d *dispatcher) recordMissedRuns(ctx, execCtx context.Context, j *jobState,
 		return
 	}
 	r.opts.Metrics.missed(j.Name, reason, recorded)
-	attrs := []any{"job", j.Name, "instance", r.opts.Instance, "claimer", r.opts.ClaimerName, "reason", reason,
-		"count", recorded, "since", last.UTC().Format(time.RFC3339Nano)}
+	attrs := []any{"job", j.Name, "instance", r.opts.Instance, "claimer", r.opts.ClaimerName,
+		"reason", ReasonMisfire, "cause", reason, "count", recorded, "since", last.UTC().Format(time.RFC3339Nano)}
 	if beyond > 0 {
 		attrs = append(attrs, "not_recorded", beyond)
 	}
-	r.log.WarnContext(ctx, "runs missed", attrs...)
+	r.log.WarnContext(ctx, "runs skipped", attrs...)
 }
 
 // recordChunk claims runs and releases the ones it wins as missed,
