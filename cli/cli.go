@@ -16,6 +16,7 @@ import (
 	"time"
 	_ "time/tzdata" // time zones resolve on minimal images without /usr/share/zoneinfo
 
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
@@ -277,7 +278,8 @@ func (e *env) fail(format string, args ...any) int {
 }
 
 func (e *env) migrate(args []string) int {
-	fs, path := e.flags("migrate", "[--config FILE] up|down|status")
+	fs, path := e.flags("migrate", "[--config FILE] [--yes] up|down|status")
+	yes := fs.Bool("yes", false, "down: roll back the newest migration, and drop what it created, with its data")
 	if code, ok := e.parse(fs, args); !ok {
 		return code
 	}
@@ -311,7 +313,17 @@ func (e *env) migrate(args []string) int {
 	case "up":
 		err = migrations.Up(ctx, b.DB, b.Dialect)
 	case "down":
-		err = migrations.Down(ctx, b.DB, b.Dialect)
+		var name string
+		if name, err = e.mayRollBack(ctx, b, *yes); err == nil {
+			if err = migrations.Down(ctx, b.DB, b.Dialect); err == nil {
+				fmt.Fprintf(e.stdout, "rolled back %s\n", name)
+			}
+		}
+		var usage errUsage
+		if errors.As(err, &usage) {
+			fmt.Fprintf(e.stderr, "scheduler migrate down: %v\n", err)
+			return ExitUsage
+		}
 	}
 	if err != nil {
 		return e.fail("migrate %s: %v", fs.Arg(0), err)
@@ -324,6 +336,54 @@ func (e *env) migrate(args []string) int {
 		fmt.Fprintln(e.stdout, m.String())
 	}
 	return ExitOK
+}
+
+// errUsage is a command refused for how it was asked (exit 2).
+type errUsage struct{ error }
+
+// mayRollBack says whether `migrate down` may roll back b's newest
+// applied migration, and names it. A rollback drops what the migration
+// created, with its data (00002: every invoice, which is what makes
+// billing idempotent and fenced; 00003: the pauses and requests), and a
+// fleet running on the schema fails closed until `migrate up`: an
+// outside review ran it beside three replicas, and it said nothing of
+// either. So it is refused while any replica is up (exit 1), and asked
+// for with --yes, after the rollback is named (exit 2).
+func (e *env) mayRollBack(ctx context.Context, b *claimers.Backend, yes bool) (string, error) {
+	st, err := migrations.Status(ctx, b.DB, b.Dialect)
+	if err != nil {
+		return "", err
+	}
+	var newest *migrations.Migration
+	for i := range st {
+		if st[i].Applied {
+			newest = &st[i]
+		}
+	}
+	if newest == nil {
+		return "", migrations.ErrNoMigration
+	}
+	if b.Controls != nil {
+		// The register lives in a table a rollback may already have
+		// dropped (00003): then no replica can announce itself either.
+		if ms, err := control.New(b.Controls, nil).Members(ctx); err == nil && len(ms) > 0 {
+			return "", fmt.Errorf("replicas are up (%s): stop them first; rolled back under them, the schema "+
+				"makes every replica fail closed (not ready, running nothing) until `scheduler migrate up`",
+				strings.Join(ms, ", "))
+		}
+	}
+	drops, err := migrations.Drops(b.Dialect, newest.Name)
+	if err != nil {
+		return "", err
+	}
+	if yes {
+		return newest.Name, nil
+	}
+	what := "."
+	if len(drops) > 0 {
+		what = ", which drops " + strings.Join(drops, ", ") + " and everything in them."
+	}
+	return "", errUsage{fmt.Errorf("this rolls back %s%s Run it again with --yes to do so", newest.Name, what)}
 }
 
 // jobView is one line of `scheduler jobs`.

@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"net/url"
 	"path"
+	"strings"
 	"time"
 
 	"github.com/pressly/goose/v3"
@@ -122,6 +123,30 @@ func Down(ctx context.Context, db *sql.DB, d Dialect) error {
 		return fmt.Errorf("migrations: down (%s): %w", d, err)
 	}
 	return nil
+}
+
+// Drops names what rolling back the migration called name (a file name,
+// as Migration.Name gives it) of dialect d drops, as "table x" or
+// "function f": the objects a `migrate down` destroys with their data.
+func Drops(d Dialect, name string) ([]string, error) {
+	fsys, err := dialectFS(d)
+	if err != nil {
+		return nil, err
+	}
+	src, err := fs.ReadFile(fsys, name)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	_, down, _ := strings.Cut(string(src), "-- +goose Down")
+	var out []string
+	for line := range strings.Lines(down) {
+		f := strings.Fields(strings.TrimSuffix(strings.TrimSpace(line), ";"))
+		if len(f) >= 3 && strings.EqualFold(f[0], "DROP") {
+			obj, _, _ := strings.Cut(f[2], "(")
+			out = append(out, strings.ToLower(f[1])+" "+obj)
+		}
+	}
+	return out, nil
 }
 
 // Status lists every known migration, oldest first, applied or pending.

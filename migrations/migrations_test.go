@@ -173,3 +173,27 @@ func TestUnknownDialect(t *testing.T) {
 		t.Fatal("up with an unknown dialect succeeded")
 	}
 }
+
+// Drops names what a rollback destroys, from the migration's own Down
+// section, so that `migrate down` can say it before it does.
+func TestDropsNamesWhatARollbackDestroys(t *testing.T) {
+	for _, tc := range []struct {
+		d    migrations.Dialect
+		name string
+		want string
+	}{
+		{migrations.Postgres, "00002_billing.sql", "[table billing_invoices table billing_usage table billing_customers]"},
+		{migrations.SQLite, "00002_billing.sql", "[table billing_invoices table billing_usage table billing_customers]"},
+		{migrations.Postgres, "00003_create_controls.sql", "[table scheduler_controls]"},
+		{migrations.Postgres, "00005_probe_waits_for_grants.sql", "[function scheduler_histories]"},
+		{migrations.SQLite, "00005_probe_waits_for_grants.sql", "[]"},
+	} {
+		got, err := migrations.Drops(tc.d, tc.name)
+		if err != nil || fmt.Sprint(got) != tc.want {
+			t.Errorf("Drops(%s, %s) = %v, %v; want %s", tc.d, tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := migrations.Drops(migrations.Postgres, "00099_none.sql"); err == nil {
+		t.Error("Drops of a migration that does not exist: no error")
+	}
+}
