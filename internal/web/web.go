@@ -33,6 +33,18 @@ var page = template.Must(template.New("status.html").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
+	// instant is a run's instant: to the second for a scheduled run, to
+	// the nanosecond for a manual one (a request, a rerun; the page
+	// marks it), whose instant is its request's time: shown to the
+	// second beside the scheduled run of that second, it read as one run
+	// recorded twice (an outside review).
+	"instant": func(at time.Time) string {
+		if !control.Manual(claim.Run{At: at}) {
+			return at.UTC().Format("2006-01-02 15:04:05Z")
+		}
+		return at.UTC().Format("2006-01-02 15:04:05.000000000Z")
+	},
+	"manual": func(at time.Time) bool { return control.Manual(claim.Run{At: at}) },
 	// clock is t's time of day, with its date too when ref is on
 	// another day.
 	"clock": func(t, ref time.Time) string {

@@ -94,3 +94,31 @@ func TestProbesMetricsAndStatusPage(t *testing.T) {
 		t.Fatalf("/nope = %d, want 404", code)
 	}
 }
+
+// A manual run's instant (its request's time) is shown to the nanosecond
+// and marked, so that it never reads as the scheduled run of its second
+// recorded twice (an outside review saw two rows "19:02:40Z", one
+// succeeded and one failed).
+func TestTheStatusPageTellsAManualRunFromTheScheduledRunOfItsSecond(t *testing.T) {
+	store := memory.NewStore(nil)
+	c := memory.New(store, "replica-1")
+	sec := time.Now().UTC().Truncate(time.Second)
+	manual := sec.Add(50892684 * time.Nanosecond)
+	for _, at := range []time.Time{sec, manual} {
+		if _, err := claim.ClaimOne(t.Context(), c, claim.Run{Job: "billing.nightly", At: at}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := httptest.NewServer(web.Handler(web.Options{Instance: "replica-1", Claimer: "memory", History: c,
+		Gatherer: prometheus.NewRegistry(), Ready: func(context.Context) error { return nil },
+		Jobs: []web.JobInfo{{Name: "billing.nightly", Schedule: "@daily", Timezone: "UTC",
+			Next: func(t time.Time) time.Time { return t.Truncate(24 * time.Hour).Add(24 * time.Hour) }}}}))
+	defer srv.Close()
+	defer srv.Client().CloseIdleConnections()
+	_, body := get(t, srv, "/")
+	scheduled := "<td>billing.nightly</td><td>" + sec.Format("2006-01-02 15:04:05Z") + "</td>"
+	requested := "<td>billing.nightly</td><td>" + manual.Format("2006-01-02 15:04:05.000000000Z") + ` <span class="manual">· manual</span></td>`
+	if strings.Count(body, scheduled) != 1 || strings.Count(body, requested) != 1 {
+		t.Fatalf("status page: want the scheduled run as %q once and the manual one as %q:\n%s", scheduled, requested, body)
+	}
+}
