@@ -754,6 +754,53 @@ func TestSIGHUPShutsDownGracefully(t *testing.T) {
 	}
 }
 
+// A SIGTERM whose hand-back the backend never confirmed (it went away
+// with the run in flight) is not a clean shutdown: the process says so and
+// exits 1, after trying for a lease; nothing is lost, since the run is
+// taken over once its lease lapses. Two outside reviews expected the exit
+// code to tell the two apart; TestAShutdownWhoseHandBackWasNotConfirmedSaysSo
+// holds the runner to it, this the binary on a real server.
+func TestASIGTERMWhoseHandBackWasNotConfirmedExitsOne(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	dir := t.TempDir()
+	config := writeConfig(t, dir, `instance_id: ${REPLICA}
+claimer:
+  kind: redis
+  lease: 3s
+  renew_every: 500ms
+  max_clock_skew: 500ms
+  redis:
+    addr: `+srv.Addr()+`
+    prefix: "term:`+randHex()+`:"
+http:
+  addr: ""
+log:
+  format: json
+shutdown_grace: 200ms
+jobs:
+  example.sleep:
+    schedule: "* * * * * *"
+    params:
+      duration: 1m
+`)
+	p := startReplica(t, dir, config, "term-1")
+	waitFor(t, "a run in flight", func() bool { _, ok := openRun(t, dir, "term-1"); return ok })
+	srv.Stop()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("SIGTERM did not stop the replica whose backend went away")
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "term-1.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(data), "releases were not confirmed at shutdown") {
+		t.Fatalf("exit %d after SIGTERM with the backend gone; want 1 and the unconfirmed hand-back named:\n%s", code, data)
+	}
+}
+
 // TestSecondSignalExitsAtOnce: the first SIGTERM starts a graceful shutdown
 // that waits for a long handler; the second ends the process immediately.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
