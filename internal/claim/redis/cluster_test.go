@@ -115,3 +115,16 @@ func keysShareTheirJobsHashTag(t *testing.T, seeds []string) {
 		t.Fatalf("history of every job: %d records, %v; want %d", len(recs), err, len(runs))
 	}
 }
+
+// A cluster client (claimer.redis.cluster: true) pointed at a plain
+// server is refused at start-up naming the server and the setting to
+// change, not only the server's own "cluster support disabled".
+func TestAClusterClientOnAPlainServerIsRefusedNamingTheSetting(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: true})
+	defer client.Close()
+	_, err := redis.Open(ctxT(t), client, redis.Options{Instance: "replica-a", Prefix: testenv.RandomPrefix(t.Name())})
+	if err == nil || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "claimer.redis.cluster: false") {
+		t.Fatalf("open with a cluster client on the plain server %s: %v, want a refusal naming it and claimer.redis.cluster", addr, err)
+	}
+}

@@ -77,7 +77,12 @@ func (n *Node) Check(ctx context.Context) error {
 		c, err := n.cluster.MasterForKey(ctx, n.keys.ready(b))
 		if err != nil {
 			// The slot map could not be read: no seed answers, or a seed
-			// is a server with cluster support disabled.
+			// is a server with cluster support disabled, which is said
+			// with the setting to change.
+			if strings.Contains(err.Error(), "cluster support disabled") {
+				return fmt.Errorf("redis cluster at %s: the server is not a Redis Cluster node (%w): "+
+					"talk to it as a single server (claimer.redis.cluster: false)", n.addr, err)
+			}
 			return fmt.Errorf("redis cluster at %s: %w", n.addr, n.translate(ctx, err))
 		}
 		masters[c.Options().Addr] = c
