@@ -366,7 +366,8 @@ func (e *env) backfill(args []string) int {
 		fmt.Fprintf(e.stderr, "scheduler backfill: --max-concurrent %d: must be at least 1\n", *maxConc)
 		return ExitUsage
 	}
-	if err := checkBackfillRetention(cfg, o.From, time.Now()); err != nil {
+	if ttl, key := forgets(cfg); runner.Forgotten(ttl, key, o.From, time.Now()) != nil {
+		err := runner.Forgotten(ttl, key, o.From, time.Now())
 		fmt.Fprintf(e.stderr, "scheduler backfill: --from %s: %v\n", *from, err)
 		return ExitUsage
 	}
@@ -483,29 +484,20 @@ func parseInstant(s string) (time.Time, error) {
 	return t, nil
 }
 
-// checkBackfillRetention refuses a range that reaches past what the
-// backend remembers of finished runs: a run forgotten there would look
-// never run and run again. Redis, Redlock and etcd forget a run done_ttl
-// after it ended; the SQL backends keep runs until `scheduler prune`, whose
-// shortest age is pruneFloor.
-func checkBackfillRetention(cfg *config.Config, from, now time.Time) error {
-	var ttl time.Duration
-	var key string
+// forgets is how long cfg's claimer remembers a finished run, and the
+// setting that says so: Redis, Redlock and etcd forget a run done_ttl
+// after it ended; the SQL backends keep runs until `scheduler prune`,
+// whose shortest age is pruneFloor (0: the runner needs no check).
+func forgets(cfg *config.Config) (time.Duration, string) {
 	switch cfg.Claimer.Kind {
 	case config.ClaimerRedis:
-		ttl, key = cfg.Claimer.Redis.DoneTTL.Duration(), "claimer.redis.done_ttl"
+		return cfg.Claimer.Redis.DoneTTL.Duration(), "claimer.redis.done_ttl"
 	case config.ClaimerRedlock:
-		ttl, key = cfg.Claimer.Redlock.DoneTTL.Duration(), "claimer.redlock.done_ttl"
+		return cfg.Claimer.Redlock.DoneTTL.Duration(), "claimer.redlock.done_ttl"
 	case config.ClaimerEtcd:
-		ttl, key = cfg.Claimer.Etcd.DoneTTL.Duration(), "claimer.etcd.done_ttl"
-	default:
-		return nil
+		return cfg.Claimer.Etcd.DoneTTL.Duration(), "claimer.etcd.done_ttl"
 	}
-	if oldest := now.Add(-ttl); from.Before(oldest) {
-		return fmt.Errorf("is older than %s %v: runs that finished before %s are forgotten, and would run again; "+
-			"narrow the range or raise %s", key, ttl, oldest.UTC().Format(time.RFC3339), key)
-	}
-	return nil
+	return 0, ""
 }
 
 // noReplicaUp reports whether the fleet's membership, read from the

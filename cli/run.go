@@ -92,11 +92,12 @@ func (e *env) checkParams(cfg *config.Config, file string) error {
 
 // runnerOptions are the runner's settings from cfg, on backend b.
 func runnerOptions(cfg *config.Config, b *claimers.Backend, log *slog.Logger, m *runner.Metrics) runner.Options {
+	ttl, key := forgets(cfg)
 	return runner.Options{Claimer: b.Claimer, Controls: control.New(b.Controls, nil),
 		ClaimerName: cfg.Claimer.Kind, Instance: cfg.InstanceID,
 		Lease: cfg.Claimer.Lease.Duration(), RenewEvery: cfg.Claimer.RenewEvery.Duration(),
 		MaxClockSkew: cfg.Claimer.MaxClockSkew.Duration(), ShutdownGrace: cfg.ShutdownGrace.Duration(),
-		Logger: log, Metrics: m}
+		Logger: log, Metrics: m, Forgets: ttl, ForgetsKey: key}
 }
 
 func (e *env) run(args []string) int {
@@ -209,7 +210,7 @@ func (e *env) run(args []string) int {
 		ws = web.New(web.Options{
 			Instance: cfg.InstanceID, Claimer: cfg.Claimer.Kind, Jobs: info, History: b.Claimer,
 			Ready: b.Ready, Gatherer: reg, Logger: log,
-			Controls: control.New(b.Controls, nil), Token: string(cfg.HTTP.Token), Backfill: r.Backfill,
+			Controls: control.New(b.Controls, nil), Token: string(cfg.HTTP.Token), Backfill: r.Backfill, CheckBackfill: r.CheckBackfill,
 			BaseContext: ctx})
 		handler.set(ws)
 	}

@@ -91,6 +91,70 @@ type BackfillSummary struct {
 	Kept        int `json:"kept"`
 }
 
+// Forgotten says, if from reaches back further than forgets, how long a
+// claimer keeps finished runs (key: the setting; 0: until pruned), why a
+// backfill from there would run again what already ran. Backfill asks
+// it of Options.Forgets, so every way in is held to it: the CLI (which
+// asks first, to exit 2 before it opens the backend), the HTTP API (an
+// outside review re-ran six finished runs through the API, which did
+// not ask), an embedder.
+func Forgotten(forgets time.Duration, key string, from, now time.Time) error {
+	if forgets <= 0 {
+		return nil
+	}
+	if oldest := now.Add(-forgets); from.Before(oldest) {
+		return fmt.Errorf("is older than %s %v: runs that finished before %s are forgotten, and would run again; "+
+			"narrow the range or raise %s", key, forgets, oldest.UTC().Format(time.RFC3339), key)
+	}
+	return nil
+}
+
+// CheckBackfill says what is wrong with a backfill of job name with o,
+// if anything, without running it: what Backfill would refuse before it
+// reads the history. The HTTP API asks it before it answers 202 and
+// runs the backfill in the background.
+func (r *Runner) CheckBackfill(name string, o BackfillOptions) error {
+	_, _, err := r.backfillRange(name, &o, r.opts.Now())
+	return err
+}
+
+// backfillRange checks a backfill's options (filling in the default
+// rerun policy) at now, and returns its job and instants, in the order
+// they are run.
+func (r *Runner) backfillRange(name string, o *BackfillOptions, now time.Time) (*jobState, []time.Time, error) {
+	j := r.job(name)
+	if j == nil {
+		return nil, nil, fmt.Errorf("backfill: unknown job %q", name)
+	}
+	o.Rerun = cmp.Or(o.Rerun, RerunNone)
+	if !slices.Contains([]string{RerunNone, RerunFailed, RerunAll}, o.Rerun) {
+		return nil, nil, fmt.Errorf("backfill: rerun %q: want none, failed or all", o.Rerun)
+	}
+	switch {
+	case o.From.IsZero() || o.To.IsZero():
+		return nil, nil, errors.New("backfill: need both from and to")
+	case o.To.Before(o.From):
+		return nil, nil, fmt.Errorf("backfill: to %s is before from %s", o.To.Format(time.RFC3339), o.From.Format(time.RFC3339))
+	case o.To.After(now):
+		return nil, nil, fmt.Errorf("backfill: to %s is in the future; the replicas run what is due", o.To.Format(time.RFC3339))
+	}
+	if err := Forgotten(r.opts.Forgets, r.opts.ForgetsKey, o.From, now); err != nil {
+		return nil, nil, fmt.Errorf("backfill: from %s %v", o.From.Format(time.RFC3339), err)
+	}
+	var instants []time.Time
+	for at := j.Schedule.Next(o.From.Add(-time.Nanosecond)); !at.IsZero() && !at.After(o.To); at = j.Schedule.Next(at) {
+		if len(instants) == MaxBackfill {
+			return nil, nil, fmt.Errorf("backfill: more than %d instants of %s between %s and %s; split the range",
+				MaxBackfill, name, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339))
+		}
+		instants = append(instants, at.UTC())
+	}
+	if o.NewestFirst {
+		slices.Reverse(instants)
+	}
+	return j, instants, nil
+}
+
 // Backfill runs the instants of job name between o.From and o.To that the
 // rerun policy selects, claimed like any run, and returns what happened to
 // each. It ignores the job's pause, overlap and misfire policies: it is an
@@ -98,33 +162,10 @@ type BackfillSummary struct {
 // it instead.
 func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) ([]BackfillItem, BackfillSummary, error) {
 	sum := BackfillSummary{Job: name}
-	j := r.job(name)
-	if j == nil {
-		return nil, sum, fmt.Errorf("backfill: unknown job %q", name)
-	}
-	o.Rerun = cmp.Or(o.Rerun, RerunNone)
-	if !slices.Contains([]string{RerunNone, RerunFailed, RerunAll}, o.Rerun) {
-		return nil, sum, fmt.Errorf("backfill: rerun %q: want none, failed or all", o.Rerun)
-	}
 	now := r.opts.Now()
-	switch {
-	case o.From.IsZero() || o.To.IsZero():
-		return nil, sum, errors.New("backfill: need both from and to")
-	case o.To.Before(o.From):
-		return nil, sum, fmt.Errorf("backfill: to %s is before from %s", o.To.Format(time.RFC3339), o.From.Format(time.RFC3339))
-	case o.To.After(now):
-		return nil, sum, fmt.Errorf("backfill: to %s is in the future; the replicas run what is due", o.To.Format(time.RFC3339))
-	}
-	var instants []time.Time
-	for at := j.Schedule.Next(o.From.Add(-time.Nanosecond)); !at.IsZero() && !at.After(o.To); at = j.Schedule.Next(at) {
-		if len(instants) == MaxBackfill {
-			return nil, sum, fmt.Errorf("backfill: more than %d instants of %s between %s and %s; split the range",
-				MaxBackfill, name, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339))
-		}
-		instants = append(instants, at.UTC())
-	}
-	if o.NewestFirst {
-		slices.Reverse(instants)
+	j, instants, err := r.backfillRange(name, &o, now)
+	if err != nil {
+		return nil, sum, err
 	}
 	sum.Instants = len(instants)
 	plan, err := r.planBackfill(ctx, j, instants, o.From, now, o.Rerun)

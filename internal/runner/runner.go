@@ -151,6 +151,13 @@ type Options struct {
 	// to the fleet, which takes it over within SweepEvery plus a lease.
 	// One history read per 1,000 jobs, spread over the period.
 	SweepEvery time.Duration
+	// Forgets is how long after a run ends the claimer still knows it
+	// ended (Redis, Redlock and etcd: their done_ttl; 0: until pruned),
+	// and ForgetsKey the setting that says so. Backfill refuses a range
+	// that reaches back further: a run forgotten there looks never run,
+	// and would run again.
+	Forgets    time.Duration
+	ForgetsKey string
 	// Tracer, when set, traces every run granted here and every claim and
 	// release batch (see tracing.go); nil: no traces.
 	Tracer trace.Tracer

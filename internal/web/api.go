@@ -476,6 +476,14 @@ func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int,
 	if s.o.Backfill == nil {
 		return 0, nil, errorf(http.StatusNotImplemented, "%s", backfillOffMessage)
 	}
+	if s.o.CheckBackfill != nil {
+		// Refused now, not found out by whoever polls its status: a range
+		// past what the backend remembers of finished runs would run them
+		// again (an outside review re-ran six through this call).
+		if err := s.o.CheckBackfill(c.job, o); err != nil {
+			return 0, nil, backfillError(err)
+		}
+	}
 	if o.DryRun {
 		items, sum, err := s.o.Backfill(r.Context(), c.job, o)
 		if err != nil {

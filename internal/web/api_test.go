@@ -73,14 +73,16 @@ func newAPIEnv(t *testing.T, token string, wrap func(http.Handler) http.Handler)
 		}
 		return nil
 	}}}
+	// As if the claimer forgot finished runs after 20 minutes (a Redis
+	// done_ttl).
 	r, err := runner.New(runner.Options{Claimer: e.claimer, Instance: "web-1", Lease: 3 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)}, jobs)
+		Logger: slog.New(slog.DiscardHandler), Forgets: 20 * time.Minute, ForgetsKey: "claimer.redis.done_ttl"}, jobs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.web = web.New(web.Options{
 		Instance: "web-1", Claimer: "memory", History: e.claimer, Controls: e.controls, Token: token,
-		Backfill: r.Backfill, Logger: slog.New(slog.NewJSONHandler(e.logs, nil)),
+		Backfill: r.Backfill, CheckBackfill: r.CheckBackfill, Logger: slog.New(slog.NewJSONHandler(e.logs, nil)),
 		Jobs: []web.JobInfo{
 			{Name: "billing.nightly", Schedule: "@daily", Timezone: "UTC",
 				Next:   func(t time.Time) time.Time { return t.Truncate(24 * time.Hour).Add(24 * time.Hour) },
@@ -505,6 +507,27 @@ func TestBackfillThroughTheAPI(t *testing.T) {
 	e.call("POST", "/api/jobs/minutely/backfill", `{`+rng+`}`, 202, &started)
 	if st := e.waitBackfill(started.ID); st.Error != nil || st.Summary.Kept != 10 || e.ran.Load() != 10 {
 		t.Fatalf("second backfill: %+v, ran %d", st, e.ran.Load())
+	}
+}
+
+// A backfill reaching back past what the claimer remembers of finished
+// runs is refused (400, naming the setting), dry run or not, before
+// anything runs: those runs would look never run and run again. The CLI
+// refused it; the API answered 202 and re-ran six finished runs (an
+// outside review).
+func TestTheAPIRefusesABackfillPastWhatTheClaimerRemembers(t *testing.T) {
+	e := newAPIEnv(t, secretToken, nil)
+	to := time.Now().UTC().Truncate(time.Minute).Add(-time.Minute)
+	from := to.Add(-30 * time.Minute)
+	rng := fmt.Sprintf(`"from":%q,"to":%q`, from.Format(time.RFC3339), to.Format(time.RFC3339))
+	for _, body := range []string{`{` + rng + `,"dry_run":true}`, `{` + rng + `}`} {
+		code, _, answer := e.do("POST", "/api/jobs/minutely/backfill", "Bearer "+secretToken, body)
+		if code != http.StatusBadRequest || !strings.Contains(answer, "claimer.redis.done_ttl") {
+			t.Errorf("backfill %s: %d %s; want 400 naming claimer.redis.done_ttl", body, code, answer)
+		}
+	}
+	if n := e.ran.Load(); n != 0 {
+		t.Fatalf("%d runs executed by a refused backfill", n)
 	}
 }
 

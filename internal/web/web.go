@@ -93,6 +93,10 @@ type Options struct {
 	// Backfill runs a backfill on this replica (a Runner's Backfill).
 	// nil: the API's backfill calls answer 501.
 	Backfill func(ctx context.Context, job string, o runner.BackfillOptions) ([]runner.BackfillItem, runner.BackfillSummary, error)
+	// CheckBackfill says what is wrong with a backfill before it starts
+	// (a Runner's CheckBackfill): its error answers 400. nil: checked
+	// only as Backfill runs.
+	CheckBackfill func(job string, o runner.BackfillOptions) error
 	// BaseContext bounds the backfills the API starts (default
 	// context.Background()); Server.Close also stops them.
 	BaseContext context.Context
