@@ -375,7 +375,13 @@ func (r *Runner) planBackfill(ctx context.Context, j *jobState, instants []time.
 		case !ok:
 			it.Action = ActionRun
 		case l.status.Live():
+			// The live one is the latest run of the instant: a rerun
+			// (k > 0) an earlier backfill left, whose run id is not the
+			// instant's. Resumed under the instant's own id, which is
+			// done, it was reported "done elsewhere" and left live for
+			// good (an outside review killed a --rerun all backfill).
 			it.Action = ActionResume
+			it.RunID = claim.Run{Job: j.Name, At: at.Add(time.Duration(l.k))}.ID()
 		case l.status == claim.Missed || rerun == RerunAll ||
 			(rerun == RerunFailed && l.status == claim.Failed):
 			if l.k+1 >= maxReruns {

@@ -309,6 +309,63 @@ func TestBackfillResumesTheLiveInstantsAnEarlierBackfillLeft(t *testing.T) {
 	})
 }
 
+// A --rerun backfill killed or stopped mid-way leaves its reruns live
+// (instant + k ns), beside the instants' own runs, done. Run again, with
+// any rerun policy, the backfill resumes those reruns, not the instants:
+// resumed under the instant's own run id, which is done, they were
+// reported done elsewhere and left live for good (an outside review).
+func TestBackfillResumesTheRerunsAnEarlierBackfillLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		jobs, mu, ran := countingHourly(t)
+		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+		time.Sleep(time.Until(from.Add(10 * time.Hour)))
+		to := from.Add(5 * time.Hour)
+		ctx := t.Context()
+		earlier := memory.New(store, "earlier")
+		rerun := func(h, k int) claim.Run {
+			return claim.Run{Job: "hourly", At: from.Add(time.Duration(h)*time.Hour + time.Duration(k))}
+		}
+		// Every instant ran; its rerun (k = 1) was then killed (left
+		// running) for 0-2, stopped (handed back) for 3-5.
+		for h := range 6 {
+			for k, out := range []claim.Status{claim.Succeeded, claim.Interrupted} {
+				cl, err := claim.ClaimOne(ctx, earlier, rerun(h, k), 3*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if k == 1 && h < 3 {
+					continue
+				}
+				if err := claim.ReleaseOne(ctx, earlier, cl, out); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, "again"), Instance: "again", Lease: 3 * time.Second}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items, sum, err := r.Backfill(ctx, "hourly", runner.BackfillOptions{From: from, To: to, Rerun: runner.RerunFailed, MaxConcurrent: 3})
+		if err != nil || sum.Planned != 6 || sum.Succeeded != 6 || sum.Elsewhere != 0 {
+			t.Fatalf("backfill: %+v %v; want the 6 reruns resumed and succeeded here", sum, err)
+		}
+		for _, it := range items {
+			if h := int(it.At.Sub(from) / time.Hour); it.RunID != rerun(h, 1).ID() || it.Action != runner.ActionResume {
+				t.Errorf("%+v, want %s resumed", it, rerun(h, 1).ID())
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for h := range 6 {
+			if ran[rerun(h, 1).ID()] != 1 || ran[rerun(h, 0).ID()] != 0 {
+				t.Errorf("ran %v: want each rerun once, no instant again", ran)
+				break
+			}
+		}
+	})
+}
+
 // renewFails passes every call on but the renewals of attempt 1, which
 // never reach the backend: its holder loses its lease mid-run.
 type renewFails struct{ claim.Claimer }
