@@ -199,7 +199,10 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request) {
 type call struct {
 	action, job  string
 	by, note, id string
-	body         []byte
+	// given: the caller named the request id (body or header); else id
+	// is a random one.
+	given bool
+	body  []byte
 	// log carries extra attributes for the operator action's log line.
 	log []any
 }
@@ -233,7 +236,9 @@ func (s *Server) mutating(action string, anyJob bool, h func(w http.ResponseWrit
 			w.Header().Set("X-Request-Id", c.id)
 			code, v, err = h(w, r, c)
 		}
-		attrs := append([]any{"action", action, "job", c.job, "by", c.by, "request_id", c.id, "note", c.note}, c.log...)
+		// by is whatever the caller says; remote is where the call came
+		// from, whatever it says.
+		attrs := append([]any{"action", action, "job", c.job, "by", c.by, "remote", remoteIP(r), "request_id", c.id, "note", c.note}, c.log...)
 		if err != nil {
 			var e *apiError
 			if !errors.As(err, &e) {
@@ -265,6 +270,11 @@ func (s *Server) prepare(w http.ResponseWriter, r *http.Request, c *call, anyJob
 		c.id = claim.NewToken()
 		return errorf(http.StatusBadRequest, "%v", err)
 	}
+	if id != "" && strings.TrimSpace(id) == "" {
+		c.id = claim.NewToken()
+		return errorf(http.StatusBadRequest, "request_id: %q is blank", id)
+	}
+	c.given = id != ""
 	c.note, c.by, c.id = cm.Note, firstSet(cm.By, c.by), firstSet(id, claim.NewToken())
 	if !s.knownJob(c.job) && (!anyJob || c.job != control.AllJobs) {
 		return errorf(http.StatusNotFound, "unknown job %q", c.job)
@@ -513,6 +523,30 @@ func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int,
 	s.backfills[b.ID] = b
 	s.wg.Add(1)
 	s.mu.Unlock()
+	if c.given && s.o.Controls != nil {
+		// A retry of the call, on any replica, finds the backfill its
+		// request id started instead of starting the range again: under
+		// rerun all or failed that ran every instant twice (an outside
+		// review sent one call twice). Recorded once this replica has
+		// room for it, so that the id never names a backfill refused.
+		got, created, err := s.o.Controls.StartBackfill(r.Context(), control.Backfill{RequestID: c.id, ID: b.ID,
+			Replica: s.o.Instance, Job: c.job, Created: b.StartedAt})
+		if err != nil || !created {
+			s.mu.Lock()
+			delete(s.backfills, b.ID)
+			s.mu.Unlock()
+			s.wg.Done()
+		}
+		switch {
+		case err != nil:
+			return 0, nil, err
+		case got.Job != c.job:
+			return 0, nil, errorf(http.StatusConflict, "request_id %q already started a backfill of job %q", c.id, got.Job)
+		case !created:
+			c.log = append(c.log, "backfill_id", got.ID, "created", false)
+			return http.StatusOK, backfillAnswer{ID: got.ID, URL: "/api/backfills/" + got.ID, Replica: got.Replica}, nil
+		}
+	}
 	c.log = append(c.log, "backfill_id", b.ID)
 	o.Progress = func(_ runner.BackfillItem, sum runner.BackfillSummary) {
 		s.mu.Lock()
@@ -524,10 +558,15 @@ func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int,
 		_, sum, err := s.o.Backfill(s.ctx, b.Job, o)
 		s.finish(b, sum, err)
 	}()
-	return http.StatusAccepted, struct {
-		ID  string `json:"id"`
-		URL string `json:"url"`
-	}{b.ID, "/api/backfills/" + b.ID}, nil
+	return http.StatusAccepted, backfillAnswer{ID: b.ID, URL: "/api/backfills/" + b.ID, Replica: s.o.Instance}, nil
+}
+
+// backfillAnswer answers a backfill started, or found by its request id:
+// its status is at URL on Replica.
+type backfillAnswer struct {
+	ID      string `json:"id"`
+	URL     string `json:"url"`
+	Replica string `json:"replica"`
 }
 
 // finish records a backfill's end and forgets the oldest finished ones

@@ -531,6 +531,46 @@ func TestTheAPIRefusesABackfillPastWhatTheClaimerRemembers(t *testing.T) {
 	}
 }
 
+// A backfill call sent again with its request id (a client retrying
+// after a timeout) finds the backfill it started instead of starting the
+// range again: under rerun all, every instant ran twice (an outside
+// review). The id for another job is a conflict; a blank one is refused.
+func TestABackfillRetriedWithItsRequestIDStartsOnce(t *testing.T) {
+	e := newAPIEnv(t, secretToken, nil)
+	to := time.Now().UTC().Truncate(time.Minute).Add(-time.Minute)
+	from := to.Add(-4 * time.Minute)
+	body := fmt.Sprintf(`{"from":%q,"to":%q,"rerun":"all","request_id":"bf-once-1"}`, from.Format(time.RFC3339), to.Format(time.RFC3339))
+	var first, again struct {
+		ID, URL, Replica string
+	}
+	e.call("POST", "/api/jobs/minutely/backfill", body, 202, &first)
+	e.call("POST", "/api/jobs/minutely/backfill", body, 200, &again)
+	if again.ID != first.ID || again.URL != first.URL || again.Replica != "web-1" {
+		t.Fatalf("the retry answered %+v, want the first backfill %+v on web-1", again, first)
+	}
+	// By header too.
+	e.call("POST", "/api/jobs/minutely/backfill", strings.Replace(body, `,"request_id":"bf-once-1"`, "", 1), 200, &again,
+		"X-Request-Id", "bf-once-1")
+	if st := e.waitBackfill(first.ID); st.Error != nil || st.Summary.Succeeded != 5 || e.ran.Load() != 5 {
+		t.Fatalf("backfill: %+v, ran %d; want 5 instants run once", st, e.ran.Load())
+	}
+	if _, _, err := e.controls.StartBackfill(t.Context(), control.Backfill{RequestID: "bf-other", ID: "x", Replica: "web-2",
+		Job: "billing.nightly"}); err != nil {
+		t.Fatal(err)
+	}
+	other := strings.Replace(body, `"bf-once-1"`, `"bf-other"`, 1)
+	if code, _, answer := e.do("POST", "/api/jobs/minutely/backfill", "Bearer "+secretToken, other); code != http.StatusConflict {
+		t.Errorf("an id another job's backfill took: %d %s, want 409", code, answer)
+	}
+	blank := strings.Replace(body, `"bf-once-1"`, `"   "`, 1)
+	if code, _, answer := e.do("POST", "/api/jobs/minutely/backfill", "Bearer "+secretToken, blank); code != http.StatusBadRequest {
+		t.Errorf("a blank request id: %d %s, want 400", code, answer)
+	}
+	if n := e.ran.Load(); n != 5 {
+		t.Fatalf("%d runs in all, want 5", n)
+	}
+}
+
 // Closing the server stops the backfills it started, and refuses more.
 func TestCloseStopsBackfills(t *testing.T) {
 	e := newAPIEnv(t, secretToken, nil)
