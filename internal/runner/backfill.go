@@ -46,6 +46,12 @@ type BackfillOptions struct {
 	// Progress, when set, is called once per instant as it settles (in a
 	// dry run, as it is planned), from one goroutine at a time.
 	Progress func(BackfillItem, BackfillSummary)
+	// Grace is how long the handlers running when ctx ends may go on
+	// before they are cancelled and their runs handed back interrupted:
+	// a replica's shutdown_grace, for a backfill the API started on it
+	// (DESIGN.md's graceful shutdown); 0, at once. No instant starts
+	// once ctx has ended.
+	Grace time.Duration
 }
 
 // Backfill actions.
@@ -195,7 +201,7 @@ func (r *Runner) Backfill(ctx context.Context, name string, o BackfillOptions) (
 	// runs back interrupted, as a replica's shutdown does: recorded
 	// failed, a backfill run again would keep them (ActionKeep) though
 	// they never finished; handed back, it resumes them (ActionResume).
-	execCtx, done := handBackOnStop(ctx)
+	execCtx, done := handBackOnStop(ctx, o.Grace)
 	defer done()
 	var mu sync.Mutex
 	sem := make(chan struct{}, max(o.MaxConcurrent, 1))

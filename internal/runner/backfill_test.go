@@ -366,6 +366,53 @@ func TestBackfillResumesTheRerunsAnEarlierBackfillLeft(t *testing.T) {
 	})
 }
 
+// A backfill stopped (its context ends: the replica whose API started it
+// got SIGTERM) starts no further instant, and gives the handlers running
+// Grace to finish, as a replica's shutdown gives its runs shutdown_grace;
+// past it, or with none, they are cancelled and handed back interrupted.
+// (An outside review saw an API backfill's run handed back 3ms after
+// SIGTERM, under a grace of 5s.)
+func TestAStoppedBackfillGivesItsRunningHandlersTheirGrace(t *testing.T) {
+	for _, tc := range []struct {
+		grace  time.Duration
+		status string
+	}{{5 * time.Second, string(claim.Succeeded)}, {time.Second, string(claim.Interrupted)}, {0, string(claim.Interrupted)}} {
+		t.Run(tc.grace.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memory.NewStore(nil)
+				started := make(chan struct{}, 10)
+				jobs := []runner.Job{{Name: "hourly", Schedule: mustSchedule(t, "0 0 * * * *"),
+					Handler: func(ctx context.Context, run job.Run) error {
+						started <- struct{}{}
+						select {
+						case <-time.After(3 * time.Second):
+							return nil
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+					}}}
+				from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+				time.Sleep(time.Until(from.Add(10 * time.Hour)))
+				r, err := runner.New(runner.Options{Claimer: memory.New(store, "api"), Instance: "api", Lease: 3 * time.Second}, jobs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, stop := context.WithCancel(context.Background())
+				go func() { <-started; time.Sleep(500 * time.Millisecond); stop() }()
+				items, sum, _ := r.Backfill(ctx, "hourly", runner.BackfillOptions{From: from, To: from.Add(4 * time.Hour), Grace: tc.grace})
+				if sum.Settled != 1 || len(started) != 0 {
+					t.Fatalf("%+v: want one instant started and settled, none after the stop", sum)
+				}
+				for _, it := range items {
+					if it.Status != "" && it.Status != tc.status {
+						t.Errorf("%s ended %s, want %s", it.RunID, it.Status, tc.status)
+					}
+				}
+			})
+		})
+	}
+}
+
 // renewFails passes every call on but the renewals of attempt 1, which
 // never reach the backend: its holder loses its lease mid-run.
 type renewFails struct{ claim.Claimer }

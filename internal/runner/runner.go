@@ -598,7 +598,7 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	// sweep takes it over. Recorded failed, a run that never finished
 	// would be lost to the stop; left running, it would wait for a lease
 	// its holder no longer renews.
-	execCtx, done := handBackOnStop(ctx)
+	execCtx, done := handBackOnStop(ctx, 0)
 	defer done()
 	status, err := d.runToEnd(ctx, execCtx, j, cl, mode, c)
 	if err != nil {
@@ -607,14 +607,26 @@ func (r *Runner) Trigger(ctx context.Context, name string, o TriggerOptions) (cl
 	return status, ctx.Err()
 }
 
-// handBackOnStop returns the execution context of work a CLI process
-// runs here (Trigger, Backfill): cancelled with job.ErrShutdown as soon
-// as ctx ends, so its handlers stop and their runs are handed back
-// interrupted, as a replica's shutdown hands them back (without its
-// grace). done releases it.
-func handBackOnStop(ctx context.Context) (execCtx context.Context, done func()) {
+// handBackOnStop returns the execution context of work run here outside
+// the schedule (Trigger, Backfill): cancelled with job.ErrShutdown grace
+// after ctx ends (at once for a CLI process's, the replica's
+// shutdown_grace for a backfill the API started on it), so its handlers
+// stop and their runs are handed back interrupted, as a replica's
+// shutdown hands them back. done releases it.
+func handBackOnStop(ctx context.Context, grace time.Duration) (execCtx context.Context, done func()) {
 	execCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { cancel(job.ErrShutdown) })
+	stop := context.AfterFunc(ctx, func() {
+		if grace > 0 {
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-execCtx.Done(): // ended in time
+				return
+			}
+		}
+		cancel(job.ErrShutdown)
+	})
 	return execCtx, func() { stop(); cancel(nil) }
 }
 
