@@ -53,6 +53,14 @@ type dispatcher struct {
 	// backend silent for a lease: Run then says so, for its process to
 	// exit 1.
 	unconfirmed atomic.Int64
+	// heardDone holds the runs a standby for a register entry (unwatched)
+	// found done, and when: their entries live on for minutes, and
+	// without it every tick stood by for each again, claimed it, heard
+	// done and forgot it (an outside review: a database's transactions
+	// ×12 and a fence burnt per claim, for two minutes, after two
+	// backfills' lost bids). Guarded by heardMu.
+	heardMu   sync.Mutex
+	heardDone map[string]time.Time
 }
 
 // goStandby runs f on the standby group. Executions call it too (an
@@ -113,6 +121,10 @@ type origin struct {
 	// alongside marks a run its first holder executed beside live runs
 	// of its job (control.Unwatched.Alongside): so does its takeover.
 	alongside bool
+	// unwatched marks a standby for a run the register names as carried
+	// by a process outside the schedule (see unwatched): heard done, it
+	// is not stood by for again.
+	unwatched bool
 }
 
 // admission is how the run's execution treats an earlier live run.
@@ -476,6 +488,9 @@ func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *c
 		// back as interrupted: keep contending, or nobody may run it.
 		return d.granted(ctx, execCtx, c.j, cl, c.o)
 	case errors.Is(err, claim.ErrDone):
+		if c.o.unwatched {
+			d.noteDone(c.run)
+		}
 		d.skip(ctx, c.run, nil, ReasonDone, slog.LevelDebug)
 		return true
 	case errors.Is(err, claim.ErrHeld):

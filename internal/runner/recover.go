@@ -342,9 +342,10 @@ func (d *dispatcher) unwatched(ctx, execCtx context.Context, us []control.Unwatc
 	r := d.r
 	now := r.opts.Now()
 	before := now.Add(-r.lateTolerance())
+	d.forgetDone(time.Now().Add(-(r.unwatchedTTL() + unwatchedOutage)))
 	for _, u := range us {
 		j := r.job(u.Job)
-		if u.Ends || j == nil || !j.fire(u.At).Before(before) {
+		if u.Ends || j == nil || !j.fire(u.At).Before(before) || d.heard(u.Run()) {
 			continue
 		}
 		// Alongside only if its process was granted the run: a bid alone
@@ -357,6 +358,38 @@ func (d *dispatcher) unwatched(ctx, execCtx context.Context, us []control.Unwatc
 			continue
 		}
 		d.adopt(ctx, execCtx, j, []claim.Record{{RunID: u.Run().ID(), Job: u.Job, At: u.At, Status: claim.Running, Holder: u.Holder}},
-			origin{takeover: true, alongside: u.Alongside && u.Granted})
+			origin{takeover: true, alongside: u.Alongside && u.Granted, unwatched: true})
+	}
+}
+
+// noteDone remembers that a standby for run's register entry heard it
+// done: a done run is never granted again, so its entry, which lives on
+// (unwatchedOutage), needs no standby any more.
+func (d *dispatcher) noteDone(run claim.Run) {
+	d.heardMu.Lock()
+	defer d.heardMu.Unlock()
+	if d.heardDone == nil {
+		d.heardDone = map[string]time.Time{}
+	}
+	d.heardDone[run.ID()] = time.Now()
+}
+
+// heard reports whether a standby here heard run done (noteDone).
+func (d *dispatcher) heard(run claim.Run) bool {
+	d.heardMu.Lock()
+	defer d.heardMu.Unlock()
+	_, ok := d.heardDone[run.ID()]
+	return ok
+}
+
+// forgetDone drops what noteDone noted before cut: by then the entries
+// it was noted for have expired.
+func (d *dispatcher) forgetDone(cut time.Time) {
+	d.heardMu.Lock()
+	defer d.heardMu.Unlock()
+	for id, at := range d.heardDone {
+		if at.Before(cut) {
+			delete(d.heardDone, id)
+		}
 	}
 }

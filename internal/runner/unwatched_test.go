@@ -419,3 +419,64 @@ func TestATakeoverThatCannotReadTheRegisterHandsABackfillsRunBack(t *testing.T) 
 		}
 	})
 }
+
+// claimsOf counts the claims of one run a claimer is asked for.
+type claimsOf struct {
+	claim.Claimer
+	run claim.Run
+	n   *atomic.Int64
+}
+
+func (c claimsOf) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	for _, r := range runs {
+		if r.ID() == c.run.ID() {
+			c.n.Add(1)
+		}
+	}
+	return c.Claimer.Claim(ctx, runs, lease)
+}
+
+// A register entry of a bid that lost (its run went to another process,
+// which finished it) lives on for minutes after its bidder left. A
+// replica stands by for its run once, hears it done, and stands by no
+// more: it used to claim it again at every tick for as long as the entry
+// lived (an outside review saw a database's transactions grow twelvefold,
+// and a fence burnt per claim, after two backfills' lost bids).
+func TestARegisterEntryOfADoneRunIsStoodByForOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store := memory.NewStore(time.Now)
+		controls := control.New(store.Controls(), nil)
+		run := claim.Run{Job: "report", At: time.Now().Truncate(time.Hour).Add(-time.Hour)}
+		cl, err := claim.ClaimOne(ctx, memory.New(store, "winner"), run, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := claim.ReleaseOne(ctx, memory.New(store, "winner"), cl, claim.Succeeded); err != nil {
+			t.Fatal(err)
+		}
+		// The loser's bid, long enough ago to be stood by for at once.
+		if err := controls.Carry(ctx, control.Unwatched{Job: run.Job, At: run.At, Holder: "loser", Since: time.Now().Add(-time.Minute)},
+			time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		var n atomic.Int64
+		r, err := runner.New(runner.Options{Claimer: claimsOf{memory.New(store, "r1"), run, &n}, Instance: "r1", Lease: 2 * time.Second,
+			Controls: controls}, []runner.Job{{Name: "report", Schedule: mustSchedule(t, "0 0 0 1 1 *"),
+			Handler: func(context.Context, job.Run) error { return nil }}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		time.Sleep(time.Minute) // sixty ticks of the register
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := n.Load(); got != 1 {
+			t.Fatalf("the done run was claimed %d times in a minute, want once", got)
+		}
+	})
+}
