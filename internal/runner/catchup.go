@@ -59,6 +59,8 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 			break // nothing says the earlier ones were missed
 		}
 	}
+	var missed []claim.Run
+	beyond := 0
 	if !last.IsZero() {
 		until := now
 		if len(catch) > 0 {
@@ -66,7 +68,6 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 		}
 		// The newest maxMissedAtStart before them are recorded, walking
 		// back; the older ones are counted, up to as many again.
-		var missed []claim.Run
 		for t := until.Add(-time.Nanosecond); len(missed) < maxMissedAtStart; {
 			at := j.Schedule.Prev(t, t.Sub(last))
 			if at.IsZero() || !at.After(last) {
@@ -76,30 +77,31 @@ func (d *dispatcher) catchUp(ctx, execCtx context.Context, j *jobState, last, no
 			t = at.Add(-time.Nanosecond)
 		}
 		slices.Reverse(missed)
-		beyond := 0
 		if len(missed) == maxMissedAtStart {
 			for at := j.Schedule.Next(last); !at.IsZero() && at.Before(missed[0].At) && beyond < maxMissedAtStart; at = j.Schedule.Next(at) {
 				beyond++
 			}
 		}
-		d.recordMissedRuns(ctx, execCtx, j, missed, beyond, last, MissedNoReplica)
 	}
 	for _, at := range catch {
 		j.runsAtStart(at)
 	}
-	if len(catch) > 0 {
-		if len(catch) > 1 {
-			r.log.InfoContext(ctx, "catching up missed runs", "job", j.Name, "instance", r.opts.Instance,
-				"count", len(catch), "from", catch[0].UTC().Format(time.RFC3339Nano))
-		}
-		d.goStandby(func() {
-			for _, at := range catch {
-				if !d.inTurn(ctx, execCtx, j, at) {
-					return
-				}
-			}
-		})
+	if len(catch) > 1 {
+		r.log.InfoContext(ctx, "catching up missed runs", "job", j.Name, "instance", r.opts.Instance,
+			"count", len(catch), "from", catch[0].UTC().Format(time.RFC3339Nano))
 	}
+	// The instants missed are recorded first, then the caught-up ones run
+	// in turn, in the background, as recordMissed's are: start-up must
+	// not wait on one job's claims before it dispatches the next job's
+	// instants still on time.
+	d.goStandby(func() {
+		d.recordMissedRuns(ctx, execCtx, j, missed, beyond, last, MissedNoReplica)
+		for _, at := range catch {
+			if !d.inTurn(ctx, execCtx, j, at) {
+				return
+			}
+		}
+	})
 }
 
 // inTurn contends for j's run at and returns once it has ended, here or
