@@ -31,22 +31,39 @@ func (r *Runner) readPauses(ctx context.Context) {
 	}
 }
 
-// setPauses installs ps and logs each job whose switch changed here.
+// setPauses installs ps and logs each job whose switch changed here: a
+// job's own switch one line per job, the switch of every job (--all) one
+// line with the count of jobs it changed (a line per job was 2,000 lines
+// per replica for one `pause --all`, an outside review).
 func (r *Runner) setPauses(ctx context.Context, ps control.Pauses) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pauses.Store(&ps)
+	msg := func(p control.Pause) string {
+		if p.Paused {
+			return "job paused"
+		}
+		return "job resumed"
+	}
+	var all control.Pause
+	changedByAll := 0
 	for _, j := range r.jobs {
 		p, _ := ps.Of(j.Name)
-		if p.Paused != r.pausedLogged[j.Name] {
-			r.pausedLogged[j.Name] = p.Paused
-			msg := "job resumed"
-			if p.Paused {
-				msg = "job paused"
-			}
-			r.log.InfoContext(ctx, msg, "job", j.Name, "instance", r.opts.Instance, "by", p.By, "note", p.Note,
-				"at", p.At.Format(time.RFC3339Nano))
+		if p.Paused == r.pausedLogged[j.Name] {
+			continue
 		}
+		r.pausedLogged[j.Name] = p.Paused
+		if p.Job == control.AllJobs {
+			all = p
+			changedByAll++
+			continue
+		}
+		r.log.InfoContext(ctx, msg(p), "job", j.Name, "instance", r.opts.Instance, "by", p.By, "note", p.Note,
+			"at", p.At.Format(time.RFC3339Nano))
+	}
+	if changedByAll > 0 {
+		r.log.InfoContext(ctx, msg(all), "job", control.AllJobs, "jobs", changedByAll, "instance", r.opts.Instance,
+			"by", all.By, "note", all.Note, "at", all.At.Format(time.RFC3339Nano))
 	}
 }
 

@@ -2,7 +2,11 @@ package runner_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -222,6 +226,52 @@ func TestEveryInstantMissedDuringAnOutageIsRecordedOnce(t *testing.T) {
 		if counted != 40 || misfired != 40 {
 			t.Fatalf("scheduler_runs_missed_total{reason=no_replica} sums to %v across replicas, "+
 				"scheduler_runs_skipped_total{reason=misfire} to %v: want 40 each", counted, misfired)
+		}
+	})
+}
+
+// A pause of every job is one log line per replica, with the count of
+// jobs it paused (2,000 lines per replica for one `pause --all` before,
+// an outside review); a job's own switch is a line for that job.
+func TestAPauseOfEveryJobIsOneLogLine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		var jobs []runner.Job
+		for i := range 50 {
+			jobs = append(jobs, runner.Job{Name: fmt.Sprintf("job.%02d", i), Schedule: mustSchedule(t, "0 0 0 1 1 *"),
+				Handler: func(context.Context, job.Run) error { return nil }})
+		}
+		var logs strings.Builder
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, "a"), Instance: "a", Lease: 3 * time.Second,
+			Controls: control.New(store.Controls(), nil), Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		ctl := control.New(store.Controls(), nil)
+		for _, p := range []control.Pause{{Job: control.AllJobs, Paused: true}, {Job: "job.07", Paused: false}} {
+			time.Sleep(3 * time.Second)
+			if _, err := ctl.SetPause(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(3 * time.Second)
+		cancel()
+		<-done
+		var lines []string
+		for line := range strings.Lines(logs.String()) {
+			var e struct {
+				Msg, Job string
+				Jobs     int
+			}
+			if json.Unmarshal([]byte(line), &e) == nil && strings.HasPrefix(e.Msg, "job ") {
+				lines = append(lines, fmt.Sprintf("%s %s %d", e.Msg, e.Job, e.Jobs))
+			}
+		}
+		if want := []string{"job paused * 50", "job resumed job.07 0"}; !slices.Equal(lines, want) {
+			t.Fatalf("pause lines %q, want %q", lines, want)
 		}
 	})
 }

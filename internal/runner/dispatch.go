@@ -474,6 +474,9 @@ type contention struct {
 // ctx (Run's) ended.
 func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *claim.Claim, err error) bool {
 	r := d.r
+	if err == nil || errors.Is(err, claim.ErrDone) || errors.Is(err, claim.ErrHeld) {
+		r.claimsAnswered(ctx)
+	}
 	switch {
 	case err == nil && c.skip != "" && !d.requestedAlongside(ctx, c) && !d.takenOverAlongside(ctx, c, cl):
 		d.skip(ctx, c.run, cl, c.skip, slog.LevelInfo)
@@ -509,7 +512,7 @@ func (d *dispatcher) answered(ctx, execCtx context.Context, c *contention, cl *c
 		// Fail closed: nothing runs unclaimed. Log the first failure of a
 		// streak once, at error; the claim is retried.
 		if c.unavailable == nil {
-			r.log.ErrorContext(ctx, "claim failed; retrying", append(runAttrs(r, c.run, nil), "error", err.Error())...)
+			r.claimFailed(ctx, c.run, err)
 		}
 		c.unavailable, c.unreachable = err, true
 		r.unreachableAt.Store(r.opts.Now().UnixNano())
@@ -742,6 +745,39 @@ func (d *dispatcher) tooLate(ctx context.Context, cl *claim.Claim) bool {
 	d.release(ctx, cl, claim.Interrupted)
 	d.finished(ctx, cl, claim.LeaseLost, 0, err)
 	return true
+}
+
+// claimLogEvery is how often, at most, a replica logs a failed claim.
+const claimLogEvery = 5 * time.Second
+
+// claimFailed logs the first failure of run's streak of failed claims,
+// unless a failure was logged less than claimLogEvery ago: then it is
+// counted, and the next line says how many runs failed unlogged since
+// (others_failed). The metric counts every one.
+func (r *Runner) claimFailed(ctx context.Context, run claim.Run, err error) {
+	now := time.Now().UnixNano()
+	last := r.claimLoggedAt.Load()
+	if last != 0 && now-last < int64(claimLogEvery) || !r.claimLoggedAt.CompareAndSwap(last, now) {
+		r.claimQuiet.Add(1)
+		return
+	}
+	attrs := append(runAttrs(r, run, nil), "error", err.Error())
+	if n := r.claimQuiet.Swap(0); n > 0 {
+		attrs = append(attrs, "others_failed", n)
+	}
+	r.log.ErrorContext(ctx, "claim failed; retrying", attrs...)
+}
+
+// claimsAnswered, on a claim the backend answered, says how many runs'
+// failed claims went unlogged (claimFailed) since the last line, if any.
+func (r *Runner) claimsAnswered(ctx context.Context) {
+	if r.claimQuiet.Load() == 0 {
+		return
+	}
+	if n := r.claimQuiet.Swap(0); n > 0 {
+		r.log.WarnContext(ctx, "claims answered again", "instance", r.opts.Instance, "claimer", r.opts.ClaimerName,
+			"failed_unlogged", n)
+	}
 }
 
 // jitter spreads retries of replicas that lost the same bid by ±20%.

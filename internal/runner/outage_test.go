@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -244,5 +245,61 @@ func TestARunWhoseOwnersCannotBeReadIsMissedNotHeld(t *testing.T) {
 		if !strings.Contains(logs.String(), "cannot read the job's history") {
 			t.Errorf("no warning that the history could not be read:\n%s", logs.String())
 		}
+	})
+}
+
+// A backend that refuses every claim is logged at most once each
+// claimLogEvery (5s) per replica, each line saying how many runs failed
+// unlogged since, not once per run: with 2,000 jobs, one 15s stall was
+// 1,900 error lines per replica (an outside review).
+func TestFailedClaimsAreLoggedOncePerInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		start := time.Now()
+		mode := func() string {
+			if d := time.Since(start); d > 10*time.Second && d < 30*time.Second {
+				return "refuse"
+			}
+			return ""
+		}
+		var jobs []runner.Job
+		for i := range 100 {
+			jobs = append(jobs, runner.Job{Name: fmt.Sprintf("job.%03d", i), Schedule: mustSchedule(t, "@every 5s"),
+				Handler: func(context.Context, job.Run) error { return nil }})
+		}
+		var logs strings.Builder
+		r, err := runner.New(runner.Options{Claimer: &downClaimer{memory.New(store, "a"), mode}, ClaimerName: "memory", Instance: "a",
+			Lease: 3 * time.Second, MaxClockSkew: time.Second, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		time.Sleep(40 * time.Second)
+		cancel()
+		<-done
+		lines, runs, again := 0, 0, 0
+		for line := range strings.Lines(logs.String()) {
+			var e struct {
+				Msg            string
+				OthersFailed   int `json:"others_failed"`
+				FailedUnlogged int `json:"failed_unlogged"`
+			}
+			switch {
+			case json.Unmarshal([]byte(line), &e) != nil:
+			case e.Msg == "claim failed; retrying":
+				lines++
+				runs += 1 + e.OthersFailed
+			case e.Msg == "claims answered again":
+				again++
+				runs += e.FailedUnlogged
+			}
+		}
+		if lines == 0 || lines > 5 || again != 1 || runs < 100 {
+			t.Fatalf("%d lines and %d 'answered again' for %d failing runs in a 20s refusal of 100 jobs every 5s: "+
+				"want 1 to 5 lines, one 'answered again', counting at least 100", lines, again, runs)
+		}
+		t.Logf("%d lines, %d failing runs counted", lines, runs)
 	})
 }

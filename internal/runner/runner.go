@@ -185,6 +185,11 @@ type Runner struct {
 	// on its clock; 0: never): a run that then starts past its deadline
 	// was kept from it by the backend, not by this replica falling behind.
 	unreachableAt atomic.Int64
+	// claimLoggedAt is when "claim failed; retrying" was last logged
+	// (unix ns), claimQuiet how many runs' failures went unlogged since:
+	// one line per failing run was 1,900 lines per replica for one 15s
+	// stall with 2,000 jobs (an outside review). See claimFailed.
+	claimLoggedAt, claimQuiet atomic.Int64
 
 	mu sync.Mutex
 	// lossUntil is the end of the last backend data loss this runner
