@@ -639,7 +639,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 	// (config.ClaimWindow), not to how long an outage lasts. A manual run
 	// (a request, a backfill's rerun) carries its request's time, not a
 	// deadline.
-	late := !control.Manual(cl.Run) && now.Sub(j.fire(cl.Run.At)) > r.lateTolerance()
+	late := r.pastDeadline(j, cl.Run, now)
 	// A run start-up's recovery found live that comes back as attempt 1
 	// was never started: what the history showed was a failed bid's
 	// leftovers (copies a Redlock minority still holds, reported at their
@@ -799,6 +799,14 @@ func (j *jobState) fire(at time.Time) time.Time {
 		return at
 	}
 	return j.Schedule.Jittered(j.Name, at, j.Jitter)
+}
+
+// pastDeadline reports whether run, of j, is past the late tolerance at
+// now (the replica's clock): a scheduled instant that was not started by
+// then is missed unless its misfire policy runs it late (runsLate). A
+// manual run (a request, a backfill's rerun) has no deadline.
+func (r *Runner) pastDeadline(j *jobState, run claim.Run, now time.Time) bool {
+	return !control.Manual(run) && now.Sub(j.fire(run.At)) > r.lateTolerance()
 }
 
 // runsLate reports whether j's misfire policy still runs an instant at,

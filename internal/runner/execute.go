@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
-	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
@@ -463,7 +462,7 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 				append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
 		}
 		now := r.opts.Now()
-		if cl.Attempt == 1 && !control.Manual(cl.Run) && now.Sub(j.fire(cl.Run.At)) > r.lateTolerance() && !j.runsLate(cl.Run.At, now) {
+		if cl.Attempt == 1 && r.pastDeadline(j, cl.Run, now) && !j.runsLate(cl.Run.At, now) {
 			return probe{}, fmt.Errorf("%w: %w", errMissedWaiting, err)
 		}
 		t := time.NewTimer(backoff)
