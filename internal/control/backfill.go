@@ -2,10 +2,7 @@ package control
 
 import (
 	"context"
-	"encoding/json"
 	"time"
-
-	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
 // backfillPrefix keys a backfill started through the HTTP API under its
@@ -32,17 +29,8 @@ func (s *Store) StartBackfill(ctx context.Context, b Backfill) (Backfill, bool, 
 	if b.Created.IsZero() {
 		b.Created = now.UTC()
 	}
-	v, err := json.Marshal(b)
+	out, err := putFirst(ctx, s, backfillPrefix+b.RequestID, b, b.Created.UnixNano(), now.Add(RequestTTL))
 	if err != nil {
-		return Backfill{}, false, err
-	}
-	got, err := s.reg.Put(ctx, claim.Control{Key: backfillPrefix + b.RequestID, Value: v, Version: b.Created.UnixNano(),
-		First: true, Expires: now.Add(RequestTTL)})
-	if err != nil {
-		return Backfill{}, false, err
-	}
-	var out Backfill
-	if err := json.Unmarshal(got.Value, &out); err != nil {
 		return Backfill{}, false, err
 	}
 	return out, out.ID == b.ID && out.Replica == b.Replica, nil

@@ -287,20 +287,28 @@ func (s *Store) Request(ctx context.Context, r Request) (Request, bool, error) {
 		}
 		r.At = at
 	}
-	v, err := json.Marshal(r)
+	out, err := putFirst(ctx, s, requestPrefix+r.ID, r, r.Created.UnixNano(), now.Add(RequestTTL))
 	if err != nil {
-		return Request{}, false, err
-	}
-	got, err := s.reg.Put(ctx, claim.Control{Key: requestPrefix + r.ID, Value: v, Version: r.Created.UnixNano(),
-		First: true, Expires: now.Add(RequestTTL)})
-	if err != nil {
-		return Request{}, false, err
-	}
-	var out Request
-	if err := json.Unmarshal(got.Value, &out); err != nil {
 		return Request{}, false, err
 	}
 	return out, out.At.Equal(r.At) && out.Created.Equal(r.Created) && out.Job == r.Job, nil
+}
+
+// putFirst stores v, as JSON, under key at version until expires, unless
+// the key holds an unexpired entry already (the first one stays), and
+// returns the value that stands there.
+func putFirst[T any](ctx context.Context, s *Store, key string, v T, version int64, expires time.Time) (T, error) {
+	var out T
+	b, err := json.Marshal(v)
+	if err != nil {
+		return out, err
+	}
+	got, err := s.reg.Put(ctx, claim.Control{Key: key, Value: b, Version: version, First: true, Expires: expires})
+	if err != nil {
+		return out, err
+	}
+	err = json.Unmarshal(got.Value, &out)
+	return out, err
 }
 
 // reserve takes at, or the first free microsecond after it, as the
