@@ -50,6 +50,7 @@ type Claimer struct {
 	claims   claim.ClaimCoalescer
 	releases claim.ReleaseCoalescer
 	undos    claim.Stragglers // abortLater's
+	bids     claim.Bids       // the runs whose last claim may have granted unseen
 
 	// loss is the data loss a cluster's buckets report, one per failover
 	// (see lossUntil).
@@ -184,8 +185,8 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Duration) []claim.Answer {
 	out := make([]claim.Answer, len(runs))
 	tokens := make([]string, len(runs))
-	for k := range runs {
-		tokens[k] = claim.NewToken()
+	for k, run := range runs {
+		tokens[k] = c.bids.Token(run)
 	}
 	c.done.lease.Store(int64(lease))
 	if err := c.done.refusal(); err != nil {
@@ -199,7 +200,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if err := ctx.Err(); err != nil {
 		// Scripts may have granted before the callers gave up: undo them
 		// rather than leave ghosts holding the runs for a whole lease.
-		c.abortLater(ctx, runs, tokens)
+		c.abortLater(ctx, runs, tokens, lease)
 		for k, run := range runs {
 			out[k].Err = fmt.Errorf("claim %s: %w", run.ID(), err)
 		}
@@ -230,15 +231,22 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		for j, k := range failed {
 			fruns[j], ftokens[j] = runs[k], tokens[k]
 		}
-		c.abortLater(ctx, fruns, ftokens)
+		c.abortLater(ctx, fruns, ftokens, lease)
 	}
 	return out
 }
 
 // abortLater is abort on a goroutine of its own, which Close waits for:
 // the callers of a batch that failed hear of it at once, not up to a
-// second later from a server that does not answer.
-func (c *Claimer) abortLater(ctx context.Context, runs []claim.Run, tokens []string) {
+// second later from a server that does not answer. The bids stay open for
+// a lease: if the undo is lost too (a stalled server), this replica's next
+// claim of a run is granted the grant its lost try left (claim.Bids), not
+// held off by it for a lease.
+func (c *Claimer) abortLater(ctx context.Context, runs []claim.Run, tokens []string, lease time.Duration) {
+	until := time.Now().Add(lease)
+	for k, run := range runs {
+		c.bids.Open(run, tokens[k], until)
+	}
 	c.undos.Go(func() { c.abort(ctx, runs, tokens) })
 }
 

@@ -58,6 +58,59 @@ func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
 	}
 }
 
+// TestALaterTryOfABidIsGrantedWhatAnEarlierTryLeft: a claim's reply and
+// its undo were lost (a stalled server); the same replica's next try of
+// the bid is granted that grant, with its fence and attempt and a lease
+// from now, and the earlier try's token no longer holds it: its undo or
+// renewal, landing late, changes nothing, and the earlier try itself,
+// landing late, takes nothing back. Another bid, even the same holder's,
+// is held off.
+func TestALaterTryOfABidIsGrantedWhatAnEarlierTryLeft(t *testing.T) {
+	client, p := isolated(t)
+	if err := redisnode.MarkNew(ctxT(t), client, p); err != nil {
+		t.Fatal(err)
+	}
+	node := redisnode.New(client, redisnode.Options{Prefix: p}, 0, 1)
+	run := claim.Run{Job: "job.bid", At: base}
+	var bids claim.Bids
+	try1 := bids.Token(run)
+	first, err := claimOne(t, node, run, try1, "replica-a", time.Minute)
+	if err != nil || first.Vote != redisnode.Granted {
+		t.Fatalf("first try: %+v, %v", first, err)
+	}
+	bids.Open(run, try1, time.Now().Add(time.Minute))
+	try2 := bids.Token(run)
+	if try2 == try1 || !strings.HasPrefix(try2, strings.TrimSuffix(try1, "1")) {
+		t.Fatalf("second try's token %q: want the next try of %q", try2, try1)
+	}
+	asked := time.Now()
+	second, err := claimOne(t, node, run, try2, "replica-a", time.Hour)
+	if err != nil || second.Vote != redisnode.Granted || second.Fence != first.Fence || second.Attempt != 1 {
+		t.Fatalf("second try: %+v, %v; want the first try's grant (fence %d, attempt 1)", second, err, first.Fence)
+	}
+	if second.LeaseUntil.Before(asked.Add(time.Hour)) {
+		t.Fatalf("second try's lease ends %s: want an hour from its request (%s), not the first try's minute", second.LeaseUntil, asked)
+	}
+	if r, err := claimOne(t, node, run, bids.Token(claim.Run{Job: "job.other", At: base}), "replica-a", time.Minute); err != nil || r.Vote != redisnode.Held {
+		t.Fatalf("another bid of the same holder: %+v, %v; want held", r, err)
+	}
+	if r, err := claimOne(t, node, run, try1, "replica-a", time.Minute); err != nil || r.Vote != redisnode.Held || r.HolderKey != redisnode.TokenKey(try2) {
+		t.Fatalf("the first try landing late: %+v, %v; want held by the second try", r, err)
+	}
+	if err := node.Abort(ctxT(t), run, try1); err != nil {
+		t.Fatal(err)
+	}
+	cl := &claim.Claim{Run: run, Token: try2, Holder: "replica-a", Fence: second.Fence, Attempt: second.Attempt}
+	if _, err := node.Renew(ctxT(t), cl, time.Minute, false); err != nil {
+		t.Fatalf("renewal with the second try's token after the first's undo: %v", err)
+	}
+	old := *cl
+	old.Token = try1
+	if _, err := node.Renew(ctxT(t), &old, time.Minute, false); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("renewal with the first try's token: %v, want ErrLeaseLost", err)
+	}
+}
+
 // TestBatchesOfOneAndManyReloadLostScripts: a batch goes as one script
 // call per hundred runs, a lone call bare and several in a pipeline; each
 // loads the scripts (and the library) again when the server lost them

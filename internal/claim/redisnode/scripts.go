@@ -121,7 +121,9 @@ end
 // zset.
 // ARGV: holder, lease ms, done TTL ms, history limit, fence slot, fence
 // slots, the run_id the caller last saw the marker on ("" if none), then
-// per run: token, scheduled ms, run id, job.
+// per run: token, scheduled ms, run id, job. A token is a bid and a try
+// (claim.Bids): a later try of a bid is granted a live grant an earlier
+// try left on this incarnation, with a lease from now.
 //
 // Reply: the server's run_id, then either "restarted", guard_start_ms,
 // guard_end_ms (the restart guard holds every run) or one reply per run:
@@ -142,13 +144,33 @@ local slot, slots = tonumber(ARGV[5]), tonumber(ARGV[6])
 -- a lease cut short by up to a millisecond could be taken over before
 -- its holder's request time + lease (the explorer found one, seed 7300012).
 local lease_until = math.ceil(now_us / 1000) + lease
+-- A token is "<bid>-<try>" (claim.Bids); older replicas' have no try.
+-- later(a, b): token a is a later try of b's bid.
+local function later(a, b)
+  if not b then return false end
+  local na, ta = string.match(a, '^(.+)%-(%d+)$')
+  local nb, tb = string.match(b, '^(.+)%-(%d+)$')
+  return na ~= nil and na == nb and tonumber(ta) > tonumber(tb)
+end
 local function grant(run, fkey, hkey, token, at, rid, job)
-  local h = redis.call('HMGET', run, 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence', 'base')
+  local h = redis.call('HMGET', run, 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence', 'base', 'server')
   local attempt, base = 1, 0
   if h[2] then
     if h[1] == token and h[2] == 'running' then
       -- The client retried a request that had already granted.
       return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3])}
+    end
+    if h[2] == 'running' and tonumber(h[3]) > now and h[8] == id and later(token, h[1]) then
+      -- An earlier try of this bid granted, and its caller never heard
+      -- (the reply and the undo lost to a stall): the grant is this
+      -- try's, with a lease from now, as a renewal's. The old token no
+      -- longer holds it, so that try's undo, landing late, undoes nothing.
+      -- Only a later try takes it: an earlier one that lands late (a
+      -- stalled connection) must not take the grant from the try that
+      -- won it, nor extend a lease its caller gave up.
+      redis.call('HSET', run, 'token', token, 'lease_until', s(lease_until))
+      redis.call('PEXPIRE', run, ttl)
+      return {'granted', tonumber(h[6]), tonumber(h[4]), lease_until}
     end
     if h[2] ~= 'running' and h[2] ~= 'interrupted' then
       return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0}

@@ -1,6 +1,7 @@
 package redlock_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -283,5 +284,53 @@ func TestAStalledMinorityCostsAReadOnlyTheNodeTimeout(t *testing.T) {
 		if took >= 5*nodeTimeout {
 			t.Fatalf("a history read with two of five nodes stalled took %v, want about the node timeout %v past the majority's answers", took, nodeTimeout)
 		}
+	}
+}
+
+// TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry: three of five
+// nodes granted a claim, and both the replies and the undos were lost (a
+// stall): the round failed, and the three hold the grant for its lease.
+// The replica's next round is granted those grants and wins the run at
+// once; another replica is still held off.
+func TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry(t *testing.T) {
+	addrs := testenv.RedlockAddrs(t, 5)
+	via := map[string]string{}
+	var proxies []*faultproxy.Proxy
+	for _, a := range addrs[:3] {
+		proxy, err := faultproxy.New(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = proxy.Close() })
+		via[a], proxies = proxy.Addr(), append(proxies, proxy)
+	}
+	ns := prepare(t, addrs)
+	lossy, other := ns.OpenClient("lossy", backends.Client{Via: via}), ns.Open("other")
+	run := runAt("job.lost-undo", 0)
+	for _, p := range proxies {
+		// The claim carries its holder's name; the undo does not.
+		p.DropRequests(1, func(b []byte) bool { return bytes.Contains(b, []byte(run.ID())) && !bytes.Contains(b, []byte("lossy")) })
+		p.DropReplies(1, func(b []byte) bool { return bytes.Contains(b, []byte("granted")) })
+	}
+	if _, err := claim.ClaimOne(ctxT(t), lossy, run, time.Minute); err == nil {
+		t.Fatal("claim whose majority's replies were lost: granted")
+	}
+	for i, p := range proxies {
+		if s := p.Stats(); s.Dropped != 2 {
+			t.Fatalf("node %d's proxy dropped %+v: want the claim's reply and the undo", i, s)
+		}
+	}
+	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
+		t.Fatalf("another replica's claim: %v, want held by the lost grants", err)
+	}
+	cl, err := claim.ClaimOne(ctxT(t), lossy, run, time.Minute)
+	if err != nil || cl.Attempt != 1 {
+		t.Fatalf("the next round of the replica whose replies were lost: %v, %v; want the run, attempt 1", cl, err)
+	}
+	if err := claim.ReleaseOne(ctxT(t), lossy, cl, claim.Succeeded); err != nil {
+		t.Fatalf("release of the grants the next round took over: %v", err)
+	}
+	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrDone) {
+		t.Fatalf("another replica after the release: %v, want done", err)
 	}
 }

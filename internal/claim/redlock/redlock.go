@@ -48,6 +48,10 @@ type Claimer struct {
 	// claims and releases merge the batches of callers who come at once.
 	claims   claim.ClaimCoalescer
 	releases claim.ReleaseCoalescer
+	// bids are the runs whose last round left grants that may outlive
+	// their undo (claim.Bids): a node that missed the undo grants the
+	// next round its own lost grant, and need not sit the lease out.
+	bids claim.Bids
 	// reads are the history reads still out on nodes a read stopped
 	// waiting for (readNodes).
 	reads sync.WaitGroup
@@ -346,7 +350,7 @@ func (c *Claimer) round(ctx context.Context, bids []*bid, lease time.Duration) {
 	start := time.Now()
 	runs, tokens := make([]claim.Run, len(bids)), make([]string, len(bids))
 	for k, b := range bids {
-		b.token, b.cl, b.split, b.err = claim.NewToken(), nil, nil, nil
+		b.token, b.cl, b.split, b.err = c.bids.Token(b.run), nil, nil, nil
 		runs[k], tokens[k] = b.run, b.token
 	}
 	replies := make([][]redisnode.Reply, len(c.nodes)) // by node, then bid
@@ -367,9 +371,13 @@ func (c *Claimer) round(ctx context.Context, bids []*bid, lease time.Duration) {
 		whys = c.commit(ctx, bids, winners, tallies, replies, errs, start, lease)
 	}
 	c.abort(ctx, bids, tallies)
+	until := time.Now().Add(lease)
 	for k, b := range bids {
 		if b.cl != nil {
 			continue
+		}
+		if len(tallies[k].undo) > 0 {
+			c.bids.Open(b.run, b.token, until)
 		}
 		if err := ctx.Err(); err != nil {
 			b.err = err
