@@ -3,6 +3,8 @@ package control
 import (
 	"context"
 	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
 // backfillPrefix keys a backfill started through the HTTP API under its
@@ -34,4 +36,37 @@ func (s *Store) StartBackfill(ctx context.Context, b Backfill) (Backfill, bool, 
 		return Backfill{}, false, err
 	}
 	return out, out.ID == b.ID && out.Replica == b.Replica, nil
+}
+
+// backfillStatePrefix keys the state of a backfill started through the
+// HTTP API, under its id (backfillstate/<id>), as the replica running it
+// last wrote it.
+const backfillStatePrefix = "backfillstate/"
+
+// BackfillStateTTL is how long a backfill's state is kept after its last
+// write: every replica's API answers for it that long, where the replica
+// that ran it keeps only its last few in memory.
+const BackfillStateTTL = 24 * time.Hour
+
+// PublishBackfill records state (a JSON document) as backfill id's state
+// at at; a write stamped earlier than the one stored changes nothing.
+func (s *Store) PublishBackfill(ctx context.Context, id string, state []byte, at time.Time) error {
+	_, err := s.reg.Put(ctx, claim.Control{Key: backfillStatePrefix + id, Value: state, Version: at.UnixNano(),
+		Expires: s.now().Add(BackfillStateTTL)})
+	return err
+}
+
+// BackfillState returns the state last published for backfill id, or
+// false if none is kept.
+func (s *Store) BackfillState(ctx context.Context, id string) ([]byte, bool, error) {
+	cs, err := s.reg.List(ctx, backfillStatePrefix+id)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, c := range cs {
+		if c.Key == backfillStatePrefix+id {
+			return c.Value, true, nil
+		}
+	}
+	return nil, false, nil
 }

@@ -29,7 +29,9 @@ const (
 	maxBody              = 64 << 10
 	defaultRunsLimit     = 50
 	maxRunsLimit         = 1000
-	maxBackfillsKept     = 100 // finished backfills remembered
+	maxBackfillsKept     = 100             // finished backfills remembered
+	publishEvery         = 2 * time.Second // a running backfill's state, to the control store
+	publishTimeout       = 5 * time.Second
 	maxBackfillsRunning  = 8
 	maxBackfillParallel  = 64
 	apiOffMessage        = "the API's mutating calls are off: set http.token or http.token_file"
@@ -41,15 +43,35 @@ const (
 )
 
 func (s *Server) routes() {
-	m := s.mux
-	m.HandleFunc("GET /api/jobs", s.listJobs)
-	m.HandleFunc("GET /api/runs", s.listRuns)
-	m.HandleFunc("GET /api/replicas", s.listReplicas)
-	m.HandleFunc("POST /api/jobs/{job}/pause", s.mutating("pause", true, s.pause(true)))
-	m.HandleFunc("POST /api/jobs/{job}/resume", s.mutating("resume", true, s.pause(false)))
-	m.HandleFunc("POST /api/jobs/{job}/trigger", s.mutating("trigger", false, s.trigger))
-	m.HandleFunc("POST /api/jobs/{job}/backfill", s.mutating("backfill", false, s.backfill))
-	m.HandleFunc("GET /api/backfills/{id}", s.getBackfill)
+	routes := []struct {
+		method, path string
+		h            http.HandlerFunc
+	}{
+		{"GET", "/api/jobs", s.listJobs},
+		{"GET", "/api/runs", s.listRuns},
+		{"GET", "/api/replicas", s.listReplicas},
+		{"POST", "/api/jobs/{job}/pause", s.mutating("pause", true, s.pause(true))},
+		{"POST", "/api/jobs/{job}/resume", s.mutating("resume", true, s.pause(false))},
+		{"POST", "/api/jobs/{job}/trigger", s.mutating("trigger", false, s.trigger)},
+		{"POST", "/api/jobs/{job}/backfill", s.mutating("backfill", false, s.backfill)},
+		{"GET", "/api/backfills/{id}", s.getBackfill},
+	}
+	for _, r := range routes {
+		s.mux.HandleFunc(r.method+" "+r.path, r.h)
+		// The mux's own 405 and 404 are plain text; an API client
+		// parses every answer as JSON. Each path has one method.
+		allow := r.method
+		if allow == "GET" {
+			allow = "GET, HEAD"
+		}
+		s.mux.HandleFunc(r.path, func(w http.ResponseWriter, req *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: method not allowed (allowed: %s)", req.Method, req.URL.Path, allow))
+		})
+	}
+	s.mux.HandleFunc("/api/", func(w http.ResponseWriter, req *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such call: %s %s", req.Method, req.URL.Path))
+	})
 }
 
 // apiError is an answer with a status and a message.
@@ -432,17 +454,24 @@ func (s *Server) trigger(w http.ResponseWriter, r *http.Request, c *call) (int, 
 	return http.StatusAccepted, a, nil
 }
 
-// backfill is one backfill the API started on this replica.
+// backfill is one backfill the API started on this replica. Its state
+// is published to the control store as it goes (publish), so that every
+// replica's API answers for it: behind a load balancer, the call that
+// asks after a backfill seldom reaches the replica that started it.
 type backfill struct {
 	ID         string                 `json:"id"`
 	Job        string                 `json:"job"`
 	By         string                 `json:"by"`
 	RequestID  string                 `json:"request_id"`
+	Replica    string                 `json:"replica"` // where it runs
 	Done       bool                   `json:"done"`
 	Summary    runner.BackfillSummary `json:"summary"`
 	Error      *string                `json:"error"`
 	StartedAt  time.Time              `json:"started_at"`
 	FinishedAt time.Time              `json:"finished_at,omitzero"`
+	// UpdatedAt is when the replica running it last wrote this state: a
+	// backfill not done whose state stops moving lost its replica.
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int, any, error) {
@@ -508,8 +537,8 @@ func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int,
 		}{items, sum}, nil
 	}
 
-	b := &backfill{ID: claim.NewToken(), Job: c.job, By: c.by, RequestID: c.id, StartedAt: s.o.Now().UTC(),
-		Summary: runner.BackfillSummary{Job: c.job}}
+	b := &backfill{ID: claim.NewToken(), Job: c.job, By: c.by, RequestID: c.id, Replica: s.o.Instance,
+		StartedAt: s.o.Now().UTC(), Summary: runner.BackfillSummary{Job: c.job}}
 	s.mu.Lock()
 	running := len(s.backfills) - len(s.finished)
 	switch {
@@ -548,6 +577,7 @@ func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int,
 		}
 	}
 	c.log = append(c.log, "backfill_id", b.ID)
+	s.publish(r.Context(), b)
 	o.Progress = func(_ runner.BackfillItem, sum runner.BackfillSummary) {
 		s.mu.Lock()
 		b.Summary = sum
@@ -555,8 +585,20 @@ func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int,
 	}
 	go func() {
 		defer s.wg.Done()
+		stop := make(chan struct{})
+		published := make(chan struct{})
+		go func() {
+			defer close(published)
+			s.publishWhileRunning(b, stop)
+		}()
 		_, sum, err := s.o.Backfill(s.ctx, b.Job, o)
+		close(stop)
+		<-published
 		s.finish(b, sum, err)
+		// The last state outlives the shutdown that may have ended it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), publishTimeout)
+		defer cancel()
+		s.publish(ctx, b)
 	}()
 	return http.StatusAccepted, backfillAnswer{ID: b.ID, URL: "/api/backfills/" + b.ID, Replica: s.o.Instance}, nil
 }
@@ -609,6 +651,52 @@ func backfillError(err error) error {
 	return errorf(http.StatusBadRequest, "%s", err.Error())
 }
 
+// publish writes b's state to the control store, best effort: a replica
+// that cannot write it still runs the backfill and answers for it itself.
+func (s *Server) publish(ctx context.Context, b *backfill) {
+	if s.o.Controls == nil {
+		return
+	}
+	s.mu.Lock()
+	b.UpdatedAt = s.o.Now().UTC()
+	v := *b
+	s.mu.Unlock()
+	state, err := json.Marshal(v)
+	if err == nil {
+		err = s.o.Controls.PublishBackfill(ctx, v.ID, state, v.UpdatedAt)
+	}
+	if err != nil {
+		s.o.Logger.Warn("backfill state not published", "job", v.Job, "backfill_id", v.ID, "err", err)
+	}
+}
+
+// publishWhileRunning publishes b's state every publishEvery while its
+// summary moves, until stop.
+func (s *Server) publishWhileRunning(b *backfill, stop <-chan struct{}) {
+	tick := time.NewTicker(publishEvery)
+	defer tick.Stop()
+	var last runner.BackfillSummary
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		s.mu.Lock()
+		sum := b.Summary
+		s.mu.Unlock()
+		if sum == last {
+			continue
+		}
+		last = sum
+		ctx, cancel := context.WithTimeout(s.ctx, publishTimeout)
+		s.publish(ctx, b)
+		cancel()
+	}
+}
+
+// getBackfill answers for a backfill this replica started, or else from
+// the state its replica published (publish).
 func (s *Server) getBackfill(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	s.mu.Lock()
@@ -618,9 +706,21 @@ func (s *Server) getBackfill(w http.ResponseWriter, r *http.Request) {
 		v = *b
 	}
 	s.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no backfill %q on this replica (finished ones are kept, the last %d)", id, maxBackfillsKept))
+	if ok {
+		writeJSON(w, http.StatusOK, v)
 		return
 	}
-	writeJSON(w, http.StatusOK, v)
+	if s.o.Controls != nil {
+		state, found, err := s.o.Controls.BackfillState(r.Context(), id)
+		switch {
+		case err != nil:
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("backfill %q: not on this replica, and the control store did not answer: %v", id, err))
+			return
+		case found && json.Unmarshal(state, &v) == nil:
+			writeJSON(w, http.StatusOK, v)
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, fmt.Sprintf("no backfill %q: not on this replica (it keeps its last %d finished), nor published by another in the last %s",
+		id, maxBackfillsKept, control.BackfillStateTTL))
 }

@@ -437,11 +437,13 @@ func TestJobsAndRuns(t *testing.T) {
 }
 
 type backfillStatus struct {
-	ID      string                 `json:"id"`
-	Job     string                 `json:"job"`
-	Done    bool                   `json:"done"`
-	Summary runner.BackfillSummary `json:"summary"`
-	Error   *string                `json:"error"`
+	ID        string                 `json:"id"`
+	Job       string                 `json:"job"`
+	Replica   string                 `json:"replica"`
+	UpdatedAt time.Time              `json:"updated_at"`
+	Done      bool                   `json:"done"`
+	Summary   runner.BackfillSummary `json:"summary"`
+	Error     *string                `json:"error"`
 }
 
 // waitBackfill polls GET /api/backfills/{id} until it is done.
@@ -569,6 +571,92 @@ func TestABackfillRetriedWithItsRequestIDStartsOnce(t *testing.T) {
 	if n := e.ran.Load(); n != 5 {
 		t.Fatalf("%d runs in all, want 5", n)
 	}
+}
+
+// Every replica answers for a backfill, not only the one running it: its
+// state goes to the control store as it moves. Behind a load balancer the
+// GET after a POST seldom reaches the same replica; it answered 404 (an
+// outside review).
+func TestEveryReplicaAnswersForABackfill(t *testing.T) {
+	e := newAPIEnv(t, secretToken, nil)
+	e.release = make(chan struct{})
+	other := httptest.NewServer(web.Handler(web.Options{Instance: "web-2", Claimer: "memory", History: e.claimer, Controls: e.controls}))
+	defer other.Close()
+	defer other.Client().CloseIdleConnections()
+	get := func(id string) (int, backfillStatus, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", other.URL+"/api/backfills/"+id, nil)
+		resp, err := other.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var st backfillStatus
+		if resp.StatusCode == http.StatusOK {
+			if err := json.Unmarshal(b, &st); err != nil {
+				t.Fatalf("GET %s on web-2: %v in %s", id, err, b)
+			}
+		}
+		return resp.StatusCode, st, string(b)
+	}
+	to := time.Now().UTC().Truncate(time.Minute).Add(-time.Minute)
+	body := fmt.Sprintf(`{"from":%q,"to":%q}`, to.Add(-2*time.Minute).Format(time.RFC3339), to.Format(time.RFC3339))
+	var started struct{ ID, Replica string }
+	e.call("POST", "/api/jobs/minutely/backfill", body, 202, &started)
+	if code, st, text := get(started.ID); code != 200 || st.Done || st.Replica != "web-1" || st.UpdatedAt.IsZero() || st.Job != "minutely" {
+		t.Fatalf("web-2 on a backfill running on web-1: %d %s; want its state, not done, on web-1", code, text)
+	}
+	close(e.release)
+	if st := e.waitBackfill(started.ID); st.Summary.Succeeded != 3 {
+		t.Fatalf("backfill on web-1: %+v", st)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, st, text := get(started.ID)
+		if code == 200 && st.Done {
+			if st.Error != nil || st.Summary.Succeeded != 3 || st.Summary.Settled != 3 {
+				t.Fatalf("web-2 on the finished backfill: %s", text)
+			}
+			break
+		}
+		if code != 200 || time.Now().After(deadline) {
+			t.Fatalf("web-2 on the backfill: %d %s; want it done, as web-1 says", code, text)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, _, text := get("no-such-backfill"); code != http.StatusNotFound || !strings.Contains(text, "not on this replica") {
+		t.Fatalf("web-2 on an unknown backfill: %d %s, want 404", code, text)
+	}
+}
+
+// A call with the wrong method, or to no call at all, is answered in JSON
+// as every other answer is, with the methods allowed; the mux's own are
+// plain text, which a client parsing JSON reads as a broken server.
+func TestWrongMethodsAndUnknownCallsAnswerJSON(t *testing.T) {
+	e := newAPIEnv(t, secretToken, nil)
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"DELETE", "/api/jobs", 405, "GET, HEAD"},
+		{"GET", "/api/jobs/minutely/pause", 405, "POST"},
+		{"PUT", "/api/backfills/x", 405, "GET, HEAD"},
+		{"GET", "/api/nothing", 404, ""},
+		{"POST", "/api/jobs/minutely/explode", 404, ""},
+	} {
+		code, h, text := e.do(tc.method, tc.path, "Bearer "+secretToken, "")
+		var answer struct{ Error string }
+		if code != tc.code || h.Get("Content-Type") != "application/json" || json.Unmarshal([]byte(text), &answer) != nil ||
+			answer.Error == "" || h.Get("Allow") != tc.allow {
+			t.Errorf("%s %s = %d %q, Allow %q: %s; want %d in JSON, Allow %q", tc.method, tc.path, code,
+				h.Get("Content-Type"), h.Get("Allow"), text, tc.code, tc.allow)
+		}
+	}
+	// The calls themselves still answer.
+	e.call("GET", "/api/jobs", "", 200, nil)
+	e.call("POST", "/api/jobs/minutely/pause", "", 200, nil)
 }
 
 // Closing the server stops the backfills it started, and refuses more.
