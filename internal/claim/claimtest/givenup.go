@@ -105,3 +105,24 @@ func ClaimWhenFreed(t *testing.T, c claim.Claimer, run claim.Run, lease time.Dur
 	}
 	return cl, err
 }
+
+// NextTryTakesItsLostGrant checks, once a claim of run through lossy was
+// granted but its caller heard an error and the undo was lost, that the
+// grant keeps other out, that lossy's next claim of run is granted it, at
+// attempt 1, and that the grant so taken releases like any other.
+func NextTryTakesItsLostGrant(t *testing.T, lossy, other claim.Claimer, run claim.Run) {
+	t.Helper()
+	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
+		t.Fatalf("another replica's claim: %v, want held by the lost grant", err)
+	}
+	cl, err := claim.ClaimOne(ctxT(t), lossy, run, time.Minute)
+	if err != nil || cl.Attempt != 1 {
+		t.Fatalf("the next try of the replica that never heard of its grant: %v, %v; want that grant, attempt 1", cl, err)
+	}
+	if err := claim.ReleaseOne(ctxT(t), lossy, cl, claim.Succeeded); err != nil {
+		t.Fatalf("release of the grant the next try took: %v", err)
+	}
+	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrDone) {
+		t.Fatalf("another replica after the release: %v, want done", err)
+	}
+}

@@ -375,12 +375,12 @@ func TestOneBadRunInABatchFailsAlone(t *testing.T) {
 	}
 }
 
-// TestAClaimWhoseReplyWasLostLeavesNoGhost: the script granted, the reply
-// never came back (a timeout, a dropped connection). The caller hears
-// the server was unavailable and runs nothing; the grant is undone, so
-// another replica gets the run at once rather than after a whole lease
-// held by nobody.
-func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
+// lossyPair is two claimers of one namespace: "lossy" through a fault
+// proxy, "other" direct. Neither retries: go-redis sends a call again
+// after a reset (three times by default), and a retried claim with its
+// token is granted again; here the retries are used up, or a timeout
+// ended the call.
+func lossyPair(t *testing.T) (*faultproxy.Proxy, *redis.Claimer, *redis.Claimer) {
 	client, prefix := isolated(t)
 	if err := redisnode.MarkNew(ctxT(t), client, prefix); err != nil {
 		t.Fatal(err)
@@ -390,9 +390,6 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	// No retries: go-redis sends a call again after a reset (three times
-	// by default), and a retried claim with its token is granted again;
-	// here the retries are used up, or a timeout ended the call.
 	open := func(instance, addr string) *redis.Claimer {
 		c, err := redis.Open(ctxT(t), goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1}),
 			redis.Options{Instance: instance, Prefix: prefix})
@@ -402,9 +399,18 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
+	return proxy, open("lossy", proxy.Addr()), open("other", client.Options().Addr)
+}
+
+// TestAClaimWhoseReplyWasLostLeavesNoGhost: the script granted, the reply
+// never came back (a timeout, a dropped connection). The caller hears
+// the server was unavailable and runs nothing; the grant is undone, so
+// another replica gets the run at once rather than after a whole lease
+// held by nobody.
+func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 	// The proxy drops the connection in place of the claim's reply: the
 	// scripts ran, the caller hears a reset.
-	lossy, other := open("lossy", proxy.Addr()), open("other", client.Options().Addr)
+	proxy, lossy, other := lossyPair(t)
 	fresh, again := claim.Run{Job: "job.lost-reply", At: base}, claim.Run{Job: "job.lost-reply", At: base.Add(time.Minute)}
 	// The second run is a takeover: its first attempt was handed back.
 	first, err := claim.ClaimOne(ctxT(t), other, again, time.Minute)
@@ -448,25 +454,7 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 // run is granted it at once, where it would be held off by its own ghost
 // for the lease; another replica is still held off.
 func TestAClaimWhoseReplyAndUndoWereLostIsGrantedToItsNextTry(t *testing.T) {
-	client, prefix := isolated(t)
-	if err := redisnode.MarkNew(ctxT(t), client, prefix); err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := faultproxy.New(client.Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	open := func(instance, addr string) *redis.Claimer {
-		c, err := redis.Open(ctxT(t), goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1}),
-			redis.Options{Instance: instance, Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
-	lossy, other := open("lossy", proxy.Addr()), open("other", client.Options().Addr)
+	proxy, lossy, other := lossyPair(t)
 	run := claim.Run{Job: "job.lost-undo", At: base}
 	// The claim carries its holder's name; the undo does not.
 	proxy.DropRequests(1, func(b []byte) bool { return bytes.Contains(b, []byte(run.ID())) && !bytes.Contains(b, []byte("lossy")) })
@@ -481,19 +469,7 @@ func TestAClaimWhoseReplyAndUndoWereLostIsGrantedToItsNextTry(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
-		t.Fatalf("another replica's claim: %v, want held by the lost grant", err)
-	}
-	cl, err := claim.ClaimOne(ctxT(t), lossy, run, time.Minute)
-	if err != nil || cl.Attempt != 1 {
-		t.Fatalf("the next try of the replica whose reply was lost: %v, %v; want its grant, attempt 1", cl, err)
-	}
-	if err := claim.ReleaseOne(ctxT(t), lossy, cl, claim.Succeeded); err != nil {
-		t.Fatalf("release of the grant the next try took over: %v", err)
-	}
-	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrDone) {
-		t.Fatalf("another replica after the release: %v, want done", err)
-	}
+	claimtest.NextTryTakesItsLostGrant(t, lossy, other, run)
 }
 
 // TestClaimsAStalledServerAppliedLateAreGrantedToTheirNextTry: the server

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/faultproxy"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
@@ -320,17 +321,5 @@ func TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry(t *testing.T) {
 			t.Fatalf("node %d's proxy dropped %+v: want the claim's reply and the undo", i, s)
 		}
 	}
-	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
-		t.Fatalf("another replica's claim: %v, want held by the lost grants", err)
-	}
-	cl, err := claim.ClaimOne(ctxT(t), lossy, run, time.Minute)
-	if err != nil || cl.Attempt != 1 {
-		t.Fatalf("the next round of the replica whose replies were lost: %v, %v; want the run, attempt 1", cl, err)
-	}
-	if err := claim.ReleaseOne(ctxT(t), lossy, cl, claim.Succeeded); err != nil {
-		t.Fatalf("release of the grants the next round took over: %v", err)
-	}
-	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrDone) {
-		t.Fatalf("another replica after the release: %v, want done", err)
-	}
+	claimtest.NextTryTakesItsLostGrant(t, lossy, other, run)
 }
