@@ -75,3 +75,20 @@ func (b *Bids) Open(run Run, token string, until time.Time) {
 	}
 	b.open[run.ID()] = openBid{name: token[:i], try: try, until: until}
 }
+
+// OpenAll is Open for each run, with its token at the same index.
+func (b *Bids) OpenAll(runs []Run, tokens []string, until time.Time) {
+	for k, run := range runs {
+		b.Open(run, tokens[k], until)
+	}
+}
+
+// RunsAndTokens lists the runs and tokens of cls, index for index: what
+// an undo of the grants sends.
+func RunsAndTokens(cls []*Claim) ([]Run, []string) {
+	runs, tokens := make([]Run, len(cls)), make([]string, len(cls))
+	for k, cl := range cls {
+		runs[k], tokens[k] = cl.Run, cl.Token
+	}
+	return runs, tokens
+}

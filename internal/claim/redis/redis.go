@@ -173,10 +173,10 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	return c.claims.Claim(ctx, runs, lease, func(ctx context.Context, runs []claim.Run) []claim.Answer {
 		return c.claim(ctx, runs, lease)
 	}, func(ctx context.Context, granted []*claim.Claim) {
-		runs, tokens := make([]claim.Run, len(granted)), make([]string, len(granted))
-		for k, cl := range granted {
-			runs[k], tokens[k] = cl.Run, cl.Token
-		}
+		// Granted to callers who left: undone, and if the undo is lost,
+		// the next claim of a run takes the grant (abortLater).
+		runs, tokens := claim.RunsAndTokens(granted)
+		c.bids.OpenAll(runs, tokens, time.Now().Add(lease))
 		c.abort(ctx, runs, tokens)
 	})
 }
@@ -243,10 +243,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 // claim of a run is granted the grant its lost try left (claim.Bids), not
 // held off by it for a lease.
 func (c *Claimer) abortLater(ctx context.Context, runs []claim.Run, tokens []string, lease time.Duration) {
-	until := time.Now().Add(lease)
-	for k, run := range runs {
-		c.bids.Open(run, tokens[k], until)
-	}
+	c.bids.OpenAll(runs, tokens, time.Now().Add(lease))
 	c.undos.Go(func() { c.abort(ctx, runs, tokens) })
 }
 

@@ -202,10 +202,10 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		}
 		return out
 	}, func(ctx context.Context, granted []*claim.Claim) {
-		runs, tokens := make([]claim.Run, len(granted)), make([]string, len(granted))
-		for k, cl := range granted {
-			runs[k], tokens[k] = cl.Run, cl.Token
-		}
+		// Won for callers who left: undone, and where the undo is lost,
+		// the next claim of a run takes the grant (claim.Bids).
+		runs, tokens := claim.RunsAndTokens(granted)
+		c.bids.OpenAll(runs, tokens, time.Now().Add(lease))
 		c.each(ctx, batchTimeout(c.nodeTimeout, len(runs), 0), func(ctx context.Context, _ int, n *redisnode.Node) {
 			n.AbortBatch(ctx, runs, tokens)
 		})
