@@ -670,25 +670,19 @@ func (s *Server) publish(ctx context.Context, b *backfill) {
 	}
 }
 
-// publishWhileRunning publishes b's state every publishEvery while its
-// summary moves, until stop.
+// publishWhileRunning publishes b's state every publishEvery, until stop,
+// whether or not its summary moved: updated_at is the heartbeat that
+// tells a backfill whose replica is gone from one whose handler runs long
+// (an outside review read a 40s item as a lost replica).
 func (s *Server) publishWhileRunning(b *backfill, stop <-chan struct{}) {
 	tick := time.NewTicker(publishEvery)
 	defer tick.Stop()
-	var last runner.BackfillSummary
 	for {
 		select {
 		case <-stop:
 			return
 		case <-tick.C:
 		}
-		s.mu.Lock()
-		sum := b.Summary
-		s.mu.Unlock()
-		if sum == last {
-			continue
-		}
-		last = sum
 		ctx, cancel := context.WithTimeout(s.ctx, publishTimeout)
 		s.publish(ctx, b)
 		cancel()
@@ -721,6 +715,7 @@ func (s *Server) getBackfill(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeError(w, http.StatusNotFound, fmt.Sprintf("no backfill %q: not on this replica (it keeps its last %d finished), nor published by another in the last %s",
+	writeError(w, http.StatusNotFound, fmt.Sprintf("no backfill %q: not on this replica (it keeps its last %d finished), nor published by another in the last %s "+
+		"(replicas of versions before the backfill state was published answer only for their own: ask the replica the backfill's answer named)",
 		id, maxBackfillsKept, control.BackfillStateTTL))
 }

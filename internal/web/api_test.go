@@ -604,8 +604,21 @@ func TestEveryReplicaAnswersForABackfill(t *testing.T) {
 	body := fmt.Sprintf(`{"from":%q,"to":%q}`, to.Add(-2*time.Minute).Format(time.RFC3339), to.Format(time.RFC3339))
 	var started struct{ ID, Replica string }
 	e.call("POST", "/api/jobs/minutely/backfill", body, 202, &started)
-	if code, st, text := get(started.ID); code != 200 || st.Done || st.Replica != "web-1" || st.UpdatedAt.IsZero() || st.Job != "minutely" {
+	code, first, text := get(started.ID)
+	if code != 200 || first.Done || first.Replica != "web-1" || first.UpdatedAt.IsZero() || first.Job != "minutely" {
 		t.Fatalf("web-2 on a backfill running on web-1: %d %s; want its state, not done, on web-1", code, text)
+	}
+	// Its handler blocks, so its summary stands still; updated_at moves
+	// on all the same, or a long item would read as a lost replica.
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		code, st, text := get(started.ID)
+		if code == 200 && !st.Done && st.UpdatedAt.After(first.UpdatedAt) {
+			break
+		}
+		if code != 200 || st.Done || time.Now().After(deadline) {
+			t.Fatalf("web-2 while web-1's backfill waits on a handler: %d %s; want updated_at past %s", code, text, first.UpdatedAt)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	close(e.release)
 	if st := e.waitBackfill(started.ID); st.Summary.Succeeded != 3 {
