@@ -120,8 +120,10 @@ end
 // KEYS: jobs set, marker, then per run: run hash, job fence, job history
 // zset.
 // ARGV: holder, lease ms, done TTL ms, history limit, fence slot, fence
-// slots, the run_id the caller last saw the marker on ("" if none), then
-// per run: token, scheduled ms, run id, job. A token is a bid and a try
+// slots, the run_id the caller last saw the marker on ("" if none), "1"
+// if the caller may not take over a lapsed lease (Node.ClaimBatch: it saw
+// the server fail to answer within the last lease), then per run: token,
+// scheduled ms, run id, job. A token is a bid and a try
 // (claim.Bids): a later try of a bid is granted a live grant an earlier
 // try left on this incarnation, with a lease from now.
 //
@@ -140,6 +142,7 @@ if since > 0 and now < math.max(since + lease, hold) then
 end
 local holder, ttl, limit = ARGV[1], s(tonumber(ARGV[3]) + lease), tonumber(ARGV[4])
 local slot, slots = tonumber(ARGV[5]), tonumber(ARGV[6])
+local no_takeover = ARGV[8] == '1'
 -- From the microsecond rounded up, not the millisecond the grant fell in:
 -- a lease cut short by up to a millisecond could be taken over before
 -- its holder's request time + lease (the explorer found one, seed 7300012).
@@ -175,7 +178,11 @@ local function grant(run, fkey, hkey, token, at, rid, job)
     if h[2] ~= 'running' and h[2] ~= 'interrupted' then
       return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0}
     end
-    if h[2] == 'running' and tonumber(h[3]) > now then
+    if h[2] == 'running' and (tonumber(h[3]) > now or no_takeover) then
+      -- A lease that lapsed while the caller could not reach this server
+      -- may be one whose holder could not either: its handler may have
+      -- returned, its release waiting to land. Held, not taken over,
+      -- until the caller has heard the server answer for a lease.
       return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4])}
     end
     base = tonumber(h[7] or h[4])
@@ -208,7 +215,7 @@ local function grant(run, fkey, hkey, token, at, rid, job)
 end
 local out = {id}
 for i = 0, (#KEYS - 2) / 3 - 1 do
-  local k, a = 3 + 3 * i, 8 + 4 * i
+  local k, a = 3 + 3 * i, 9 + 4 * i
   out[i + 2] = each(grant, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end
 return out

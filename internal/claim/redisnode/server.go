@@ -161,6 +161,12 @@ func (n *Node) checkServer(ctx context.Context, c goredis.UniversalClient, addr 
 // its promoted replica there, and the next calls go to it.
 func (n *Node) translate(ctx context.Context, err error) error {
 	out := translate(ctx, err)
+	// Unanswered: the server unavailable, or the caller gone before it
+	// replied (a merged batch's callers cancel rather than time out).
+	var reply goredis.Error
+	if errors.Is(out, claim.ErrUnavailable) || out != nil && ctx.Err() != nil && !errors.As(err, &reply) {
+		n.failed.Store(max(int64(time.Since(n.born)), 1))
+	}
 	if n.cluster != nil && out != nil && (errors.Is(out, claim.ErrUnavailable) || ctx.Err() != nil) {
 		n.cluster.ReloadState(ctx)
 	}
