@@ -72,27 +72,9 @@ type Node struct {
 	// evalOnly is set once the server refused functions: the programs go
 	// as EVAL scripts from then on (see library.go).
 	evalOnly atomic.Bool
-	// failed is when a call last went unanswered (the server unavailable,
-	// or the caller's deadline passed first), as monotonic time since
-	// born; 0: never. See failedWithin.
-	failed atomic.Int64
-	born   time.Time
-}
-
-// failedWithin reports whether a call to the server went unanswered
-// within the last d. Then a claim may not take over a lapsed lease
-// (claimBody): a server that stalls (a SIGSTOP, a long script, CLIENT
-// PAUSE) lets every lease lapse while no holder can renew or release,
-// and when it resumes, the bids that waited in it, or came first, took
-// over runs whose handlers had returned, their releases not yet landed,
-// and ran them again (an outside review: 286–297 of 300 runs after a
-// 6–15s stop). The holders retry their releases until the server
-// answers; this gives them a lease to land. A holder that died meanwhile
-// is taken over that much later, the price of not telling a stall from
-// every holder dying at once.
-func (n *Node) failedWithin(d time.Duration) bool {
-	f := n.failed.Load()
-	return f != 0 && time.Since(n.born)-time.Duration(f) < d
+	// unanswered holds takeovers back after a call went unanswered
+	// (claim.Unanswered, claimBody).
+	unanswered claim.Unanswered
 }
 
 // New returns a Node over client. Fences this node grants are congruent
@@ -110,7 +92,7 @@ func New(client goredis.UniversalClient, opts Options, slot, slots int) *Node {
 	n := &Node{
 		client: client, keys: keys{opts.Prefix, tagged(client, opts.HashTags)}, doneTTL: opts.DoneTTL,
 		historyLimit: opts.HistoryLimit, allowEviction: opts.AllowEviction,
-		slot: int64(slot), slots: int64(slots), restarted: opts.Restarted, born: time.Now(),
+		slot: int64(slot), slots: int64(slots), restarted: opts.Restarted,
 	}
 	n.seen = make([]atomic.Pointer[string], n.keys.count())
 	switch cl := client.(type) {
@@ -285,7 +267,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 		ids[i] = run.ID()
 	}
 	noTakeover := ""
-	if n.failedWithin(lease) {
+	if n.unanswered.Within(lease) {
 		noTakeover = "1"
 	}
 	errs := n.batch(ctx, claimProgram, len(runs), func(i int) string { return runs[i].Job },

@@ -165,7 +165,7 @@ func (n *Node) translate(ctx context.Context, err error) error {
 	// replied (a merged batch's callers cancel rather than time out).
 	var reply goredis.Error
 	if errors.Is(out, claim.ErrUnavailable) || out != nil && ctx.Err() != nil && !errors.As(err, &reply) {
-		n.failed.Store(max(int64(time.Since(n.born)), 1))
+		n.unanswered.Note()
 	}
 	if n.cluster != nil && out != nil && (errors.Is(out, claim.ErrUnavailable) || ctx.Err() != nil) {
 		n.cluster.ReloadState(ctx)

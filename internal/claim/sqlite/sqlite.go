@@ -36,7 +36,9 @@ const leaseFrom = nowMS + ` + 1`
 
 const (
 	// claimRun grants a fresh run, or takes over an interrupted or expired
-	// one, in one statement; it returns no row when the run is held or done.
+	// one, in one statement; it returns no row when the run is held or done,
+	// or when it is expired and ?7 (the claimer's writes went unanswered
+	// within the last lease: claim.Unanswered) holds takeovers back.
 	// The fence is the counter's next value, and the schema's triggers
 	// advance the counter in the statement's own transaction. A write
 	// statement takes SQLite's write lock before it reads, so two claims
@@ -51,7 +53,7 @@ ON CONFLICT (run_id) DO UPDATE
        fence = excluded.fence, attempt = scheduler_runs.attempt + 1,
        started_at = excluded.started_at, lease_until = excluded.lease_until, finished_at = NULL
  WHERE scheduler_runs.status = 'interrupted'
-    OR (scheduler_runs.status = 'running' AND scheduler_runs.lease_until <= excluded.started_at)
+    OR (scheduler_runs.status = 'running' AND scheduler_runs.lease_until <= excluded.started_at AND NOT ?7)
 RETURNING fence, attempt, lease_until`
 
 	// runState reads a run without taking the write lock (WAL readers never
@@ -138,6 +140,9 @@ type Claimer struct {
 	// writer.
 	refused   error
 	refusedAt time.Time
+	// unanswered holds takeovers back after a write went unanswered
+	// (claimRun).
+	unanswered claim.Unanswered
 }
 
 // Open opens (creating it if needed) the SQLite file at path, applies the
@@ -242,7 +247,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		cl.Requested = time.Now()
 		mark := c.file.mark()
 		err := c.stmts.queryRow(ctx, claimRun,
-			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease)},
+			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), c.unanswered.Within(lease)},
 			&cl.Fence, &cl.Attempt, &deadline)
 		if err != nil {
 			return err
@@ -298,7 +303,7 @@ func (c *Claimer) lostBid(ctx context.Context, id string, beforeBid bool) error 
 // and if the path still names the file c opened, and notes whether the
 // file refused it.
 func (c *Claimer) write(ctx context.Context, f func() error) error {
-	return c.queue(ctx, func() error {
+	err := c.queue(ctx, func() error {
 		err := f()
 		switch {
 		case err == nil:
@@ -308,6 +313,11 @@ func (c *Claimer) write(ctx context.Context, f func() error) error {
 		}
 		return err
 	})
+	if err != nil && (errors.Is(translate(err), claim.ErrUnavailable) || ctx.Err() != nil) {
+		// Locked past the busy timeout, or the caller gave up waiting.
+		c.unanswered.Note()
+	}
+	return err
 }
 
 // queue is write without the note of the outcome: for readiness, which
@@ -416,6 +426,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return claims, errs
 	}
 	won := make([]bool, len(runs))
+	hold := c.unanswered.Within(lease)
 	err := c.write(ctx, func() error {
 		requested := time.Now()
 		mark := c.file.mark()
@@ -427,7 +438,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 			for _, i := range bids {
 				cl, run := claims[i], claims[i].Run
 				var deadline int64
-				err := st.QueryRowContext(ctx, run.ID(), run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease)).
+				err := st.QueryRowContext(ctx, run.ID(), run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), hold).
 					Scan(&cl.Fence, &cl.Attempt, &deadline)
 				switch {
 				case err == nil:
