@@ -432,3 +432,23 @@ func TestANodeSetToEvictWhileRunningIsReported(t *testing.T) {
 		t.Fatalf("ping with the policy set back: %v", err)
 	}
 }
+
+// TestALeaseThatLapsedWhileTheNodesWereStoppedIsNotTakenOverAtOnce: every
+// node stopped (SIGSTOP) for longer than the lease; each node holds
+// takeovers back for the claimer whose calls it left unanswered
+// (claimtest.LapsedInAStallIsNotTakenOver).
+func TestALeaseThatLapsedWhileTheNodesWereStoppedIsNotTakenOverAtOnce(t *testing.T) {
+	nodes, addrs := startNodes(t, 5)
+	open := prepare(t, addrs).Open
+	each := func(f func(*testenv.Redis) error) func() {
+		return func() {
+			for _, n := range nodes {
+				if err := f(n); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	claimtest.LapsedInAStallIsNotTakenOver(t, open("holder"), open("standby"),
+		each((*testenv.Redis).Pause), each((*testenv.Redis).Resume), 2*time.Second)
+}
