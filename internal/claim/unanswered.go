@@ -20,19 +20,65 @@ import (
 // meanwhile is taken over that much later: the price of not telling a
 // stall from every holder dying at once. A claimer that sent nothing
 // during the stall until its bid for the lapsed lease does not know to
-// hold back. The zero value is ready to use.
+// hold back.
+//
+// The hold has a cap. A backend that keeps leaving a call unanswered
+// now and then while it answers the others (chronically overloaded, or
+// behind a link that drops a connection every few seconds) is not
+// stalled, and holding on would keep a dead holder's run from ever being
+// taken over. So once the backend has answered for ChronicAfter leases
+// of one streak (unanswered calls less than a lease apart), the hold
+// ends until a lease passes with every call answered. A stall that
+// starts inside such a streak gets no hold.
+//
+// The zero value is ready to use.
 type Unanswered struct {
-	last atomic.Int64 // monotonic ns since epoch; 0: never
+	last     atomic.Int64 // the latest unanswered call; 0: never
+	answered atomic.Int64 // the streak's first answer; 0: none yet
+	lease    atomic.Int64 // the latest Hold's lease, which bounds a streak
 }
+
+// ChronicAfter is how many leases of answers within one streak of
+// unanswered calls end the hold.
+const ChronicAfter = 3
 
 // epoch is the origin of Unanswered's monotonic readings.
 var epoch = time.Now()
 
-// Note records that a call went unanswered now.
-func (u *Unanswered) Note() { u.last.Store(max(int64(time.Since(epoch)), 1)) }
+// sinceEpoch is now on Unanswered's monotonic scale, never 0.
+func sinceEpoch() int64 { return max(int64(time.Since(epoch)), 1) }
 
-// Within reports whether a call went unanswered within the last d.
-func (u *Unanswered) Within(d time.Duration) bool {
+// Note records that a call went unanswered now.
+func (u *Unanswered) Note() { u.noteAt(sinceEpoch()) }
+
+// Answered records that the backend answered a call now.
+func (u *Unanswered) Answered() { u.answeredAt(sinceEpoch()) }
+
+// Hold reports whether a takeover of a lapsed lease is to be held back
+// now: a call went unanswered within the last lease, and its streak has
+// not yet gone on through ChronicAfter leases of answers.
+func (u *Unanswered) Hold(lease time.Duration) bool { return u.holdAt(lease, sinceEpoch()) }
+
+func (u *Unanswered) noteAt(t int64) {
+	prev := u.last.Swap(t)
+	if d := u.lease.Load(); prev == 0 || d > 0 && t-prev >= d {
+		u.answered.Store(0) // a new streak
+	}
+}
+
+func (u *Unanswered) answeredAt(t int64) {
+	if l := u.last.Load(); l != 0 && t-l < u.lease.Load() {
+		u.answered.CompareAndSwap(0, t)
+	}
+}
+
+func (u *Unanswered) holdAt(lease time.Duration, t int64) bool {
+	d := int64(lease)
+	u.lease.Store(d)
 	l := u.last.Load()
-	return l != 0 && time.Since(epoch)-time.Duration(l) < d
+	if l == 0 || t-l >= d {
+		return false
+	}
+	a := u.answered.Load()
+	return a == 0 || t-a < ChronicAfter*d
 }

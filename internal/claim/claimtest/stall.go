@@ -66,3 +66,61 @@ func LapsedInAStallIsNotTakenOver(t *testing.T, holder, standby claim.Claimer, s
 		t.Fatalf("the run of a holder that died during the stall: %v, %v; want taken over, attempt 2", cl, err)
 	}
 }
+
+// ChronicStallsEndTheHold checks the cap on that hold: a backend that
+// stalls briefly every fraction of a lease (stall, until resume; an
+// unanswered call and its undo must take well under a lease) while
+// it answers in between, as a chronically overloaded one does, holds a
+// lapsed lease's takeover back at first, as after any stall, but then
+// lets standby take over the run of a holder that died. A hold without a
+// cap kept such a run from ever executing again.
+func ChronicStallsEndTheHold(t *testing.T, holder, standby claim.Claimer, stall, resume func(), lease time.Duration) {
+	t.Helper()
+	dead := claim.Run{Job: "job.chronic", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+	claimed := time.Now() // the lease lapses after this and a lease
+	if _, err := claim.ClaimOne(ctxT(t), holder, dead, lease); err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	var first time.Time // before the standby's first call that could be answered
+	limit := (claim.ChronicAfter + 8) * lease
+	for i, deadline := 0, time.Now().Add(limit); ; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("a dead holder's run was not taken over in %v of brief stalls: the hold has no cap", limit)
+		}
+		// A brief stall, in which one of standby's calls goes unanswered.
+		stall()
+		ctx, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
+		noted, _ := ctx.Deadline() // the unanswered call is noted after it
+		_, err := claim.ClaimOne(ctx, standby, claim.Run{Job: "job.chronic.other", At: dead.At.Add(time.Duration(i+1) * time.Minute)}, lease)
+		cancel()
+		resume()
+		if err == nil {
+			t.Fatal("a claim on a stalled backend was granted")
+		}
+		sent := time.Now()
+		if first.IsZero() {
+			first = sent
+		}
+		cl, err := claim.ClaimOne(ctxT(t), standby, dead, lease)
+		answered := time.Now()
+		if errors.Is(err, claim.ErrHeld) {
+			time.Sleep(lease / 8)
+			continue
+		}
+		if err != nil || cl.Attempt != 2 {
+			t.Fatalf("the standby's bid between stalls: %v, %v; want held, or taken over as attempt 2", cl, err)
+		}
+		// Taken over. Not too soon: a bid within a lease of an
+		// unanswered call, early in the streak, must be held as after
+		// any stall (measured from the calls' own edges, so that a
+		// stalled test machine cannot make it look early).
+		if answered.Sub(noted) < lease && answered.Sub(first) < (claim.ChronicAfter-1)*lease {
+			t.Fatalf("taken over %v after an unanswered call, %v into the streak: the hold did not hold",
+				answered.Sub(noted), answered.Sub(first))
+		}
+		if answered.Before(claimed.Add(lease)) {
+			t.Fatalf("taken over %v before the lease lapsed", claimed.Add(lease).Sub(answered))
+		}
+		return
+	}
+}

@@ -543,8 +543,22 @@ func TestClaimsAStalledServerAppliedLateAreGrantedToTheirNextTry(t *testing.T) {
 // TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce: a
 // SIGSTOP longer than the lease (claimtest.LapsedInAStallIsNotTakenOver).
 func TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t, "lapse:")
+	claimtest.LapsedInAStallIsNotTakenOver(t, holder, standby, stop, cont, 2*time.Second)
+}
+
+// TestAServerStoppedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile: brief
+// SIGSTOPs every fraction of a lease, answers between them
+// (claimtest.ChronicStallsEndTheHold).
+func TestAServerStoppedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t, "chronic:")
+	claimtest.ChronicStallsEndTheHold(t, holder, standby, stop, cont, time.Second)
+}
+
+// stoppable opens a holder and a standby on a private server, and
+// returns functions that stop and continue it.
+func stoppable(t *testing.T, prefix string) (holder, standby *redis.Claimer, stop, cont func()) {
 	srv := testenv.StartRedis(t)
-	const prefix = "lapse:"
 	open := func(instance string) *redis.Claimer {
 		client := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 		if instance == "holder" {
@@ -559,14 +573,13 @@ func TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce(t *testing
 		t.Cleanup(func() { _ = c.Close(); _ = client.Close() })
 		return c
 	}
-	holder, standby := open("holder"), open("standby")
-	claimtest.LapsedInAStallIsNotTakenOver(t, holder, standby, func() {
-		if err := srv.Pause(); err != nil {
-			t.Fatal(err)
+	return open("holder"), open("standby"), func() {
+			if err := srv.Pause(); err != nil {
+				t.Fatal(err)
+			}
+		}, func() {
+			if err := srv.Resume(); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}, func() {
-		if err := srv.Resume(); err != nil {
-			t.Fatal(err)
-		}
-	}, 2*time.Second)
 }

@@ -267,7 +267,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 		ids[i] = run.ID()
 	}
 	noTakeover := ""
-	if n.unanswered.Within(lease) {
+	if n.unanswered.Hold(lease) {
 		noTakeover = "1"
 	}
 	errs := n.batch(ctx, claimProgram, len(runs), func(i int) string { return runs[i].Job },
@@ -279,6 +279,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 			return append(keys, n.keys.run(ids[i]), n.keys.fence(job), n.keys.runs(job)),
 				append(args, tokens[i], runs[i].At.UnixMilli(), ids[i], job)
 		}, func(b int, chunk []int, vals []any) error {
+			n.unanswered.Answered()
 			r := reply(vals)
 			if id := r.str(0); r.err == nil {
 				n.ran(b, id)

@@ -247,7 +247,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		cl.Requested = time.Now()
 		mark := c.file.mark()
 		err := c.stmts.queryRow(ctx, claimRun,
-			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), c.unanswered.Within(lease)},
+			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), c.unanswered.Hold(lease)},
 			&cl.Fence, &cl.Attempt, &deadline)
 		if err != nil {
 			return err
@@ -316,6 +316,8 @@ func (c *Claimer) write(ctx context.Context, f func() error) error {
 	if err != nil && (errors.Is(translate(err), claim.ErrUnavailable) || ctx.Err() != nil) {
 		// Locked past the busy timeout, or the caller gave up waiting.
 		c.unanswered.Note()
+	} else {
+		c.unanswered.Answered()
 	}
 	return err
 }
@@ -426,7 +428,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return claims, errs
 	}
 	won := make([]bool, len(runs))
-	hold := c.unanswered.Within(lease)
+	hold := c.unanswered.Hold(lease)
 	err := c.write(ctx, func() error {
 		requested := time.Now()
 		mark := c.file.mark()

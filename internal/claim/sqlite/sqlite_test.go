@@ -64,6 +64,22 @@ func TestNewPanicsOnNilDB(t *testing.T) {
 // the lease (claimtest.LapsedInAStallIsNotTakenOver; an outside review:
 // 37 and 39 of 60 runs ran again after 6–10s).
 func TestALeaseThatLapsedWhileAnotherProcessHeldTheFileIsNotTakenOverAtOnce(t *testing.T) {
+	holder, standby, lock, unlock := lockable(t)
+	claimtest.LapsedInAStallIsNotTakenOver(t, holder, standby, lock, unlock, 2*time.Second)
+}
+
+// TestAFileLockedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile: another
+// process takes the write lock briefly every fraction of a lease
+// (claimtest.ChronicStallsEndTheHold).
+func TestAFileLockedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile(t *testing.T) {
+	holder, standby, lock, unlock := lockable(t)
+	claimtest.ChronicStallsEndTheHold(t, holder, standby, lock, unlock, time.Second)
+}
+
+// lockable opens a holder and a standby on one file, and returns
+// functions with which another connection takes and gives back its
+// write lock.
+func lockable(t *testing.T) (holder, standby *sqlite.Claimer, lock, unlock func()) {
 	path := filepath.Join(t.TempDir(), "scheduler.db")
 	open := func(instance string) *sqlite.Claimer {
 		c, err := sqlite.Open(t.Context(), path, sqlite.Options{Instance: instance})
@@ -73,24 +89,24 @@ func TestALeaseThatLapsedWhileAnotherProcessHeldTheFileIsNotTakenOverAtOnce(t *t
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	holder, standby := open("holder"), open("standby")
+	holder, standby = open("holder"), open("standby")
 	other, err := sql.Open("sqlite", migrations.SQLiteDSN(path))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = other.Close() })
-	var lock *sql.Conn
-	claimtest.LapsedInAStallIsNotTakenOver(t, holder, standby, func() {
-		if lock, err = other.Conn(t.Context()); err != nil {
-			t.Fatal(err)
+	var conn *sql.Conn
+	return holder, standby, func() {
+			if conn, err = other.Conn(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.ExecContext(t.Context(), "BEGIN IMMEDIATE"); err != nil {
+				t.Fatal(err)
+			}
+		}, func() {
+			if _, err := conn.ExecContext(t.Context(), "ROLLBACK"); err != nil {
+				t.Fatal(err)
+			}
+			_ = conn.Close()
 		}
-		if _, err := lock.ExecContext(t.Context(), "BEGIN IMMEDIATE"); err != nil {
-			t.Fatal(err)
-		}
-	}, func() {
-		if _, err := lock.ExecContext(t.Context(), "ROLLBACK"); err != nil {
-			t.Fatal(err)
-		}
-		_ = lock.Close()
-	}, 2*time.Second)
 }
