@@ -543,7 +543,7 @@ func TestClaimsAStalledServerAppliedLateAreGrantedToTheirNextTry(t *testing.T) {
 // TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce: a
 // SIGSTOP longer than the lease (claimtest.LapsedInAStallIsNotTakenOver).
 func TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce(t *testing.T) {
-	holder, standby, stop, cont := stoppable(t, "lapse:")
+	holder, standby, stop, cont, _ := stoppable(t, "lapse:")
 	claimtest.LapsedInAStallIsNotTakenOver(t, holder, standby, stop, cont, 2*time.Second)
 }
 
@@ -551,14 +551,14 @@ func TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce(t *testing
 // SIGSTOPs every fraction of a lease, answers between them
 // (claimtest.ChronicStallsEndTheHold).
 func TestAServerStoppedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile(t *testing.T) {
-	holder, standby, stop, cont := stoppable(t, "chronic:")
+	holder, standby, stop, cont, _ := stoppable(t, "chronic:")
 	claimtest.ChronicStallsEndTheHold(t, holder, standby, stop, cont, time.Second)
 }
 
-// stoppable opens a holder and a standby on a private server, and
+// stoppable opens a holder and a standby on a private server, srv, and
 // returns functions that stop and continue it.
-func stoppable(t *testing.T, prefix string) (holder, standby *redis.Claimer, stop, cont func()) {
-	srv := testenv.StartRedis(t)
+func stoppable(t *testing.T, prefix string) (holder, standby *redis.Claimer, stop, cont func(), srv *testenv.Redis) {
+	srv = testenv.StartRedis(t)
 	open := func(instance string) *redis.Claimer {
 		client := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 		if instance == "holder" {
@@ -581,5 +581,26 @@ func stoppable(t *testing.T, prefix string) (holder, standby *redis.Claimer, sto
 			if err := srv.Resume(); err != nil {
 				t.Fatal(err)
 			}
+		}, srv
+}
+
+// TestABidThatWaitedOutAPausedServerDoesNotTakeOverWhenItRuns: CLIENT
+// PAUSE WRITE, with a standby that saw nothing unanswered before its bid
+// (claimtest.ABidThatWaitedInAStallIsHeld). Not a SIGSTOP: the commands
+// a stopped server reads first when it resumes see the time it stopped
+// at, so the lease looks live to them anyway; a paused server's clock
+// runs on.
+func TestABidThatWaitedOutAPausedServerDoesNotTakeOverWhenItRuns(t *testing.T) {
+	holder, standby, _, _, srv := stoppable(t, "waited:")
+	admin := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = admin.Close() })
+	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, func() {
+		if err := admin.Do(ctxT(t), "CLIENT", "PAUSE", 60000, "WRITE").Err(); err != nil {
+			t.Fatal(err)
 		}
+	}, func() {
+		if err := admin.Do(ctxT(t), "CLIENT", "UNPAUSE").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}, 2*time.Second, 0)
 }

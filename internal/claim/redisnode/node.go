@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -73,8 +74,10 @@ type Node struct {
 	// as EVAL scripts from then on (see library.go).
 	evalOnly atomic.Bool
 	// unanswered holds takeovers back after a call went unanswered
-	// (claim.Unanswered, claimBody).
+	// (claim.Unanswered, claimBody); clocks, by a call that waited in
+	// the server (serverClocks).
 	unanswered claim.Unanswered
+	clocks     serverClocks
 }
 
 // New returns a Node over client. Fences this node grants are congruent
@@ -266,26 +269,35 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 	for i, run := range runs {
 		ids[i] = run.ID()
 	}
-	noTakeover := ""
-	if n.unanswered.Hold(lease) {
-		noTakeover = "1"
-	}
+	hold, sent := n.unanswered.Hold(lease), localMS()
 	errs := n.batch(ctx, claimProgram, len(runs), func(i int) string { return runs[i].Job },
 		func(b int) ([]string, []any) {
+			seen, by := n.Seen(b), "0"
+			if t, ok := n.clocks.latest(seen, sent, lease/4); ok && !hold {
+				by = strconv.FormatInt(t, 10)
+			} else if !hold {
+				by = ""
+			}
 			return []string{n.keys.jobs(b), n.keys.marker(b)}, []any{holder, lease.Milliseconds(),
-				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, n.Seen(b), noTakeover}
+				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, seen, by}
 		}, func(i int, keys []string, args []any) ([]string, []any) {
 			job := runs[i].Job
 			return append(keys, n.keys.run(ids[i]), n.keys.fence(job), n.keys.runs(job)),
 				append(args, tokens[i], runs[i].At.UnixMilli(), ids[i], job)
 		}, func(b int, chunk []int, vals []any) error {
-			n.unanswered.Answered()
 			r := reply(vals)
-			if id := r.str(0); r.err == nil {
+			if id, now := r.str(0), r.int(1); r.err == nil {
+				if by, ok := n.clocks.latest(id, sent, lease/4); ok && now > by {
+					// The call waited in the server: a stall, as an
+					// unanswered call shows (the script held its takeovers).
+					n.unanswered.Note()
+				}
+				n.unanswered.Answered()
 				n.ran(b, id)
+				n.clocks.observe(id, sent, now)
 			}
-			if len(vals) == 4 && vals[1] == "restarted" {
-				held := Reply{Vote: Held, Restarted: true, LostAt: ms(r.int(2)), LeaseUntil: ms(r.int(3))}
+			if len(vals) == 5 && vals[2] == "restarted" {
+				held := Reply{Vote: Held, Restarted: true, LostAt: ms(r.int(3)), LeaseUntil: ms(r.int(4))}
 				if r.err != nil {
 					return r.err
 				}
@@ -294,11 +306,11 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 				}
 				return nil
 			}
-			if r.err != nil || len(vals) != 1+len(chunk) {
+			if r.err != nil || len(vals) != 2+len(chunk) {
 				return fmt.Errorf("redis: claim script replied %v to %d runs", vals, len(chunk))
 			}
 			for k, i := range chunk {
-				replies[i], answers[i] = claimReply(vals[1+k])
+				replies[i], answers[i] = claimReply(vals[2+k])
 			}
 			return nil
 		})

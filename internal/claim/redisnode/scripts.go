@@ -120,15 +120,19 @@ end
 // KEYS: jobs set, marker, then per run: run hash, job fence, job history
 // zset.
 // ARGV: holder, lease ms, done TTL ms, history limit, fence slot, fence
-// slots, the run_id the caller last saw the marker on ("" if none), "1"
-// if the caller may not take over a lapsed lease (Node.ClaimBatch: it saw
-// the server fail to answer within the last lease), then per run: token,
-// scheduled ms, run id, job. A token is a bid and a try
-// (claim.Bids): a later try of a bid is granted a live grant an earlier
-// try left on this incarnation, with a lease from now.
+// slots, the run_id the caller last saw the marker on ("" if none), the
+// latest server time in ms at which the call may take over a lapsed
+// lease ("" for no limit; "0" when the caller saw the server fail to
+// answer within the last lease, claim.Unanswered; else its send plus the
+// server's clock offset and a quarter lease, serverClocks: a call that
+// waited longer in the server may have overtaken a release that waited
+// there too), then per run: token, scheduled ms, run id, job. A token is
+// a bid and a try (claim.Bids): a later try of a bid is granted a live
+// grant an earlier try left on this incarnation, with a lease from now.
 //
-// Reply: the server's run_id, then either "restarted", guard_start_ms,
-// guard_end_ms (the restart guard holds every run) or one reply per run:
+// Reply: the server's run_id, its time in ms, then either "restarted",
+// guard_start_ms, guard_end_ms (the restart guard holds every run) or
+// one reply per run:
 // {"granted", fence, attempt, lease_until_ms},
 // {"held", holder, lease_until_ms, token digest, attempt},
 // {"done", status, attempt, holder, fence}, or {"error", message}.
@@ -138,11 +142,11 @@ local now = math.floor(now_us / 1000)
 local lease = tonumber(ARGV[2])
 local id, since, hold = incarnation(KEYS[2], ARGV[7], lease, now)
 if since > 0 and now < math.max(since + lease, hold) then
-  return {id, 'restarted', since, math.max(since + lease, hold)}
+  return {id, now, 'restarted', since, math.max(since + lease, hold)}
 end
 local holder, ttl, limit = ARGV[1], s(tonumber(ARGV[3]) + lease), tonumber(ARGV[4])
 local slot, slots = tonumber(ARGV[5]), tonumber(ARGV[6])
-local no_takeover = ARGV[8] == '1'
+local takeover_by = tonumber(ARGV[8])
 -- From the microsecond rounded up, not the millisecond the grant fell in:
 -- a lease cut short by up to a millisecond could be taken over before
 -- its holder's request time + lease (the explorer found one, seed 7300012).
@@ -178,11 +182,12 @@ local function grant(run, fkey, hkey, token, at, rid, job)
     if h[2] ~= 'running' and h[2] ~= 'interrupted' then
       return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0}
     end
-    if h[2] == 'running' and (tonumber(h[3]) > now or no_takeover) then
-      -- A lease that lapsed while the caller could not reach this server
-      -- may be one whose holder could not either: its handler may have
-      -- returned, its release waiting to land. Held, not taken over,
-      -- until the caller has heard the server answer for a lease.
+    if h[2] == 'running' and (tonumber(h[3]) > now or takeover_by and now > takeover_by) then
+      -- A lease that lapsed while the caller could not reach this server,
+      -- or while this call waited in it, may be one whose holder could
+      -- not either: its handler may have returned, its release waiting
+      -- to land. Held, not taken over, until the caller has heard the
+      -- server answer for a lease, and its call did not wait.
       return {'held', h[5] or '', tonumber(h[3]), string.sub(redis.sha1hex(h[1] or ''), 1, 16), tonumber(h[4])}
     end
     base = tonumber(h[7] or h[4])
@@ -213,10 +218,10 @@ local function grant(run, fkey, hkey, token, at, rid, job)
   end
   return {'granted', fence, attempt, lease_until}
 end
-local out = {id}
+local out = {id, now}
 for i = 0, (#KEYS - 2) / 3 - 1 do
   local k, a = 3 + 3 * i, 9 + 4 * i
-  out[i + 2] = each(grant, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+  out[i + 3] = each(grant, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end
 return out
 `

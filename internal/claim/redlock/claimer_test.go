@@ -471,3 +471,11 @@ func stoppable(t *testing.T, o backends.Options) (holder, standby claim.Claimer,
 	}
 	return open("holder"), open("standby"), each((*testenv.Redis).Pause), each((*testenv.Redis).Resume)
 }
+
+// TestABidSentIntoStoppedNodesDoesNotTakeOverWhenItRuns: every node SIGSTOPped (the node timeout cuts the bid short), with a
+// standby that saw nothing unanswered before its bid
+// (claimtest.ABidThatWaitedInAStallIsHeld).
+func TestABidSentIntoStoppedNodesDoesNotTakeOverWhenItRuns(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t, options)
+	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 0)
+}

@@ -34,11 +34,19 @@ const nowMS = `CAST(unixepoch('subsec') * 1000 AS INTEGER)`
 // truncated likewise).
 const leaseFrom = nowMS + ` + 1`
 
+// takeoverBy is claimRun's ?8 for a bid sent now: the latest time, on
+// nowMS's clock (this host's), at which it may still take over a lapsed
+// lease.
+func takeoverBy(lease time.Duration) int64 { return time.Now().Add(lease / 4).UnixMilli() }
+
 const (
 	// claimRun grants a fresh run, or takes over an interrupted or expired
 	// one, in one statement; it returns no row when the run is held or done,
-	// or when it is expired and ?7 (the claimer's writes went unanswered
-	// within the last lease: claim.Unanswered) holds takeovers back.
+	// or when it is expired and takeovers are held back: ?7, the claimer's
+	// writes went unanswered within the last lease (claim.Unanswered), or
+	// the statement runs after ?8, the bid's send plus a quarter lease (it
+	// waited for the write lock that long, and a holder's release may be
+	// waiting behind it).
 	// The fence is the counter's next value, and the schema's triggers
 	// advance the counter in the statement's own transaction. A write
 	// statement takes SQLite's write lock before it reads, so two claims
@@ -53,7 +61,8 @@ ON CONFLICT (run_id) DO UPDATE
        fence = excluded.fence, attempt = scheduler_runs.attempt + 1,
        started_at = excluded.started_at, lease_until = excluded.lease_until, finished_at = NULL
  WHERE scheduler_runs.status = 'interrupted'
-    OR (scheduler_runs.status = 'running' AND scheduler_runs.lease_until <= excluded.started_at AND NOT ?7)
+    OR (scheduler_runs.status = 'running' AND scheduler_runs.lease_until <= excluded.started_at
+        AND NOT ?7 AND excluded.started_at <= ?8)
 RETURNING fence, attempt, lease_until`
 
 	// runState reads a run without taking the write lock (WAL readers never
@@ -243,11 +252,13 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	}
 	cl := &claim.Claim{Run: run, Token: claim.NewToken(), Holder: c.instance, Lease: lease}
 	var deadline int64
+	by := takeoverBy(lease)
+	defer c.waited(by)
 	err := c.write(ctx, func() error {
 		cl.Requested = time.Now()
 		mark := c.file.mark()
 		err := c.stmts.queryRow(ctx, claimRun,
-			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), c.unanswered.Hold(lease)},
+			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), c.unanswered.Hold(lease), by},
 			&cl.Fence, &cl.Attempt, &deadline)
 		if err != nil {
 			return err
@@ -320,6 +331,16 @@ func (c *Claimer) write(ctx context.Context, f func() error) error {
 		c.unanswered.Answered()
 	}
 	return err
+}
+
+// waited notes a claim that ended past by, its takeoverBy: it waited
+// for the write lock so long that claimRun held its takeovers back, and
+// the writes of this claimer's next lease hold theirs too, as after an
+// unanswered one.
+func (c *Claimer) waited(by int64) {
+	if time.Now().UnixMilli() > by {
+		c.unanswered.Note()
+	}
 }
 
 // queue is write without the note of the outcome: for readiness, which
@@ -428,7 +449,8 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return claims, errs
 	}
 	won := make([]bool, len(runs))
-	hold := c.unanswered.Hold(lease)
+	hold, by := c.unanswered.Hold(lease), takeoverBy(lease)
+	defer c.waited(by)
 	err := c.write(ctx, func() error {
 		requested := time.Now()
 		mark := c.file.mark()
@@ -440,7 +462,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 			for _, i := range bids {
 				cl, run := claims[i], claims[i].Run
 				var deadline int64
-				err := st.QueryRowContext(ctx, run.ID(), run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), hold).
+				err := st.QueryRowContext(ctx, run.ID(), run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), hold, by).
 					Scan(&cl.Fence, &cl.Attempt, &deadline)
 				switch {
 				case err == nil:

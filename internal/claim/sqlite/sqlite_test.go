@@ -110,3 +110,11 @@ func lockable(t *testing.T) (holder, standby *sqlite.Claimer, lock, unlock func(
 			_ = conn.Close()
 		}
 }
+
+// TestABidThatWaitedForTheFileDoesNotTakeOverWhenItRuns: another process in BEGIN IMMEDIATE, with a
+// standby that saw nothing unanswered before its bid
+// (claimtest.ABidThatWaitedInAStallIsHeld).
+func TestABidThatWaitedForTheFileDoesNotTakeOverWhenItRuns(t *testing.T) {
+	holder, standby, stop, cont := lockable(t)
+	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 2*time.Second+500*time.Millisecond)
+}
