@@ -585,11 +585,9 @@ func stoppable(t *testing.T, prefix string) (holder, standby *redis.Claimer, sto
 }
 
 // TestABidThatWaitedOutAPausedServerDoesNotTakeOverWhenItRuns: CLIENT
-// PAUSE WRITE, with a standby that saw nothing unanswered before its bid
-// (claimtest.ABidThatWaitedInAStallIsHeld). Not a SIGSTOP: the commands
-// a stopped server reads first when it resumes see the time it stopped
-// at, so the lease looks live to them anyway; a paused server's clock
-// runs on.
+// PAUSE WRITE, which the review saw run 2 and 3 runs twice, with a
+// standby that saw nothing unanswered before its bid
+// (claimtest.ABidThatWaitedInAStallIsHeld).
 func TestABidThatWaitedOutAPausedServerDoesNotTakeOverWhenItRuns(t *testing.T) {
 	holder, standby, _, _, srv := stoppable(t, "waited:")
 	admin := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
@@ -603,4 +601,11 @@ func TestABidThatWaitedOutAPausedServerDoesNotTakeOverWhenItRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, 2*time.Second, 0)
+}
+
+// TestABidSentIntoAStoppedServerDoesNotTakeOverWhenItRuns: the same
+// across a SIGSTOP.
+func TestABidSentIntoAStoppedServerDoesNotTakeOverWhenItRuns(t *testing.T) {
+	holder, standby, stop, cont, _ := stoppable(t, "waited.stop:")
+	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 0)
 }
