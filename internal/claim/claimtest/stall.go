@@ -136,9 +136,8 @@ func ChronicStallsEndTheHold(t *testing.T, holder, standby claim.Claimer, stall,
 // stopped or paused Redis (a claimer's own calls in the background go
 // unanswered later in the stall, and would hold the bid back for
 // another reason); once the lease lapsed where the backend's reads go on
-// answering, as SQLite's (it answers held from a read before then). It
-// waits in the stall half a lease after that. lease must be well under
-// the time a claim call may wait.
+// answering, as SQLite's (it answers held from a read before then).
+// lease must be well under the time a claim call may wait.
 func ABidThatWaitedInAStallIsHeld(t *testing.T, holder, standby claim.Claimer, stall, resume func(), lease, bidAfter time.Duration) {
 	t.Helper()
 	at := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
@@ -168,7 +167,10 @@ func ABidThatWaitedInAStallIsHeld(t *testing.T, holder, standby claim.Claimer, s
 		_, err := claim.ClaimOne(ctxT(t), standby, run, lease)
 		bid <- err
 	}()
-	time.Sleep(max(lease+lease/4-bidAfter, 0) + lease/2) // the lease lapses while the bid waits
+	// The lease lapses while the bid waits, three quarters of a lease
+	// after that: a bid that waited over a quarter is held, and a test
+	// machine that starts the bid's goroutine late has half a lease.
+	time.Sleep(max(lease+lease/4-bidAfter, 0) + 3*lease/4)
 	resume()
 	resumed = true
 	if err := <-bid; err == nil {
