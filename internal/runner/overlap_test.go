@@ -176,3 +176,63 @@ func release(t *testing.T, ctx context.Context, c claim.Claimer, cl *claim.Claim
 		t.Fatal(errs[0])
 	}
 }
+
+// TestAProbeWaitsOutARecordOfAMissedRunThatTakesSeconds: after an outage,
+// the claims that record its instants missed queue behind each other and
+// behind the backlog (300 jobs, a 20s PostgreSQL lock: an outside review
+// saw every forbid job skip two or three instants for overlap though
+// nothing of theirs ran). A late grant of attempt 1 is such a record, or
+// a catch-up, and the probe waits for it to end for up to the late
+// tolerance, not a second and a half.
+func TestAProbeWaitsOutARecordOfAMissedRunThatTakesSeconds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		store := memory.NewStore(nil)
+		start := time.Now().Truncate(10 * time.Second).Add(10 * time.Second)
+		a, b := start.Add(10*time.Second), start.Add(20*time.Second)
+		time.Sleep(time.Until(start))
+		// r1 cannot claim a (its connections drop), so another replica's
+		// late claim of it, a record of a missed run, is what r1's probe
+		// of b meets.
+		fc := &failWhile{Claimer: memory.New(store, "r1"), run: claim.Run{Job: "tick", At: a}}
+		fc.armed.Store(true)
+		const skew = 500 * time.Millisecond // a late tolerance of 6s
+		ran := make(chan time.Time, 10)
+		r, err := runner.New(runner.Options{Claimer: fc, Instance: "r1", Lease: 6 * time.Second, MaxClockSkew: skew},
+			[]runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/10 * * * * *"), Overlap: runner.OverlapForbid,
+				Handler: func(ctx context.Context, run job.Run) error {
+					if run.ScheduledAt.After(a) {
+						ran <- run.ScheduledAt
+					}
+					return nil
+				}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		time.Sleep(time.Until(a.Add(7 * time.Second))) // past the late tolerance
+		other := memory.New(store, "other")
+		cl, err := claim.ClaimOne(ctx, other, claim.Run{Job: "tick", At: a}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc.armed.Store(false)
+		time.Sleep(time.Until(b.Add(3 * time.Second))) // the record's release waits 3s past b
+		release(t, ctx, other, cl, claim.Missed)
+		select {
+		case at := <-ran:
+			if !at.Equal(b) {
+				t.Fatalf("ran %v, want %v", at, b)
+			}
+		case <-time.After(9 * time.Second):
+			recs, _ := other.History(ctx, "tick", 3)
+			t.Fatalf("%v did not run: history %+v", b, recs)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
