@@ -330,17 +330,12 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		}
 		run := claim.Run{Job: j.Name, At: prev}
 		cl, err := d.probeClaim(ctx, run)
-		begin := time.Now()
-		for wait := 100 * time.Millisecond; errors.Is(err, claim.ErrHeld) &&
-			(wait <= 400*time.Millisecond || time.Since(begin) < d.r.lateTolerance() && d.heldToRecord(ctx, j, prev)); wait = min(2*wait, time.Second) {
+		for wait := 100 * time.Millisecond; errors.Is(err, claim.ErrHeld) && wait <= 400*time.Millisecond; wait *= 2 {
 			// A claim may hold it a moment only to record it missed or
 			// skipped (replicas starting together after an outage, a
 			// record a restarted Redis lost): asked again over most of a
 			// second before it is called live, or this instant would be
-			// skipped for good for a run that never ran (outside review);
-			// and up to the late tolerance while its record says it is
-			// such a claim (waitsOut's test), which after an outage can
-			// queue for seconds behind the backlog.
+			// skipped for good for a run that never ran (outside review).
 			if !sleep(ctx, jitter(wait)) {
 				break
 			}
@@ -368,31 +363,6 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		}
 	}
 	return n
-}
-
-// heldToRecord reports whether the live record of j's run at is a first
-// attempt granted past the late tolerance: a claim that may be held only
-// to record the run missed (waitsOut's test). A read that fails says no.
-func (d *dispatcher) heldToRecord(ctx context.Context, j *jobState, at time.Time) bool {
-	rctx, cancel := context.WithTimeout(ctx, d.r.opts.Lease/3)
-	defer cancel()
-	recs, err := d.reads.history(rctx, j.Name, ownerProbe)
-	if err != nil {
-		return false
-	}
-	for _, rec := range recs {
-		if rec.At.Equal(at) && rec.Status.Live() {
-			return d.lateFirstGrant(j, rec)
-		}
-	}
-	return false
-}
-
-// lateFirstGrant reports whether rec is a first attempt granted past its
-// instant's late tolerance: a claim that may be held only to record the
-// run missed, or a catch-up's.
-func (d *dispatcher) lateFirstGrant(j *jobState, rec claim.Record) bool {
-	return rec.Attempt == 1 && rec.StartedAt.Sub(j.fire(rec.At)) > d.r.lateTolerance()
 }
 
 // probeClaim bids for run, an earlier instant an overlap probe asks

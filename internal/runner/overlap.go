@@ -151,21 +151,22 @@ func waitFor(ctx, ectx context.Context, d time.Duration) error {
 	}
 }
 
+// momentaryWait bounds how long a probe asks again about runs another
+// replica may hold only to record them missed (see waitsOut): such a
+// claim is released within a round trip or two of its grant.
+const momentaryWait = 1500 * time.Millisecond
+
 // waitsOut reports whether a probing run, having asked for waited so
 // far, should ask again rather than act on what p found: every run it
 // would yield to (owners, ahead), or with anyOf any run found (newer
 // too), may be held only for a moment, to be recorded missed. Such a
 // claim is no run that could overlap (an outside review: a replica
 // restarted after 25s down skipped its instants still on time as overlap
-// with its own claims on the outage's older instants, and nothing ran).
-// A claim this replica holds for that (recording) is asked about again
-// until it is released, up to the late tolerance; so is one of another
-// replica's, recognised by its grant, a first attempt granted past its
-// deadline (replicas starting together). Such a record is released
-// within a round trip or two of its grant on an idle backend, but after
-// an outage thousands of them queue behind the backlog: asked about for
-// only 1.5s, every forbid job skipped two or three instants after a 20s
-// PostgreSQL lock (an outside review). Asking again only delays the verdict: the
+// with its own claims on the outage's older instants, and nothing ran). A claim this replica holds for that (recording) is
+// asked about again until it is released, up to the late tolerance;
+// one of another replica's is recognised by its grant, a first attempt
+// granted past its deadline (replicas starting together), and asked
+// about for momentaryWait. Asking again only delays the verdict: the
 // run starts only once a probe finds nothing live to yield to, so a run
 // mistaken for one of these (a late run its misfire policy ran) is
 // yielded to in the end.
@@ -182,7 +183,8 @@ func (d *dispatcher) waitsOut(j *jobState, p probe, waited time.Duration, anyOf 
 	}
 	momentary := 0
 	for _, o := range found {
-		if j.recordingHere(o.At) || d.lateFirstGrant(j, o) {
+		if j.recordingHere(o.At) ||
+			o.Attempt == 1 && o.StartedAt.Sub(j.fire(o.At)) > d.r.lateTolerance() && waited < momentaryWait {
 			momentary++
 		}
 	}
