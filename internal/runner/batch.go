@@ -93,6 +93,14 @@ func (q *queue[T]) idle() bool {
 	return false
 }
 
+// spill reports whether calls wait behind a sender that is stuck, so
+// that the caller starts another for them (two then work at once).
+func (q *queue[T]) spill() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.pending) > 0
+}
+
 // active reports whether calls wait or a sender is at work.
 func (q *queue[T]) active() bool {
 	q.mu.Lock()

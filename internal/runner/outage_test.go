@@ -303,3 +303,83 @@ func TestFailedClaimsAreLoggedOncePerInterval(t *testing.T) {
 		t.Logf("%d lines, %d failing runs counted", lines, runs)
 	})
 }
+
+// A release batch stuck in a stalled backend does not keep the releases
+// that queue behind it in the process: after a tenth of a lease they go
+// in a batch of their own. Waiting here, they were lost with a replica
+// killed during the stall, and their runs, handlers done, ran again (an
+// outside review: 79 runs after a 6s Redis stop, a replica killed 1s
+// into it); sent, they wait in the backend's socket and land.
+func TestReleasesDoNotQueueBehindABatchStuckInTheBackend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		start := time.Now().Truncate(10 * time.Second).Add(10 * time.Second)
+		time.Sleep(time.Until(start))
+		at := start.Truncate(time.Minute).Add(time.Minute) // the jobs' next instant
+		c := &stuckRelease{Claimer: memory.New(memory.NewStore(nil), "r1"), at: at, unstick: make(chan struct{}), calls: make(chan []claim.Run, 10)}
+		sleeper := func(d time.Duration) job.Handler {
+			return func(ctx context.Context, run job.Run) error {
+				time.Sleep(d)
+				return nil
+			}
+		}
+		const lease = 4 * time.Second
+		r, err := runner.New(runner.Options{Claimer: c, Instance: "r1", Lease: lease}, []runner.Job{
+			{Name: "a", Schedule: mustSchedule(t, "0 * * * * *"), Handler: sleeper(100 * time.Millisecond)},
+			{Name: "b", Schedule: mustSchedule(t, "0 * * * * *"), Handler: sleeper(300 * time.Millisecond)},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		first := <-c.calls // a's release, stuck
+		if len(first) != 1 || first[0].Job != "a" {
+			t.Fatalf("first release batch %v, want a's alone", first)
+		}
+		stuckAt := time.Now()
+		select {
+		case next := <-c.calls:
+			if len(next) != 1 || next[0].Job != "b" {
+				t.Fatalf("second release batch %v, want b's", next)
+			}
+			if waited := time.Since(stuckAt); waited > lease/10+100*time.Millisecond {
+				t.Fatalf("b's release went %v after a's got stuck, want within a tenth of the lease after it", waited)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatal("b's release waited in the process behind a's stuck batch")
+		}
+		close(c.unstick)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// stuckRelease holds the first release call of runs at until unstick is
+// closed, as a stalled backend would; calls reports every such call's
+// runs. (The look-back's record of the instant before start goes by.)
+type stuckRelease struct {
+	claim.Claimer
+	at      time.Time
+	unstick chan struct{}
+	calls   chan []claim.Run
+	n       atomic.Int32
+}
+
+func (s *stuckRelease) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	runs := make([]claim.Run, len(cls))
+	for i, cl := range cls {
+		runs[i] = cl.Run
+	}
+	if !runs[0].At.Equal(s.at) {
+		return s.Claimer.Release(ctx, cls, outs)
+	}
+	s.calls <- runs
+	if s.n.Add(1) == 1 {
+		<-s.unstick
+	}
+	return s.Claimer.Release(ctx, cls, outs)
+}
