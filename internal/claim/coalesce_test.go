@@ -357,3 +357,52 @@ func TestWaitOutlastsABatchItsCallersLeft(t *testing.T) {
 		}
 	})
 }
+
+// A release does not wait behind a release batch out for longer than a
+// round trip should take (a stalled backend): it goes at once, beside it,
+// so that it waits in the server rather than in a process that may be
+// killed meanwhile. Before that, the releases behind it merge as usual.
+func TestAReleaseGoesBesideABatchStuckInTheBackend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var rc claim.ReleaseCoalescer
+		gate := make(chan struct{})
+		var mu sync.Mutex
+		var batches []int // each batch's size
+		send := func(ctx context.Context, ends []claim.Ending) []error {
+			mu.Lock()
+			batches = append(batches, len(ends))
+			first := len(batches) == 1
+			mu.Unlock()
+			if first {
+				<-gate // stuck
+			}
+			return make([]error, len(ends))
+		}
+		cl := func(i int) []*claim.Claim {
+			return []*claim.Claim{{Run: claim.Run{Job: "job.stuck", At: time.Date(2026, 1, 2, 3, 4, i, 0, time.UTC)},
+				Token: "t", Holder: "h", Fence: 1, Attempt: 1, Lease: time.Minute}}
+		}
+		release := func(i int) []error { return rc.Release(t.Context(), cl(i), []claim.Status{claim.Succeeded}, send) }
+		var wg sync.WaitGroup
+		wg.Go(func() { release(0) })
+		synctest.Wait()
+		wg.Go(func() { release(1) }) // merges: the batch is young
+		synctest.Wait()
+		mu.Lock()
+		if len(batches) != 1 {
+			t.Fatalf("batches %v: a release went beside a batch out for no time", batches)
+		}
+		mu.Unlock()
+		time.Sleep(time.Second) // the batch is stuck
+		if errs := release(2); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		mu.Lock()
+		if len(batches) != 2 || batches[1] != 1 {
+			t.Fatalf("batches %v, want the release behind a stuck batch sent at once, alone", batches)
+		}
+		mu.Unlock()
+		close(gate)
+		wg.Wait()
+	})
+}

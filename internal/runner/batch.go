@@ -93,8 +93,8 @@ func (q *queue[T]) idle() bool {
 	return false
 }
 
-// spill reports whether calls wait behind a sender that is stuck, so
-// that the caller starts another for them (two then work at once).
+// spill reports whether calls wait behind a sender that is stuck, for
+// the caller to start another for them (two then work at once).
 func (q *queue[T]) spill() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()

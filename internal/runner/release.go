@@ -7,6 +7,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -92,7 +93,7 @@ func (b *releaser) release(ctx context.Context, cl *claim.Claim, o claim.Status)
 		x.span = trace.SpanContextFromContext(ctx)
 	}
 	if b.q.add(x) {
-		b.send(ctx, x)
+		b.send(ctx, x, b.stuck())
 	}
 	<-x.done
 	return x.err
@@ -102,7 +103,7 @@ func (b *releaser) release(ctx context.Context, cl *claim.Claim, o claim.Status)
 // is waiting), then hands what is still waiting to an exec goroutine. The
 // calls are detached from ctx: it lends them its values only, and a lease
 // bounds each batch.
-func (b *releaser) send(ctx context.Context, own *ending) {
+func (b *releaser) send(ctx context.Context, own *ending, stuck time.Duration) {
 	for {
 		batch := b.q.take()
 		if len(batch) == 0 {
@@ -121,7 +122,7 @@ func (b *releaser) send(ctx context.Context, own *ending) {
 		// A batch of its own, not a child of the run whose release leads
 		// it (ctx's): it links every run it releases instead.
 		bctx, span := b.d.r.startBatch(bctx, "release batch", len(batch), trace.WithNewRoot(), trace.WithLinks(links...))
-		spill := b.spillAfter(ctx, b.d.r.opts.Lease/10)
+		spill := b.spillAfter(ctx, stuck)
 		errs := b.d.r.opts.Claimer.Release(bctx, cls, outs)
 		spill()
 		cancel()
@@ -134,35 +135,53 @@ func (b *releaser) send(ctx context.Context, own *ending) {
 		}
 		if answered {
 			if !b.q.idle() {
-				b.d.exec.Go(func() { b.send(ctx, nil) })
+				b.d.exec.Go(func() { b.send(ctx, nil, b.stuck()) })
 			}
 			return
 		}
 	}
 }
 
+// stuck is how long a release batch may be out before the releases
+// behind it go without it (spillAfter): far above a healthy round trip.
+func (b *releaser) stuck() time.Duration { return min(b.d.r.opts.Lease/10, 200*time.Millisecond) }
+
 // spillAfter starts, should the batch about to go not come back within
-// stuck, another sender for the releases that queue behind it, and
-// returns what to call once it came back. A backend that stalls holds
-// the batch in flight, and without this every release after it waited
-// in this process: a replica killed meanwhile lost them all, and each of
-// those runs, its handler done, ran again once the lease lapsed (an
-// outside review: 79 runs after a 6s Redis stop with a replica killed 1s
-// into it). Sent, a release waits in the backend's socket and lands when
-// it resumes, whatever became of this process.
+// stuck, another sender for the releases waiting behind it, and returns
+// what to call once the batch came back. A backend that stalls holds the
+// batch in flight, and every release after it waited in this process: a
+// replica killed meanwhile lost them all, and each of those runs, its
+// handler done, ran again once the lease lapsed (an outside review: 79
+// runs after a 6s Redis stop, a replica killed 1s into it). Sent, a
+// release waits in the backend's socket and lands when it resumes,
+// whatever became of this process. (The Redis claimers' own merging lets
+// such a batch by too: claim.ReleaseCoalescer.) The next sender, stuck
+// in turn, spills after half as long again: each holds a connection of
+// the client's pool for the stall, and a release that waits for one
+// waits in this process too.
 func (b *releaser) spillAfter(ctx context.Context, stuck time.Duration) (back func()) {
-	spilled := make(chan struct{})
-	t := time.AfterFunc(stuck, func() {
-		defer close(spilled)
-		// The batch's sender, an exec goroutine, is still at work, so
-		// exec is above zero (see releaser).
-		if b.q.spill() {
-			b.d.exec.Go(func() { b.send(ctx, nil) })
+	var mu sync.Mutex
+	came := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(stuck, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case came:
+		case b.q.spill():
+			// The batch's sender, an exec goroutine, is still at work,
+			// so exec is above zero (see releaser).
+			b.d.exec.Go(func() { b.send(ctx, nil, stuck*3/2) })
+		default:
+			t.Reset(stuck) // nothing waits yet: look again
 		}
 	})
 	return func() {
-		if !t.Stop() {
-			<-spilled // its sender, if any, is in exec before this one leaves
-		}
+		mu.Lock()
+		defer mu.Unlock()
+		came = true
+		t.Stop()
 	}
 }
