@@ -7,7 +7,8 @@ import (
 
 // Unanswered remembers when a backend last left a call of this claimer
 // unanswered (unavailable, or the caller's deadline came first), so that
-// for a lease after it the claimer does not take over a lapsed lease.
+// until the backend has answered again for a lease the claimer does not
+// take over a lapsed lease.
 //
 // A backend that stalls (a SIGSTOP, a long GC or script, CLIENT PAUSE,
 // another process holding SQLite's write lock) lets every lease lapse
@@ -34,6 +35,7 @@ import (
 // The zero value is ready to use.
 type Unanswered struct {
 	last     atomic.Int64 // the latest unanswered call; 0: never
+	since    atomic.Int64 // the first answer after it; 0: none yet
 	answered atomic.Int64 // the streak's first answer; 0: none yet
 	lease    atomic.Int64 // the latest Hold's lease, which bounds a streak
 }
@@ -55,19 +57,27 @@ func (u *Unanswered) Note() { u.noteAt(sinceEpoch()) }
 func (u *Unanswered) Answered() { u.answeredAt(sinceEpoch()) }
 
 // Hold reports whether a takeover of a lapsed lease is to be held back
-// now: a call went unanswered within the last lease, and its streak has
-// not yet gone on through ChronicAfter leases of answers.
+// now: a call went unanswered, and the backend has not answered for a
+// lease since (nor answered at all: a stall may last longer than a
+// lease after the last call that went unanswered in it), and the streak
+// has not yet gone on through ChronicAfter leases of answers.
 func (u *Unanswered) Hold(lease time.Duration) bool { return u.holdAt(lease, sinceEpoch()) }
 
 func (u *Unanswered) noteAt(t int64) {
 	prev := u.last.Swap(t)
+	u.since.Store(0)
 	if d := u.lease.Load(); prev == 0 || d > 0 && t-prev >= d {
 		u.answered.Store(0) // a new streak
 	}
 }
 
 func (u *Unanswered) answeredAt(t int64) {
-	if l := u.last.Load(); l != 0 && t-l < u.lease.Load() {
+	l := u.last.Load()
+	if l == 0 {
+		return
+	}
+	u.since.CompareAndSwap(0, t)
+	if t-l < u.lease.Load() {
 		u.answered.CompareAndSwap(0, t)
 	}
 }
@@ -75,9 +85,11 @@ func (u *Unanswered) answeredAt(t int64) {
 func (u *Unanswered) holdAt(lease time.Duration, t int64) bool {
 	d := int64(lease)
 	u.lease.Store(d)
-	l := u.last.Load()
-	if l == 0 || t-l >= d {
+	if u.last.Load() == 0 {
 		return false
+	}
+	if s := u.since.Load(); s != 0 && t-s >= d {
+		return false // the backend has answered for a lease
 	}
 	a := u.answered.Load()
 	return a == 0 || t-a < ChronicAfter*d

@@ -6,8 +6,9 @@ import (
 )
 
 // TestTheHoldOnTakeoversLastsALeaseAfterAStall: a stall (calls
-// unanswered, none answered) holds takeovers for a lease after its last
-// unanswered call, however long it lasted.
+// unanswered, none answered) holds takeovers until the backend has
+// answered again for a lease, however long it lasted, and however long
+// after the last call that went unanswered in it.
 func TestTheHoldOnTakeoversLastsALeaseAfterAStall(t *testing.T) {
 	const lease = time.Second
 	var u Unanswered
@@ -15,17 +16,19 @@ func TestTheHoldOnTakeoversLastsALeaseAfterAStall(t *testing.T) {
 	if u.holdAt(lease, at(0)) {
 		t.Fatal("held before any call went unanswered")
 	}
-	for d := time.Duration(0); d <= 20*lease; d += lease / 4 { // a 20-lease stall
+	for d := time.Duration(0); d <= lease; d += lease / 4 { // calls unanswered in the first lease
 		u.noteAt(at(d))
 	}
-	for _, d := range []time.Duration{20*lease + lease/10, 20*lease + lease/2, 21*lease - 1} {
+	// Then nothing is asked until the stall ends, 20 leases on.
+	answered := 20 * lease
+	for _, d := range []time.Duration{answered, answered + lease/2, answered + lease - 1} {
 		if !u.holdAt(lease, at(d)) {
-			t.Fatalf("not held %v after a 20-lease stall began, %v after it ended", d, d-20*lease)
+			t.Fatalf("not held %v after a 20-lease stall began, %v after the backend answered again", d, d-answered)
 		}
-		u.answeredAt(at(d)) // the backend answers again
+		u.answeredAt(at(d))
 	}
-	if u.holdAt(lease, at(21*lease)) {
-		t.Fatal("still held a lease after the last unanswered call")
+	if u.holdAt(lease, at(answered+lease)) {
+		t.Fatal("still held a lease after the backend answered again")
 	}
 }
 
