@@ -116,10 +116,20 @@ func (c *Claimer) release(ctx context.Context, ends []claim.Ending) []error {
 	for k, e := range ends {
 		ids[k], tokens[k], outs[k] = e.Claim.ID(), e.Claim.Token, e.Outcome
 	}
-	nodeErrs := make([][]error, len(c.nodes)) // by node, then claim
-	c.each(ctx, batchTimeout(c.nodeTimeout, len(ids), 0), func(ctx context.Context, i int, n *redisnode.Node) {
-		nodeErrs[i] = n.ReleaseBatch(ctx, ids, tokens, outs)
+	// A stalled minority is not waited out (quorumNodes); its releases
+	// land when it resumes.
+	nodeErrs, cut := quorumNodes(ctx, c, batchTimeout(c.nodeTimeout, len(ids), 0), func(ctx context.Context, _ int, n *redisnode.Node) ([]error, error) {
+		errs := n.ReleaseBatch(ctx, ids, tokens, outs)
+		return errs, firstIfAll(errs)
 	})
+	for i, errs := range nodeErrs { // by node, then claim
+		if errs == nil { // cut short
+			nodeErrs[i] = make([]error, len(ids))
+			for k := range ids {
+				nodeErrs[i][k] = cut[i]
+			}
+		}
+	}
 	errs := make([]error, len(ends))
 	for k := range ends {
 		if err := ctx.Err(); err != nil {

@@ -325,9 +325,10 @@ func TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry(t *testing.T) {
 }
 
 // TestAStalledMinorityCostsAClaimRoundLittle: two of five nodes stop
-// answering, and a batch of runs due at once is claimed. The claim round
-// waits for them only as long again as the majority took, plus the node
-// timeout, not its whole bound, which grows with the batch (2ms a run): behind it 300 runs started 1.5s late, and the
+// answering, and a batch of runs due at once is claimed, then released.
+// The claim round and the release round wait for them only as long again
+// as the majority took, plus the node timeout, not their whole bound,
+// which grows with the batch (2ms a run): behind it 300 runs started 1.5s late, and the
 // next instant was skipped for overlap in 291 of 300 jobs (an outside
 // review). Every run is still won.
 func TestAStalledMinorityCostsAClaimRoundLittle(t *testing.T) {
@@ -355,27 +356,41 @@ func TestAStalledMinorityCostsAClaimRoundLittle(t *testing.T) {
 		}
 		return runs
 	}
-	claimAll := func(job string) time.Duration {
+	claimAll := func(job string) (time.Duration, []*claim.Claim) {
 		t.Helper()
 		began := time.Now()
-		_, errs := c.Claim(ctxT(t), batch(job), 30*time.Second)
+		cls, errs := c.Claim(ctxT(t), batch(job), 30*time.Second)
 		took := time.Since(began)
 		for i, err := range errs {
 			if err != nil {
 				t.Fatalf("%s: run %d: %v", job, i, err)
 			}
 		}
-		return took
+		return took, cls
 	}
-	healthy := claimAll("job.healthy")
+	healthy, _ := claimAll("job.healthy")
 	for _, p := range stalled {
 		p.Partition(true)
 	}
-	took := claimAll("job.stalled")
+	took, cls := claimAll("job.stalled")
 	// (The commit goes to the nodes that answered the claim round only.)
-	if bound := nodeTimeout + (n-1)*2*time.Millisecond; took >= bound/2 {
+	bound := nodeTimeout + (n-1)*2*time.Millisecond
+	if took >= bound/2 {
 		t.Fatalf("claiming %d runs with two of five nodes stalled took %v (%v with every node up): want far less than the claim round's bound, %v",
 			n, took, healthy, bound)
+	}
+	began := time.Now()
+	outs := make([]claim.Status, n)
+	for i := range outs {
+		outs[i] = claim.Succeeded
+	}
+	for i, err := range c.Release(ctxT(t), cls, outs) {
+		if err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+	if released := time.Since(began); released >= bound/2 {
+		t.Fatalf("releasing them took %v: want far less than the release round's bound, %v", released, bound)
 	}
 	t.Logf("claiming %d runs: %v with every node up, %v with two of five stalled", n, healthy, took)
 }
