@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/faultproxy"
@@ -248,22 +249,8 @@ func TestRacingBatchesOfAThousandRuns(t *testing.T) {
 // later instants were skipped for overlap (an outside review: 8.7s late
 // behind two of five paused nodes). The grant is still found live.
 func TestAStalledMinorityCostsAReadOnlyTheNodeTimeout(t *testing.T) {
-	addrs := testenv.RedlockAddrs(t, 5)
 	const nodeTimeout = 200 * time.Millisecond // a read's whole timeout: 2s
-	via := map[string]string{}
-	var stalled []*faultproxy.Proxy
-	for _, a := range addrs[:2] {
-		p, err := faultproxy.New(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
-		via[a], stalled = p.Addr(), append(stalled, p)
-	}
-	ns := backends.Prepare(t, "redlock", backends.Options{Servers: addrs, Tune: func(c *config.Claimer) {
-		c.Redlock.NodeTimeout = config.Duration(nodeTimeout)
-	}})
-	c := ns.OpenClient("r", backends.Client{Via: via})
+	c, stalled := stallable(t, nodeTimeout)
 	run := runAt("job.stalled", 0)
 	cl, err := claim.ClaimOne(ctxT(t), c, run, 30*time.Second)
 	if err != nil {
@@ -295,16 +282,7 @@ func TestAStalledMinorityCostsAReadOnlyTheNodeTimeout(t *testing.T) {
 // once; another replica is still held off.
 func TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry(t *testing.T) {
 	addrs := testenv.RedlockAddrs(t, 5)
-	via := map[string]string{}
-	var proxies []*faultproxy.Proxy
-	for _, a := range addrs[:3] {
-		proxy, err := faultproxy.New(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = proxy.Close() })
-		via[a], proxies = proxy.Addr(), append(proxies, proxy)
-	}
+	via, proxies := proxyFirst(t, addrs, 3)
 	ns := prepare(t, addrs)
 	lossy, other := ns.OpenClient("lossy", backends.Client{Via: via}), ns.Open("other")
 	run := runAt("job.lost-undo", 0)
@@ -332,23 +310,9 @@ func TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry(t *testing.T) {
 // next instant was skipped for overlap in 291 of 300 jobs (an outside
 // review). Every run is still won.
 func TestAStalledMinorityCostsAClaimRoundLittle(t *testing.T) {
-	addrs := testenv.RedlockAddrs(t, 5)
 	const nodeTimeout = 50 * time.Millisecond
 	const n = 1000 // a round's bound: 50ms + 999 × 2ms, about 2s
-	via := map[string]string{}
-	var stalled []*faultproxy.Proxy
-	for _, a := range addrs[:2] {
-		p, err := faultproxy.New(a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
-		via[a], stalled = p.Addr(), append(stalled, p)
-	}
-	ns := backends.Prepare(t, "redlock", backends.Options{Servers: addrs, Tune: func(c *config.Claimer) {
-		c.Redlock.NodeTimeout = config.Duration(nodeTimeout)
-	}})
-	c := ns.OpenClient("r", backends.Client{Via: via})
+	c, stalled := stallable(t, nodeTimeout)
 	batch := func(job string) []claim.Run {
 		runs := make([]claim.Run, n)
 		for i := range runs {
@@ -393,4 +357,31 @@ func TestAStalledMinorityCostsAClaimRoundLittle(t *testing.T) {
 		t.Fatalf("releasing them took %v: want far less than the release round's bound, %v", released, bound)
 	}
 	t.Logf("claiming %d runs: %v with every node up, %v with two of five stalled", n, healthy, took)
+}
+
+// stallable opens a claimer with nodeTimeout on five nodes, two of them
+// reached through proxies (stalled) that the test can partition.
+func stallable(t *testing.T, nodeTimeout time.Duration) (*claimers.Backend, []*faultproxy.Proxy) {
+	addrs := testenv.RedlockAddrs(t, 5)
+	via, stalled := proxyFirst(t, addrs, 2)
+	ns := backends.Prepare(t, "redlock", backends.Options{Servers: addrs, Tune: func(c *config.Claimer) {
+		c.Redlock.NodeTimeout = config.Duration(nodeTimeout)
+	}})
+	return ns.OpenClient("r", backends.Client{Via: via}), stalled
+}
+
+// proxyFirst puts a fault proxy before each of the first k of addrs, and
+// returns the addresses to reach them by (Client.Via) and the proxies.
+func proxyFirst(t *testing.T, addrs []string, k int) (map[string]string, []*faultproxy.Proxy) {
+	via := map[string]string{}
+	var proxies []*faultproxy.Proxy
+	for _, a := range addrs[:k] {
+		p, err := faultproxy.New(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		via[a], proxies = p.Addr(), append(proxies, p)
+	}
+	return via, proxies
 }
