@@ -303,8 +303,9 @@ func TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry(t *testing.T) {
 }
 
 // TestAStalledMinorityCostsAClaimRoundLittle: two of five nodes stop
-// answering, and a batch of runs due at once is claimed, then released.
-// The claim round and the release round wait for them only as long again
+// answering, and a batch of runs due at once is claimed, then released;
+// and a batch of runs held is bid for. The claim round, the undo of the
+// bids not won and the release round wait for them only as long again
 // as the majority took, plus the node timeout, not their whole bound,
 // which grows with the batch (2ms a run): behind it 300 runs started 1.5s late, and the
 // next instant was skipped for overlap in 291 of 300 jobs (an outside
@@ -333,6 +334,7 @@ func TestAStalledMinorityCostsAClaimRoundLittle(t *testing.T) {
 		return took, cls
 	}
 	healthy, _ := claimAll("job.healthy")
+	claimAll("job.held")
 	for _, p := range stalled {
 		p.Partition(true)
 	}
@@ -343,7 +345,19 @@ func TestAStalledMinorityCostsAClaimRoundLittle(t *testing.T) {
 		t.Fatalf("claiming %d runs with two of five nodes stalled took %v (%v with every node up): want far less than the claim round's bound, %v",
 			n, took, healthy, bound)
 	}
+	// Bids not won are undone on the nodes that did not answer too, and
+	// the undo does not wait them out either.
 	began := time.Now()
+	_, errs := c.Claim(ctxT(t), batch("job.held"), 30*time.Second)
+	for i, err := range errs {
+		if !errors.Is(err, claim.ErrHeld) {
+			t.Fatalf("run %d held by an earlier claim: %v, want held", i, err)
+		}
+	}
+	if lost := time.Since(began); lost >= bound/2 {
+		t.Fatalf("bidding for %d held runs took %v: want far less than the undo round's bound, %v", n, lost, bound)
+	}
+	began = time.Now()
 	outs := make([]claim.Status, n)
 	for i := range outs {
 		outs[i] = claim.Succeeded
