@@ -28,15 +28,18 @@ import (
 // behind a link that drops a connection every few seconds) is not
 // stalled, and holding on would keep a dead holder's run from ever being
 // taken over. So once the backend has answered for ChronicAfter leases
-// of one streak (unanswered calls less than a lease apart), the hold
-// ends until a lease passes with every call answered. A stall that
-// starts inside such a streak gets no hold.
+// of one streak (unanswered calls less than a lease apart; answers are
+// counted a lease apart, so a long stall inside the streak counts as
+// none), the hold ends until a lease passes with every call answered. A
+// stall that starts inside such a streak gets no hold.
 //
 // The zero value is ready to use.
 type Unanswered struct {
 	last     atomic.Int64 // the latest unanswered call; 0: never
 	since    atomic.Int64 // the first answer after it; 0: none yet
 	answered atomic.Int64 // the streak's first answer; 0: none yet
+	counted  atomic.Int64 // the streak's latest answer counted in answers
+	answers  atomic.Int64 // the streak's answers at least a lease apart
 	lease    atomic.Int64 // the latest Hold's lease, which bounds a streak
 }
 
@@ -60,8 +63,32 @@ func (u *Unanswered) Answered() { u.answeredAt(sinceEpoch()) }
 // now: a call went unanswered, and the backend has not answered for a
 // lease since (nor answered at all: a stall may last longer than a
 // lease after the last call that went unanswered in it), and the streak
-// has not yet gone on through ChronicAfter leases of answers.
+// has not yet had answers across ChronicAfter leases.
 func (u *Unanswered) Hold(lease time.Duration) bool { return u.holdAt(lease, sinceEpoch()) }
+
+// NoteAt, AnsweredAt and HoldAt are Note, Answered and Hold at t, for a
+// caller that keeps time on a clock of its own (a simulation's, whose
+// clock does not run on the process's monotonic one). A value is used
+// with these or with the others, not both.
+func (u *Unanswered) NoteAt(t time.Time)     { u.noteAt(max(t.UnixNano(), 1)) }
+func (u *Unanswered) AnsweredAt(t time.Time) { u.answeredAt(max(t.UnixNano(), 1)) }
+func (u *Unanswered) HoldAt(lease time.Duration, t time.Time) bool {
+	return u.holdAt(lease, max(t.UnixNano(), 1))
+}
+
+// ChronicAt reports whether, at t, the hold is off only for its cap: the
+// current streak of unanswered calls has had answers across ChronicAfter
+// leases (a harness that judges takeovers tells these from the held).
+func (u *Unanswered) ChronicAt(lease time.Duration, t time.Time) bool {
+	d, now := int64(lease), max(t.UnixNano(), 1)
+	if u.last.Load() == 0 {
+		return false
+	}
+	if s := u.since.Load(); s != 0 && now-s >= d {
+		return false
+	}
+	return u.answered.Load() != 0 && u.answers.Load() > ChronicAfter
+}
 
 func (u *Unanswered) noteAt(t int64) {
 	prev := u.last.Swap(t)
@@ -78,7 +105,12 @@ func (u *Unanswered) answeredAt(t int64) {
 	}
 	u.since.CompareAndSwap(0, t)
 	if t-l < u.lease.Load() {
-		u.answered.CompareAndSwap(0, t)
+		if u.answered.CompareAndSwap(0, t) {
+			u.counted.Store(t)
+			u.answers.Store(1)
+		} else if c := u.counted.Load(); t-c >= u.lease.Load() && u.counted.CompareAndSwap(c, t) {
+			u.answers.Add(1)
+		}
 	}
 }
 
@@ -91,6 +123,9 @@ func (u *Unanswered) holdAt(lease time.Duration, t int64) bool {
 	if s := u.since.Load(); s != 0 && t-s >= d {
 		return false // the backend has answered for a lease
 	}
-	a := u.answered.Load()
-	return a == 0 || t-a < ChronicAfter*d
+	// Chronic is answers in lease after lease, not time since the first
+	// one: a short stall and, within a lease of its end, a long one (a
+	// failover after a hiccup) are one streak with one answer in it, and
+	// the long stall's hold is whole.
+	return u.answered.Load() == 0 || u.answers.Load() <= ChronicAfter
 }
