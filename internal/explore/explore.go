@@ -20,6 +20,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -86,6 +87,11 @@ type Config struct {
 	// NoOnce runs every backfill until it settles (a seed found before
 	// given-up backfills were explored replays as it was found).
 	NoOnce bool
+	// NoHold, in process, keeps the harness from holding takeovers back
+	// after calls the faults left unanswered (faulty.Claim), as a
+	// claimer without claim.Unanswered: the sweep must then find runs
+	// done inside their leases run again (TestTheSweepFindsPlantedBugs).
+	NoHold bool
 	// Log, when set, receives every replica's runner log (text, debug
 	// level), each line marked with the replica and its incarnation: what
 	// each replica decided, beside the history of what the backend saw.
@@ -244,6 +250,16 @@ type world struct {
 	// heresKilled those that died with their replica, heresAlone those
 	// killed alone (here.go).
 	heres, heresKilled, heresAlone int
+	// stopped is when the operator stopped (Ctrl-C) each `trigger --here`
+	// process it stopped, by name: a release that cannot land within its
+	// shutdown is given up, as a SIGTERMed replica's is.
+	stopped map[string]time.Time
+	// began holds when each process (a replica's incarnation, a process
+	// in its pod) started, by name.
+	began map[string][]time.Time
+	// chronic holds the tokens granted to a claim sent while its
+	// replica's hold was off for its cap (faulty.Claim).
+	chronic map[string]bool
 	// alongside are the runs requested with overlap allow (operate),
 	// by run id (noteAlongside).
 	alongside map[string]bool
@@ -377,7 +393,7 @@ func Run(cfg Config) (*Result, error) {
 	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled,
 		Backfills: w.backfillNames, Alongside: w.alongside,
 		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
-		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(),
+		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(), Excused: w.excused,
 		Recorded: func(id string, n int) bool { return w.recorded[fmt.Sprintf("%s#%d", id, n)] }}
 	for _, j := range w.jobs {
 		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
@@ -642,6 +658,85 @@ func (w *world) mustStop(name, job string, from, to time.Time) bool {
 		}
 	}
 	return false
+}
+
+// excused reports whether a fault could have kept the release of a run
+// whose handler returned nil on holder at returned from landing before
+// again, the first grant of the run to another holder since, at at:
+//   - the holder's host paused (a frozen process sends nothing), cut off
+//     one or both ways, slowed, or stopped (SIGTERM, or the operator's
+//     Ctrl-C of a trigger: a release that cannot land within the
+//     shutdown is given up), or the backend restarted, meanwhile;
+//   - the process granted the run again does not know to hold back: it
+//     started meanwhile (a new process does not know that the backend
+//     left its predecessor's calls unanswered), or it was paused
+//     meanwhile (a frozen process calls nothing), or its claim went out
+//     with the hold off for its cap, its calls having gone unanswered
+//     now and then through ChronicAfter leases of answers (a slow or
+//     lossy link, then the stall). The hold is the client's
+//     (claim.Unanswered): these are its documented limits;
+//   - over a claimer other than the memory store's (a real backend's,
+//     whose client does not see the harness's faults, or a mutant), the
+//     backend down before the lease could end at leaseEnd, or stalled
+//     meanwhile. In process, the harness holds takeovers back after the
+//     calls the faults left unanswered, as the networked claimers do
+//     (faulty.Claim), and these are judged.
+//
+// (A crash of the holder, the checker sees itself.)
+func (w *world) excused(done, again history.Event, leaseEnd time.Time) bool {
+	holder, returned, at := done.Replica, done.At, again.At
+	during := func(r *replica, kinds ...string) bool {
+		return slices.ContainsFunc(r.ops(kinds...), func(op nemesis.Op) bool { return overlaps(w.t0, op, returned, at) })
+	}
+	h, ok := w.host(holder)
+	if !ok {
+		return true // not a process of the harness's: not judged
+	}
+	w.mu.Lock()
+	stop, stopped := w.stopped[holder]
+	w.mu.Unlock()
+	if stopped && !stop.Before(returned) && !stop.After(at) {
+		return true
+	}
+	kinds := []string{nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Latency, nemesis.Term, nemesis.Restart}
+	if !w.inProcess {
+		kinds = append(kinds, nemesis.Stall)
+		if slices.ContainsFunc(h.ops(nemesis.Outage), func(op nemesis.Op) bool { return overlaps(w.t0, op, returned, leaseEnd) }) {
+			return true
+		}
+	}
+	if during(h, kinds...) {
+		return true
+	}
+	a, ok := w.host(again.Replica)
+	w.mu.Lock()
+	chronic := w.chronic[again.Token]
+	fresh := slices.ContainsFunc(w.began[again.Replica], func(t time.Time) bool { return t.After(returned) && !t.After(at) })
+	w.mu.Unlock()
+	return !ok || fresh || chronic || during(a, nemesis.Pause)
+}
+
+// begin records that the process named name starts now (excused).
+func (w *world) begin(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.began == nil {
+		w.began = map[string][]time.Time{}
+	}
+	w.began[name] = append(w.began[name], time.Now())
+}
+
+// host is the replica a process named name runs on: a replica's own, or
+// a process in its pod (a backfill's, a trigger's), which shares its
+// faults.
+func (w *world) host(name string) (*replica, bool) {
+	id, _, _ := strings.Cut(name, ".")
+	for _, r := range w.reps {
+		if r.id == id {
+			return r, true
+		}
+	}
+	return nil, false
 }
 
 // overrunSlack is how far past its lease a handler may run before it

@@ -86,7 +86,15 @@ func (w *world) runHere(ctx context.Context, h herePlan, n int) {
 			var cancel context.CancelFunc
 			rctx, cancel = context.WithCancel(rctx)
 			defer cancel()
-			stop := cancel
+			stop := func() {
+				w.mu.Lock()
+				if w.stopped == nil {
+					w.stopped = map[string]time.Time{}
+				}
+				w.stopped[name] = time.Now()
+				w.mu.Unlock()
+				cancel()
+			}
 			if h.kill {
 				stop = func() { alone.Store(true); kill() }
 			}

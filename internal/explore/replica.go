@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
@@ -62,6 +63,7 @@ func (r *replica) life(ctx context.Context) {
 			}
 			continue
 		}
+		r.w.begin(r.id)
 		c := &faulty{r: r, gen: gen, inner: inner, name: r.id}
 		run := r.runner(c, func(opts *runner.Options) {
 			opts.ShutdownGrace = time.Second
@@ -251,6 +253,11 @@ type faulty struct {
 	// killed, for a process in r's pod (inPod), is set when the process
 	// alone is killed (kill -9): it dies as a crash of r would kill it.
 	killed *atomic.Bool
+	// unanswered records the calls the faults left unanswered, as a
+	// networked claimer's client does (claim.Unanswered): over the memory
+	// store, whose claimer cannot see the faults, the harness holds
+	// takeovers back for it (Claim).
+	unanswered claim.Unanswered
 }
 
 // dead reports whether the process behind f crashed or was killed.
@@ -262,14 +269,26 @@ func (f *faulty) dead() bool {
 // and returns what its reply would carry: the caller gets it only if the
 // reply comes back.
 func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context) (T, error)) (T, error) {
+	v, err, answered := reach(f, ctx, apply)
+	if answered {
+		f.unanswered.AnsweredAt(time.Now())
+	} else {
+		f.unanswered.NoteAt(time.Now())
+	}
+	return v, err
+}
+
+// reach is call's path through the faults; answered is false when the
+// caller got no answer (the backend down, stalled, or cut off).
+func reach[T any](f *faulty, ctx context.Context, apply func(ctx context.Context) (T, error)) (_ T, _ error, answered bool) {
 	var none T
 	r := f.r
 	if f.dead() {
-		return none, errCrashed
+		return none, errCrashed, true
 	}
 	r.gate()
 	if f.dead() {
-		return none, errCrashed
+		return none, errCrashed, true
 	}
 	r.mu.Lock()
 	delay := time.Duration(0)
@@ -279,11 +298,11 @@ func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context)
 	partEnd, oneWayEnd := r.partEnd, r.oneWayEnd
 	r.mu.Unlock()
 	if delay > 0 && !sleepUntil(ctx, time.Now().Add(delay)) {
-		return none, fmt.Errorf("slow link: %w", ctx.Err())
+		return none, fmt.Errorf("slow link: %w", ctx.Err()), false
 	}
 	switch now := time.Now(); {
 	case f.r.w.outage():
-		return none, fmt.Errorf("%w: backend down (simulated)", claim.ErrUnavailable)
+		return none, fmt.Errorf("%w: backend down (simulated)", claim.ErrUnavailable), false
 	case now.Before(f.r.w.stalled()):
 		// The backend is stopped (SIGSTOP, a long GC): the request waits
 		// in its socket and lands when it resumes, whether or not the
@@ -300,31 +319,31 @@ func call[T any](f *faulty, ctx context.Context, apply func(ctx context.Context)
 		})
 		select {
 		case rep := <-landed:
-			return rep.v, rep.err
+			return rep.v, rep.err, true
 		case <-ctx.Done():
-			return none, fmt.Errorf("backend stalled: %w", ctx.Err())
+			return none, fmt.Errorf("backend stalled: %w", ctx.Err()), false
 		}
 	case now.Before(partEnd):
 		// The request is lost: the caller hears nothing until it gives up.
 		if sleepUntil(ctx, partEnd) {
-			return none, fmt.Errorf("%w: request lost (simulated partition)", claim.ErrUnavailable)
+			return none, fmt.Errorf("%w: request lost (simulated partition)", claim.ErrUnavailable), false
 		}
-		return none, fmt.Errorf("partitioned: %w", ctx.Err())
+		return none, fmt.Errorf("partitioned: %w", ctx.Err()), false
 	case now.Before(oneWayEnd):
 		_, _ = apply(ctx) // it lands; its reply does not come back
 		if sleepUntil(ctx, oneWayEnd) {
-			return none, fmt.Errorf("%w: reply lost (simulated one-way partition)", claim.ErrUnavailable)
+			return none, fmt.Errorf("%w: reply lost (simulated one-way partition)", claim.ErrUnavailable), false
 		}
-		return none, fmt.Errorf("reply lost: %w", ctx.Err())
+		return none, fmt.Errorf("reply lost: %w", ctx.Err()), false
 	}
 	v, err := apply(ctx)
 	// A slow link is slow both ways: the reply takes as long to come back,
 	// and is lost to a caller that stops waiting meanwhile (its request
 	// took effect all the same).
 	if delay > 0 && !sleepUntil(ctx, time.Now().Add(delay)) {
-		return none, fmt.Errorf("slow link, reply lost: %w", ctx.Err())
+		return none, fmt.Errorf("slow link, reply lost: %w", ctx.Err()), false
 	}
-	return v, err
+	return v, err, true
 }
 
 // faultyControls is the replica's view of the operator's register: its
@@ -401,14 +420,47 @@ func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duratio
 	// clock as of a grant, read through Requested, runs ahead by the
 	// request's trip).
 	sent := time.Now()
+	mem, _ := f.inner.(*memory.Claimer)
+	if f.r.w.cfg.NoHold {
+		mem = nil
+	}
+	hold := mem != nil && f.unanswered.HoldAt(lease, sent)
+	chronic := mem != nil && f.unanswered.ChronicAt(lease, sent)
 	rep, err := call(f, ctx, func(ctx context.Context) (batchReply, error) {
-		cls, errs := f.inner.Claim(ctx, runs, lease)
+		var cls []*claim.Claim
+		var errs []error
+		if mem != nil {
+			// A bid that waited in a stalled backend, or on a slow link,
+			// past a quarter lease takes no lapsed lease over, and its
+			// replica holds takeovers back as after an unanswered call:
+			// the networked claimers compare the backend's clock with the
+			// bid's send.
+			waited := time.Since(sent) > lease/4
+			if waited {
+				f.unanswered.NoteAt(time.Now())
+			}
+			cls, errs = mem.ClaimHolding(ctx, runs, lease, hold || waited)
+		} else {
+			cls, errs = f.inner.Claim(ctx, runs, lease)
+		}
 		for _, cl := range cls {
 			if cl != nil {
 				cl.Requested = sent
 			}
 		}
 		f.r.w.log.Claimed(f.name, sent, cls, errs)
+		if chronic {
+			f.r.w.mu.Lock()
+			if f.r.w.chronic == nil {
+				f.r.w.chronic = map[string]bool{}
+			}
+			for _, cl := range cls {
+				if cl != nil {
+					f.r.w.chronic[cl.Token] = true
+				}
+			}
+			f.r.w.mu.Unlock()
+		}
 		return batchReply{cls, errs}, nil
 	})
 	if err != nil {
@@ -479,6 +531,7 @@ func (r *replica) inPod(ctx context.Context, name string, do func(ctx context.Co
 		return false, err
 	}
 	defer inner.Close()
+	r.w.begin(name)
 	r.mu.Lock()
 	if r.execs == nil {
 		r.execs = map[string]bool{}

@@ -28,6 +28,7 @@ const (
 	RetryEarly      = "retry-early"      // a retry of a run started before its job's backoff had passed since the attempt it retries returned
 	AlongsideHeld   = "alongside-held"   // a run requested with overlap allow, or a backfill's, was skipped for overlap
 	Overran         = "overran"          // a handler ran on past its lease: its holder did not stop it when it stopped trusting the lease
+	Redone          = "redone"           // a run executed again after a handler of it returned nil inside its lease, with no fault to excuse it
 )
 
 // Spec is what a history is checked against.
@@ -88,6 +89,18 @@ type Spec struct {
 	// fencing protects storage.
 	MustStop     func(replica, job string, from, to time.Time) bool
 	OverrunSlack time.Duration
+	// Excused, when set, judges that a run whose handler returned nil
+	// while its holder still trusted the lease is not executed again: the
+	// holder's release is on its way, and lands before any standby may
+	// take the run over (the lease, or the claimers' hold on takeovers
+	// after a backend that left calls unanswered). Excused says whether a
+	// fault could have kept it from doing so: done is the handler's
+	// return, leaseEnd when its lease could end, again the first grant
+	// of the run to another holder after it (an execution again may come
+	// after that grant was handed back). A crash of the holder in between always
+	// excuses it. The billing run whose handler returned nil must
+	// not bill again.
+	Excused func(done, again Event, leaseEnd time.Time) bool
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -142,6 +155,7 @@ func Check(events []Event, spec Spec) []Violation {
 	c.policy(events)
 	c.unscheduled(events)
 	c.retries(events)
+	c.redone(events)
 	slices.SortStableFunc(c.out, func(a, b Violation) int {
 		return cmp.Or(cmp.Compare(a.Invariant, b.Invariant), cmp.Compare(a.Run, b.Run))
 	})
@@ -548,6 +562,63 @@ func (c *checker) retries(events []Event) {
 				c.add(RetryEarly, e.Run.ID(), fmt.Sprintf("attempt %d started on %s %v after attempt %d (%s) returned, before the backoff of %v (less %v of clock skew)",
 					x.grant.Attempt, e.Replica, gap.Round(time.Millisecond), prev.grant.Attempt, prev.grant.Replica, b, c.spec.Slack))
 			}
+		}
+	}
+}
+
+// redone: a run whose handler returned nil inside its lease executes
+// again only when spec.Excused finds a fault that could have kept the
+// holder's release from landing, or the holder crashed meanwhile.
+func (c *checker) redone(events []Event) {
+	if c.spec.Excused == nil {
+		return
+	}
+	type done struct {
+		ret   Event
+		until time.Time
+		taken *Event // the first grant to another holder after ret
+	}
+	last := map[string]done{} // by run id: the latest return of nil inside its lease
+	crashed := map[string][]time.Time{}
+	for _, e := range events {
+		if e.Kind == Crash {
+			crashed[e.Replica] = append(crashed[e.Replica], e.At)
+		}
+	}
+	for _, e := range events {
+		id := e.Run.ID()
+		switch e.Kind {
+		case Return:
+			if h := c.holds[e.Token]; e.Status == claim.Succeeded && h != nil && e.At.Before(h.until) {
+				last[id] = done{ret: e, until: h.until}
+			}
+		case Grant:
+			if d, ok := last[id]; ok && d.taken == nil && e.Token != d.ret.Token {
+				d.taken = &e
+				last[id] = d
+			}
+		case Start:
+			d, ok := last[id]
+			if !ok || e.Token == d.ret.Token {
+				continue
+			}
+			if h := c.holds[e.Token]; h == nil || !e.At.Before(h.until) {
+				continue // a stale holder's start, past its lease: fencing's to stop (executions)
+			}
+			r := d.ret
+			crash := slices.ContainsFunc(crashed[r.Replica], func(t time.Time) bool { return !t.Before(r.At) && !t.After(e.At) })
+			// The takeover that let the run go again is the one judged:
+			// an execution can come after a hand-back of it.
+			taken := e
+			if d.taken != nil {
+				taken = *d.taken
+			}
+			if crash || c.spec.Excused(r, taken, d.until) {
+				continue
+			}
+			c.add(Redone, id, fmt.Sprintf("executed again on %s (attempt %d) %v after its handler on %s (%s) returned nil inside its lease",
+				e.Replica, e.Attempt, e.At.Sub(r.At).Round(time.Millisecond), r.Replica, r.Token[:min(6, len(r.Token))]))
+			c.out[len(c.out)-1].Trace = traceFrom(c.byRun[id], r.At.Add(-time.Second))
 		}
 	}
 }

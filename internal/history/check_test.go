@@ -188,6 +188,44 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			b.event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Interrupted; e.Sent = b.now })
 		},
 		want: []string{HandedBackDone},
+	}, {
+		// r1's handler returned nil at 100ms, inside its lease; its
+		// release was refused (the run taken over), and r2 ran the run
+		// again at 1.2s. Judged unless a fault excuses it, or r1 crashed.
+		name:  "DoneInsideItsLeaseRunAgain",
+		build: redoneAfter(nil),
+		spec:  Spec{Excused: func(Event, Event, time.Time) bool { return false }},
+		want:  []string{Redone},
+	}, {
+		name:  "DoneInsideItsLeaseRunAgainUnderAFault",
+		build: redoneAfter(nil),
+		spec:  Spec{Excused: func(Event, Event, time.Time) bool { return true }},
+	}, {
+		name: "DoneInsideItsLeaseRunAgainAfterTheHolderCrashed",
+		build: redoneAfter(func(b *builder) {
+			b.at(300*time.Millisecond).event(Crash, "r1", "", claim.Run{}, nil)
+		}),
+		spec: Spec{Excused: func(Event, Event, time.Time) bool { return false }},
+	}, {
+		name: "DoneOnlyAfterItsLeaseRunAgain", // a stubborn handler, cut at its lease
+		build: func(b *builder) {
+			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+			b.at(1100*time.Millisecond).event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+			b.at(1200*time.Millisecond).grant("r2", "b", runA, 2, 2).finish("r2", "b", runA, claim.Succeeded)
+		},
+		spec: Spec{Excused: func(Event, Event, time.Time) bool { return false }},
+	}, {
+		// r2's grant came before r1's, but r2 started only after its lease
+		// could have ended (paused between grant and start): a stale
+		// holder's execution, which fencing stops, not the fleet's.
+		name: "AStaleHolderStartsPastItsLease",
+		build: func(b *builder) {
+			b.grant("r2", "b", runA, 1, 1)
+			b.at(1500*time.Millisecond).grant("r1", "a", runA, 2, 2).finish("r1", "a", runA, claim.Succeeded)
+			b.at(1600*time.Millisecond).event(Start, "r2", "b", runA, nil)
+			b.event(Return, "r2", "b", runA, func(e *Event) { e.Status = claim.Interrupted })
+		},
+		spec: Spec{Excused: func(Event, Event, time.Time) bool { return false }},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -205,6 +243,21 @@ func TestCheckFindsEachViolation(t *testing.T) {
 				t.Errorf("violations %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// redoneAfter writes a run whose handler on r1 returned nil inside its
+// lease, whose release was refused, and which r2 took over and ran again
+// once the lease lapsed; between adds events before the takeover.
+func redoneAfter(between func(b *builder)) func(b *builder) {
+	return func(b *builder) {
+		b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+		b.at(100*time.Millisecond).event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+		b.event(End, "r1", "a", runA, func(e *Event) { e.Status = "lease_lost" })
+		if between != nil {
+			between(b)
+		}
+		b.at(1200*time.Millisecond).grant("r2", "b", runA, 2, 2).finish("r2", "b", runA, claim.Succeeded)
 	}
 }
 

@@ -72,6 +72,15 @@ func New(s *Store, instance string) *Claimer {
 
 // Claim implements claim.Claimer, run by run under one lock.
 func (m *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	return m.ClaimHolding(ctx, runs, lease, false)
+}
+
+// ClaimHolding is Claim; with hold, it takes no lapsed lease over (the
+// run is reported held), as the networked claimers do while their
+// backend has lately left calls unanswered (claim.Unanswered). The memory
+// store itself never stalls; the explorer, which stalls and cuts off its
+// replicas' view of it, keeps that record for them.
+func (m *Claimer) ClaimHolding(ctx context.Context, runs []claim.Run, lease time.Duration, hold bool) ([]*claim.Claim, []error) {
 	claims := make([]*claim.Claim, len(runs))
 	errs, valid := claim.CheckClaimBatch(ctx, runs, lease)
 	requested := time.Now()
@@ -88,13 +97,14 @@ func (m *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		stamp = m.s.now()
 	}
 	for _, i := range valid {
-		claims[i], errs[i] = m.claim(runs[i], lease, requested, stamp)
+		claims[i], errs[i] = m.claim(runs[i], lease, requested, stamp, hold)
 	}
 	return claims, errs
 }
 
-// claim grants one run at now. m.s.mu must be held.
-func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.Time) (*claim.Claim, error) {
+// claim grants one run at now (with hold, not a lapsed lease). m.s.mu
+// must be held.
+func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.Time, hold bool) (*claim.Claim, error) {
 	s := m.s
 	id := run.ID()
 	e := s.runs[id]
@@ -103,7 +113,7 @@ func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.
 		switch {
 		case !e.rec.Status.Live():
 			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
-		case e.rec.Status == claim.Running && now.Before(e.rec.LeaseUntil):
+		case e.rec.Status == claim.Running && (hold || now.Before(e.rec.LeaseUntil)):
 			return nil, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
 		}
 		attempt = e.rec.Attempt + 1
