@@ -57,6 +57,15 @@ type LossWatcher interface {
 	WatchLoss(report func(*DataLossError))
 }
 
+// TakeoverHolder is a Claimer that holds takeovers of lapsed leases back
+// after its backend left calls unanswered (Unanswered). TakeoversHeld
+// reports whether it does now, for leases of lease: the runner logs the
+// hold's start and end and exports it, so that an operator sees why a
+// dead holder's runs wait after a stall rather than only the lag.
+type TakeoverHolder interface {
+	TakeoversHeld(lease time.Duration) bool
+}
+
 func (e *DataLossError) Error() string {
 	s := fmt.Sprintf("claim: %s lost its data; every run is held until %s",
 		e.Backend, e.Until.UTC().Format(time.RFC3339Nano))

@@ -139,3 +139,35 @@ func (r *Runner) dataLost(ctx context.Context, loss *claim.DataLossError) {
 	r.log.WarnContext(ctx, "claimer backend lost its data", "instance", r.opts.Instance, "claimer", r.opts.ClaimerName,
 		"held_until", loss.Until.UTC().Format(time.RFC3339Nano), "error", loss.Error())
 }
+
+// watchHold says when the claimer starts and stops holding takeovers of
+// lapsed leases back (claim.TakeoverHolder), in the log and as a gauge,
+// until ctx ends. A dead holder's runs wait meanwhile; without a word an
+// operator would see only lag after a stall. The hold lasts at least a
+// lease once the backend answers again, so a look every quarter lease
+// sees every one.
+func (r *Runner) watchHold(ctx context.Context, th claim.TakeoverHolder) {
+	t := time.NewTicker(max(r.opts.Lease/4, 10*time.Millisecond))
+	defer t.Stop()
+	held := false
+	r.opts.Metrics.holdingTakeovers(r.opts.ClaimerName, false)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := th.TakeoversHeld(r.opts.Lease)
+		if now == held {
+			continue
+		}
+		held = now
+		r.opts.Metrics.holdingTakeovers(r.opts.ClaimerName, held)
+		if held {
+			r.log.WarnContext(ctx, "takeovers held", "instance", r.opts.Instance, "claimer", r.opts.ClaimerName,
+				"reason", "the backend left calls unanswered: a lapsed lease is taken over only once it has answered for a lease, so that its holder's release lands first")
+		} else {
+			r.log.InfoContext(ctx, "takeovers resumed", "instance", r.opts.Instance, "claimer", r.opts.ClaimerName)
+		}
+	}
+}

@@ -26,6 +26,7 @@ type Metrics struct {
 	held          *prometheus.GaugeVec
 	conflicts     *prometheus.CounterVec
 	replicas      prometheus.Gauge
+	takeoversHeld *prometheus.GaugeVec
 
 	mu   sync.Mutex
 	last map[string]float64 // lastSuccess's values, to keep it from going back
@@ -80,13 +81,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "scheduler_replicas",
 			Help: "Replicas up, this one included, as it last read the backend's membership (0 until a read succeeded); replicas that disagree for long are not reading the same backend.",
 		}),
+		takeoversHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "scheduler_takeovers_held",
+			Help: "1 while this replica's claimer takes no lapsed lease over because its backend lately left calls unanswered (a stall, an outage): a dead holder's runs wait until the backend has answered for a lease, so that a live holder's release lands first.",
+		}, []string{"claimer"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scheduler_schedule_conflicts_total",
 			Help: "Other versions of a job's schedule (spec, time zone, jitter) this replica found live beside its own: a rollout in progress, or a replica left on an old config. Counted once per job and other version.",
 		}, []string{"job"}),
 	}
 	reg.MustRegister(m.claims, m.claimDuration, m.runs, m.runDuration, m.lag, m.renewals, m.skips, m.dataLoss,
-		m.missedRuns, m.lastSuccess, m.held, m.conflicts, m.replicas)
+		m.missedRuns, m.lastSuccess, m.held, m.conflicts, m.replicas, m.takeoversHeld)
 	return m
 }
 
@@ -107,6 +112,17 @@ func (m *Metrics) claimed(job, claimer string, err error, d time.Duration) {
 	}
 	m.claims.WithLabelValues(job, claimer, result).Inc()
 	m.claimDuration.WithLabelValues(claimer).Observe(d.Seconds())
+}
+
+func (m *Metrics) holdingTakeovers(claimer string, held bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if held {
+		v = 1
+	}
+	m.takeoversHeld.WithLabelValues(claimer).Set(v)
 }
 
 func (m *Metrics) replicasSeen(n int) {

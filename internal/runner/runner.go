@@ -419,6 +419,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		lw.WatchLoss(func(loss *claim.DataLossError) { r.dataLost(lctx, loss) })
 	}
 
+	if th, ok := r.opts.Claimer.(claim.TakeoverHolder); ok {
+		standby.Go(func() { r.watchHold(ctx, th) })
+	}
+
 	// Pauses are honoured from the first instant on: read them before
 	// dispatching anything.
 	r.readPauses(ctx)

@@ -29,6 +29,15 @@ func LapsedInAStallIsNotTakenOver(t *testing.T, holder, standby claim.Claimer, s
 			t.Fatalf("claim %d: %v", k, err)
 		}
 	}
+	// What the claimer says of its hold (claim.TakeoverHolder), which the
+	// runner logs and exports, is what it does.
+	says := func(want bool, when string) {
+		t.Helper()
+		if th, ok := standby.(claim.TakeoverHolder); ok && th.TakeoversHeld(lease) != want {
+			t.Errorf("%s, the standby says takeovers held: %v, want %v", when, !want, want)
+		}
+	}
+	says(false, "before the stall")
 	stall()
 	resumed := false
 	defer func() {
@@ -52,6 +61,7 @@ func LapsedInAStallIsNotTakenOver(t *testing.T, holder, standby claim.Claimer, s
 	unanswered(finished)
 	resume()
 	resumed = true
+	says(true, "as the backend resumes")
 	if _, err := claim.ClaimOne(ctxT(t), standby, finished, lease); !errors.Is(err, claim.ErrHeld) {
 		t.Fatalf("the standby's bid as the backend resumes: %v, want held: the holder may have finished", err)
 	}
@@ -65,6 +75,7 @@ func LapsedInAStallIsNotTakenOver(t *testing.T, holder, standby claim.Claimer, s
 	if err != nil || cl.Attempt != 2 {
 		t.Fatalf("the run of a holder that died during the stall: %v, %v; want taken over, attempt 2", cl, err)
 	}
+	says(false, "once the dead holder's run was taken over")
 }
 
 // ChronicStallsEndTheHold checks the cap on that hold: a backend that

@@ -61,8 +61,9 @@ type Claimer struct {
 }
 
 var (
-	_ claim.Claimer     = (*Claimer)(nil)
-	_ claim.LossWatcher = (*Claimer)(nil)
+	_ claim.Claimer        = (*Claimer)(nil)
+	_ claim.LossWatcher    = (*Claimer)(nil)
+	_ claim.TakeoverHolder = (*Claimer)(nil)
 )
 
 // WatchLoss implements claim.LossWatcher: the done watcher (restore.go)
@@ -353,3 +354,6 @@ func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]c
 	}
 	return hists, nil
 }
+
+// TakeoversHeld implements claim.TakeoverHolder.
+func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.node.TakeoversHeld(lease) }

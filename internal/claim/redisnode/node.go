@@ -574,3 +574,7 @@ func terminal(o claim.Status) string {
 }
 
 func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
+
+// TakeoversHeld reports whether this node's claims now take no lapsed
+// lease over (claim.Unanswered), for leases of lease.
+func (n *Node) TakeoversHeld(lease time.Duration) bool { return n.unanswered.Hold(lease) }

@@ -585,3 +585,17 @@ func (c *Claimer) abort(ctx context.Context, bids []*bid, tallies []votes) {
 func ClientOptions(addr string) *goredis.Options {
 	return &goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DisableIdentity: true}
 }
+
+var _ claim.TakeoverHolder = (*Claimer)(nil)
+
+// TakeoversHeld implements claim.TakeoverHolder: held when so many nodes
+// hold takeovers back that a takeover's round cannot win a quorum.
+func (c *Claimer) TakeoversHeld(lease time.Duration) bool {
+	held := 0
+	for _, n := range c.nodes {
+		if n.TakeoversHeld(lease) {
+			held++
+		}
+	}
+	return held > len(c.nodes)-c.quorum
+}

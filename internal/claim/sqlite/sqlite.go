@@ -662,3 +662,8 @@ func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, er
 	}
 	return n, nil
 }
+
+var _ claim.TakeoverHolder = (*Claimer)(nil)
+
+// TakeoversHeld implements claim.TakeoverHolder.
+func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.unanswered.Hold(lease) }
