@@ -675,15 +675,14 @@ func (w *world) mustStop(name, job string, from, to time.Time) bool {
 //     now and then through ChronicAfter leases of answers (a slow or
 //     lossy link, then the stall). The hold is the client's
 //     (claim.Unanswered): these are its documented limits;
+//   - the holder crashed (see below for how soon);
 //   - over a claimer other than the memory store's (a real backend's,
 //     whose client does not see the harness's faults, or a mutant), the
 //     backend down before the lease could end at leaseEnd, or stalled
 //     meanwhile. In process, the harness holds takeovers back after the
 //     calls the faults left unanswered, as the networked claimers do
 //     (faulty.Claim), and these are judged.
-//
-// (A crash of the holder, the checker sees itself.)
-func (w *world) excused(done, again history.Event, leaseEnd time.Time) bool {
+func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) bool {
 	holder, returned, at := done.Replica, done.At, again.At
 	during := func(r *replica, kinds ...string) bool {
 		return slices.ContainsFunc(r.ops(kinds...), func(op nemesis.Op) bool { return overlaps(w.t0, op, returned, at) })
@@ -691,6 +690,21 @@ func (w *world) excused(done, again history.Event, leaseEnd time.Time) bool {
 	h, ok := w.host(holder)
 	if !ok {
 		return true // not a process of the harness's: not judged
+	}
+	if !crashed.IsZero() {
+		// A release not yet sent dies with its process. In process, the
+		// runner sends it within a lease of the return, into a stalled
+		// backend too (its releases spill past a stuck batch), and there
+		// it lands when the backend resumes: a crash a lease or more
+		// after the return excuses nothing the backend being down, or
+		// the holder cut off, paused or slowed, until then would not.
+		if !w.inProcess || crashed.Sub(returned) < w.cfg.Lease {
+			return true
+		}
+		if slices.ContainsFunc(h.ops(nemesis.Outage, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Latency),
+			func(op nemesis.Op) bool { return overlaps(w.t0, op, returned, crashed) }) {
+			return true
+		}
 	}
 	w.mu.Lock()
 	stop, stopped := w.stopped[holder]

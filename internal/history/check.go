@@ -97,10 +97,12 @@ type Spec struct {
 	// fault could have kept it from doing so: done is the handler's
 	// return, leaseEnd when its lease could end, again the first grant
 	// of the run to another holder after it (an execution again may come
-	// after that grant was handed back). A crash of the holder in between always
-	// excuses it. The billing run whose handler returned nil must
-	// not bill again.
-	Excused func(done, again Event, leaseEnd time.Time) bool
+	// after that grant was handed back), crashed the holder's first crash
+	// in between (zero: none): a crash soon after the return loses a
+	// release not yet sent, while one sent into a stalled backend still
+	// lands when it resumes. The billing run whose handler returned nil
+	// must not bill again.
+	Excused func(done, again Event, leaseEnd, crashed time.Time) bool
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -568,7 +570,7 @@ func (c *checker) retries(events []Event) {
 
 // redone: a run whose handler returned nil inside its lease executes
 // again only when spec.Excused finds a fault that could have kept the
-// holder's release from landing, or the holder crashed meanwhile.
+// holder's release from landing (a crash of the holder among them).
 func (c *checker) redone(events []Event) {
 	if c.spec.Excused == nil {
 		return
@@ -606,14 +608,17 @@ func (c *checker) redone(events []Event) {
 				continue // a stale holder's start, past its lease: fencing's to stop (executions)
 			}
 			r := d.ret
-			crash := slices.ContainsFunc(crashed[r.Replica], func(t time.Time) bool { return !t.Before(r.At) && !t.After(e.At) })
+			var crash time.Time // the holder's first crash in between
+			if i := slices.IndexFunc(crashed[r.Replica], func(t time.Time) bool { return !t.Before(r.At) && !t.After(e.At) }); i >= 0 {
+				crash = crashed[r.Replica][i]
+			}
 			// The takeover that let the run go again is the one judged:
 			// an execution can come after a hand-back of it.
 			taken := e
 			if d.taken != nil {
 				taken = *d.taken
 			}
-			if crash || c.spec.Excused(r, taken, d.until) {
+			if c.spec.Excused(r, taken, d.until, crash) {
 				continue
 			}
 			c.add(Redone, id, fmt.Sprintf("executed again on %s (attempt %d) %v after its handler on %s (%s) returned nil inside its lease",

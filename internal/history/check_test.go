@@ -194,18 +194,18 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		// again at 1.2s. Judged unless a fault excuses it, or r1 crashed.
 		name:  "DoneInsideItsLeaseRunAgain",
 		build: redoneAfter(nil),
-		spec:  Spec{Excused: func(Event, Event, time.Time) bool { return false }},
+		spec:  Spec{Excused: func(_, _ Event, _, crashed time.Time) bool { return !crashed.IsZero() }},
 		want:  []string{Redone},
 	}, {
 		name:  "DoneInsideItsLeaseRunAgainUnderAFault",
 		build: redoneAfter(nil),
-		spec:  Spec{Excused: func(Event, Event, time.Time) bool { return true }},
+		spec:  Spec{Excused: func(Event, Event, time.Time, time.Time) bool { return true }},
 	}, {
 		name: "DoneInsideItsLeaseRunAgainAfterTheHolderCrashed",
 		build: redoneAfter(func(b *builder) {
 			b.at(300*time.Millisecond).event(Crash, "r1", "", claim.Run{}, nil)
 		}),
-		spec: Spec{Excused: func(Event, Event, time.Time) bool { return false }},
+		spec: Spec{Excused: func(_, _ Event, _, crashed time.Time) bool { return !crashed.IsZero() }},
 	}, {
 		name: "DoneOnlyAfterItsLeaseRunAgain", // a stubborn handler, cut at its lease
 		build: func(b *builder) {
@@ -213,7 +213,7 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			b.at(1100*time.Millisecond).event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
 			b.at(1200*time.Millisecond).grant("r2", "b", runA, 2, 2).finish("r2", "b", runA, claim.Succeeded)
 		},
-		spec: Spec{Excused: func(Event, Event, time.Time) bool { return false }},
+		spec: Spec{Excused: func(_, _ Event, _, crashed time.Time) bool { return !crashed.IsZero() }},
 	}, {
 		// r2's grant came before r1's, but r2 started only after its lease
 		// could have ended (paused between grant and start): a stale
@@ -225,7 +225,7 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			b.at(1600*time.Millisecond).event(Start, "r2", "b", runA, nil)
 			b.event(Return, "r2", "b", runA, func(e *Event) { e.Status = claim.Interrupted })
 		},
-		spec: Spec{Excused: func(Event, Event, time.Time) bool { return false }},
+		spec: Spec{Excused: func(_, _ Event, _, crashed time.Time) bool { return !crashed.IsZero() }},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
