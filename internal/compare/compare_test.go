@@ -102,7 +102,8 @@ func TestGameDay(t *testing.T) {
 			name := c.Claimer + " × " + c.Fault
 			switch {
 			case c.Status != compare.StatusOK:
-				t.Errorf("%s: status %s (%s), want ok; notes %v; duplicates %v", name, c.Status, c.Reason, c.Notes, c.DuplicateDetails)
+				t.Errorf("%s: status %s (%s), want ok; notes %v; duplicates %v; violations:\n%s", name, c.Status, c.Reason, c.Notes, c.DuplicateDetails,
+					strings.Join(c.Violations, "\n"))
 				continue
 			case c.RunsExpected == 0:
 				t.Errorf("%s: no run in the steady window", name)
