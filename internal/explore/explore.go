@@ -696,13 +696,10 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 		// runner sends it within a lease of the return, into a stalled
 		// backend too (its releases spill past a stuck batch), and there
 		// it lands when the backend resumes: a crash a lease or more
-		// after the return excuses nothing the backend being down, or
-		// the holder cut off, paused or slowed, until then would not.
-		if !w.inProcess || crashed.Sub(returned) < w.cfg.Lease {
-			return true
-		}
-		if slices.ContainsFunc(h.ops(nemesis.Outage, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Latency),
-			func(op nemesis.Op) bool { return overlaps(w.t0, op, returned, crashed) }) {
+		// after the return excuses only with the backend down until then
+		// (the holder's own faults are judged below, as without a crash).
+		if !w.inProcess || crashed.Sub(returned) < w.cfg.Lease ||
+			slices.ContainsFunc(h.ops(nemesis.Outage), func(op nemesis.Op) bool { return overlaps(w.t0, op, returned, crashed) }) {
 			return true
 		}
 	}
