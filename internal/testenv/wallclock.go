@@ -64,7 +64,25 @@ func holdMachine(t testing.TB, lock func(*os.File) error, how, others string) {
 	t.Cleanup(func() {
 		_ = f.Close() // closing the file releases the lock
 		logHold(t.Name(), how, waited, time.Since(held))
+		if step := clockStep(held); t.Failed() && (step > maxStep || step < -maxStep) {
+			t.Logf("the wall clock moved %v against the monotonic clock during this test: leases that backends date "+
+				"on the wall clock (SQLite, PostgreSQL, Redis) ended that much early or late, as the history checker, "+
+				"which times events on the monotonic clock, saw them", step)
+		}
 	})
+}
+
+// maxStep is how far the wall clock may drift from the monotonic one
+// over a test before a failure names it: NTP's slew is at most 500 ppm,
+// 30ms over a minute, so more than that is a step.
+const maxStep = 30 * time.Millisecond
+
+// clockStep is how far the wall clock moved against the monotonic clock
+// since t0 (a time.Now reading): zero unless the wall clock was stepped
+// or slewed meanwhile.
+func clockStep(t0 time.Time) time.Duration {
+	now := time.Now()
+	return now.Round(0).Sub(t0.Round(0)) - now.Sub(t0)
 }
 
 // logHold appends a line to the file SCHEDULER_TEST_LOCK_LOG names, if
