@@ -148,7 +148,22 @@ type Claim struct {
 	Requested time.Time
 	// Lease is the duration granted by the last claim or renewal.
 	Lease time.Duration
+	// Page, when the claimer sets it, is the newest PageSize records of
+	// the run's job, as History(job, PageSize) would have answered at
+	// the grant: this grant's own record among them, read in the same
+	// atomic step as the grant (one Redis script, one lock held). It is
+	// the overlap probe's first read without a round trip of its own:
+	// the runner judges the page's leases as of the grant, and reads
+	// afresh for every later look. A backend whose grant and read are
+	// not one step (a PostgreSQL statement reads a snapshot that a
+	// concurrent grant can commit past) leaves it nil, and the runner
+	// reads the page after the grant.
+	Page []Record
 }
+
+// PageSize is how many records a grant's Page holds at most: the number
+// the runner's overlap probe reads first.
+const PageSize = 16
 
 // ID is the run id of the claimed run.
 func (c *Claim) ID() string { return c.Run.ID() }

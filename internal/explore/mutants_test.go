@@ -43,6 +43,9 @@ type mutant struct {
 	// is the bug caught.
 	finds []string
 	wrap  func(c claim.Claimer, m *mutantState) claim.Claimer
+	// pages: the store's grants carry their job's page
+	// (memory.Store.GrantPages).
+	pages bool
 }
 
 // mutantState is what the replicas' mutants share, as a buggy backend's
@@ -59,19 +62,38 @@ type mutantState struct {
 var mutants = []mutant{
 	{"lease-overstated", []string{history.GrantOverlap, history.RunOverlap, history.Overran}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
 		return &overstates{Claimer: c}
-	}},
+	}, false},
 	{"release-ignores-takeover", []string{history.ReleasedTwice, history.SucceededTwice}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
 		return &releasesAnyway{Claimer: c}
-	}},
+	}, false},
 	{"takeover-keeps-fence", []string{history.FenceOrder}, func(c claim.Claimer, m *mutantState) claim.Claimer {
 		return &keepsFence{Claimer: c, m: m}
-	}},
+	}, false},
 	{"forgets-done", []string{history.SucceededTwice, history.RunOverlap}, func(c claim.Claimer, m *mutantState) claim.Claimer {
 		return &forgetsDone{Claimer: c, m: m}
-	}},
+	}, false},
 	{"release-refused-wrongly", []string{history.Redone}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
 		return &refusesRelease{Claimer: c}
-	}},
+	}, false},
+	{"page-without-live-runs", []string{history.JobOverlap}, func(c claim.Claimer, _ *mutantState) claim.Claimer {
+		return &pageWithoutLive{Claimer: c}
+	}, true},
+}
+
+// pageWithoutLive hands each grant a page (claim.Claim.Page) that lacks
+// the job's other live runs, as a page read from a snapshot taken before
+// them would: the overlap probe trusts a page as of the grant, and starts
+// a run of a forbid job beside an earlier one still running.
+type pageWithoutLive struct{ claim.Claimer }
+
+func (p *pageWithoutLive) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	cls, errs := p.Claimer.Claim(ctx, runs, lease)
+	for _, cl := range cls {
+		if cl != nil {
+			cl.Page = slices.DeleteFunc(cl.Page, func(r claim.Record) bool { return r.RunID != cl.ID() && r.Status.Live() })
+		}
+	}
+	return cls, errs
 }
 
 // overstates reports a lease twice as long as the one the backend
@@ -290,6 +312,9 @@ func TestTheSweepFindsPlantedBugs(t *testing.T) {
 			for seed := uint64(1); seed <= uint64(*mutantSeeds); seed++ {
 				synctest.Test(t, func(t *testing.T) {
 					store := memory.NewStore(nil)
+					if mu.pages {
+						store.GrantPages()
+					}
 					state := &mutantState{last: map[string]claim.Claim{}, released: map[string]bool{}, ended: map[string]time.Time{},
 						fakes: map[string]bool{}, fence: 1 << 40}
 					res, err := Run(Config{Seed: seed, Controls: store.Controls(), Open: func(replica string) (claim.Claimer, error) {

@@ -44,6 +44,11 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	// backend, and miss a takeover granted in between that comes first
 	// (see owners).
 	grantedAt := cl.Deadline.Add(-cl.Lease)
+	// The grant's page of its job's records (the overlap probe's first
+	// read, see owners), taken before keepAlive shares cl: a running
+	// claim does not keep it.
+	page := cl.Page
+	cl.Page = nil
 	defer j.hold(cl, grantedAt)() // counted by this replica's overlap probes until it ends
 	replied := time.Now()
 	backendNow := func() time.Time { return grantedAt.Add(time.Since(replied)) }
@@ -179,7 +184,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	case mode == admitAlways || j.Overlap == OverlapAllow:
 	case mode == admitInTurn || j.Overlap == OverlapBufferOne || j.Overlap == OverlapReplace:
 		byPolicy := mode == admitByPolicy
-		err := d.awaitTurn(ctx, execCtx, ectx, j, cl, grantedAt, backendNow, byPolicy && j.Overlap == OverlapReplace, byPolicy && j.Overlap == OverlapBufferOne)
+		err := d.awaitTurn(ctx, execCtx, ectx, j, cl, grantedAt, backendNow, &page, byPolicy && j.Overlap == OverlapReplace, byPolicy && j.Overlap == OverlapBufferOne)
 		var replaced errReplaced
 		switch {
 		case errors.As(err, &replaced):
@@ -196,7 +201,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 			return settle(claim.LeaseLost, claim.Interrupted, 0, err)
 		}
 	default: // forbid
-		p, err := d.settledOwners(ctx, ectx, j, cl, grantedAt, backendNow)
+		p, err := d.settledOwners(ctx, ectx, j, cl, grantedAt, backendNow, &page)
 		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
 		switch {
 		case errors.Is(err, errStopped):
@@ -365,8 +370,8 @@ func firstChance(at, granted time.Time) time.Time {
 // oldest run did not simply run and end (succeeded, failed) is read
 // again, eight times deeper, up to maxOwnerProbe.
 const (
-	ownerProbe    = 16
-	maxOwnerProbe = 16 * 8 * 8 * 8
+	ownerProbe    = claim.PageSize // a grant's page (claim.Claim.Page) is this first read
+	maxOwnerProbe = ownerProbe * 8 * 8 * 8
 )
 
 // owners asks the backend which other runs of j own the job while cl is
@@ -403,18 +408,41 @@ const (
 // start long past its instant when the reads came back (a history that
 // cannot be read: a schema rolled back under a live fleet, a revoked
 // grant). A failure that lasts is logged once.
-func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (probe, error) {
+//
+// page, if it holds one, is the first read: the grant's own (see
+// claim.Claim.Page), taken and emptied by the first call that reads. It
+// stands for a probe made at the grant only if the grant came once the
+// run fell due: a run the page does not show was granted after it, and
+// so comes after cl by the order above. A replica whose clock runs ahead
+// is granted early, and reads once the instant has come.
+//
+// A record's lease is judged as of its read (for a page, as of the
+// grant): one that lapsed only after that may have been renewed
+// meanwhile, and its run still be live.
+func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, page *[]claim.Record) (probe, error) {
 	r := d.r
 	backoff := 50 * time.Millisecond
 	var failing time.Time // since when the reads fail
 	warned := false
 	for limit := ownerProbe; ; {
-		pctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
-		recs, err := d.reads.history(pctx, j.Name, limit)
-		cancel()
+		var (
+			recs  []claim.Record
+			err   error
+			now   time.Time // the backend's clock as of the read, or before
+			paged bool
+		)
+		if limit == ownerProbe && *page != nil {
+			recs, now, paged = pageAt(*page, cl, j.fire(cl.Run.At))
+			*page = nil
+		}
+		if !paged {
+			now = backendNow()
+			pctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+			recs, err = d.reads.history(pctx, j.Name, limit)
+			cancel()
+		}
 		if err == nil {
 			recs = withHeldHere(recs, j, cl)
-			now := backendNow()
 			// Every replica must order two runs alike, so this run's own
 			// record, which they read too, places it where it is found;
 			// the grant's reply, only where it is not (not yet listed).
@@ -461,8 +489,7 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 			r.opts.Logger.WarnContext(ctx, "cannot read the job's history; the run waits to start",
 				append(runAttrs(r, cl.Run, cl), "error", err.Error())...)
 		}
-		now := r.opts.Now()
-		if cl.Attempt == 1 && r.pastDeadline(j, cl.Run, now) && !j.runsLate(cl.Run.At, now) {
+		if local := r.opts.Now(); cl.Attempt == 1 && r.pastDeadline(j, cl.Run, local) && !j.runsLate(cl.Run.At, local) {
 			return probe{}, fmt.Errorf("%w: %w", errMissedWaiting, err)
 		}
 		t := time.NewTimer(backoff)
@@ -474,6 +501,19 @@ func (d *dispatcher) owners(ctx context.Context, j *jobState, cl *claim.Claim, g
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// pageAt returns page, a grant's, and the backend's time of the grant
+// as its own record there gives it (StartedAt: no later than the page
+// was read), if the grant came no earlier than fire, the run's instant.
+// ok is false if it came earlier, or the page lacks the grant's record.
+func pageAt(page []claim.Record, cl *claim.Claim, fire time.Time) (recs []claim.Record, at time.Time, ok bool) {
+	for _, rec := range page {
+		if rec.RunID == cl.ID() && rec.Fence == cl.Fence {
+			return page, rec.StartedAt, !rec.StartedAt.Before(fire)
+		}
+	}
+	return nil, time.Time{}, false
 }
 
 // errMissedWaiting ends the wait of a scheduled run whose owners could

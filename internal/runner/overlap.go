@@ -71,13 +71,13 @@ func (d *dispatcher) bufferFull(ctx, execCtx context.Context, j *jobState, at ti
 // if the replica is shutting down (ctx, Run's, done): the run, not yet
 // started, is handed back. ectx is the execution's context, execCtx
 // Run's (for the runs adopt stands by for).
-func (d *dispatcher) awaitTurn(ctx, execCtx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, revoke, bufferOne bool) error {
+func (d *dispatcher) awaitTurn(ctx, execCtx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, page *[]claim.Record, revoke, bufferOne bool) error {
 	r := d.r
 	logged := false
 	revoked := map[string]bool{}
 	begin := time.Now()
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		p, err := d.owners(ectx, j, cl, grantedAt, backendNow, page)
 		d.adopt(ctx, execCtx, j, p.unwatched, origin{takeover: true})
 		if err == nil && d.waitsOut(j, p, time.Since(begin), true) {
 			// Some run found may be held a moment only to be recorded
@@ -193,10 +193,10 @@ func (d *dispatcher) waitsOut(j *jobState, p probe, waited time.Duration, anyOf 
 
 // settledOwners is owners for the forbid policy's single verdict, asked
 // again while waitsOut says the runs found are held only for a moment.
-func (d *dispatcher) settledOwners(ctx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time) (probe, error) {
+func (d *dispatcher) settledOwners(ctx, ectx context.Context, j *jobState, cl *claim.Claim, grantedAt time.Time, backendNow func() time.Time, page *[]claim.Record) (probe, error) {
 	begin := time.Now()
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		p, err := d.owners(ectx, j, cl, grantedAt, backendNow)
+		p, err := d.owners(ectx, j, cl, grantedAt, backendNow, page)
 		if err != nil || !d.waitsOut(j, p, time.Since(begin), false) {
 			return p, err
 		}

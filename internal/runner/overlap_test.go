@@ -176,3 +176,73 @@ func release(t *testing.T, ctx context.Context, c claim.Claimer, cl *claim.Claim
 		t.Fatal(errs[0])
 	}
 }
+
+// countedReads counts the history reads that reach a claimer.
+type countedReads struct {
+	claim.Claimer
+	reads *atomic.Int32
+}
+
+func (c countedReads) History(ctx context.Context, job string, limit int) ([]claim.Record, error) {
+	c.reads.Add(1)
+	return c.Claimer.History(ctx, job, limit)
+}
+
+// TestAGrantsPageIsTheOverlapProbesFirstRead: where the backend hands
+// each grant its job's page of records (claim.Claim.Page, read in the
+// grant's own step), a forbid job's runs start without a history read of
+// their own; where it does not, each run's probe reads once. Either way
+// the runs neither overlap nor go missing.
+func TestAGrantsPageIsTheOverlapProbesFirstRead(t *testing.T) {
+	for _, pages := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pages=%v", pages), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := memory.NewStore(nil)
+				if pages {
+					store.GrantPages()
+				}
+				led := newLedger()
+				var reads, started, running, overlaps atomic.Int32
+				jobs := []runner.Job{{Name: "paged", Schedule: mustSchedule(t, "@every 1s"), Overlap: runner.OverlapForbid,
+					Handler: func(ctx context.Context, run job.Run) error {
+						started.Add(1)
+						if running.Add(1) > 1 {
+							overlaps.Add(1)
+						}
+						defer running.Add(-1)
+						time.Sleep(100 * time.Millisecond)
+						return nil
+					}}}
+				var reps []*replica
+				for _, name := range []string{"a", "b"} {
+					// No sweep in the test's time: its reads are not the probe's.
+					rp := &replica{name: name, store: store, jobs: jobs, led: led, sweep: time.Hour,
+						wrap: func(c claim.Claimer) claim.Claimer { return countedReads{c, &reads} }}
+					rp.start(t)
+					reps = append(reps, rp)
+				}
+				time.Sleep(3 * time.Second) // start-up recovery's reads are done
+				reads.Store(0)
+				before := started.Load()
+				time.Sleep(10 * time.Second)
+				for _, rp := range reps {
+					rp.stop()
+				}
+				ran, read := started.Load()-before, reads.Load()
+				if ran < 9 {
+					t.Fatalf("%d runs started in 10s of a job due every second, want 9 or more", ran)
+				}
+				if overlaps.Load() != 0 {
+					t.Errorf("%d runs started while another ran", overlaps.Load())
+				}
+				switch {
+				case pages && read != 0:
+					t.Errorf("%d history reads for %d runs, with every grant's page in hand: want none", read, ran)
+				case !pages && read < ran:
+					t.Errorf("%d history reads for %d runs without pages: want one or more a run", read, ran)
+				}
+				led.check(t, history.Spec{Forbid: map[string]bool{"paged": true}})
+			})
+		})
+	}
+}

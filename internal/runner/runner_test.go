@@ -236,6 +236,7 @@ type replica struct {
 	grace time.Duration
 	led   *ledger
 	wrap  func(claim.Claimer) claim.Claimer
+	sweep time.Duration // Options.SweepEvery, when set
 	// metrics, when set, receives the replica's metrics; the replica
 	// always honours the store's controls.
 	metrics *runner.Metrics
@@ -254,7 +255,7 @@ func (rp *replica) start(t *testing.T) {
 	skew, jump := rp.skew, rp.jump
 	r, err := runner.New(runner.Options{
 		Claimer: c, ClaimerName: "memory", Instance: rp.name,
-		Lease: cmpOr(rp.lease, 3*time.Second), MaxClockSkew: time.Second, ShutdownGrace: rp.grace,
+		Lease: cmpOr(rp.lease, 3*time.Second), MaxClockSkew: time.Second, ShutdownGrace: rp.grace, SweepEvery: rp.sweep,
 		Now: func() time.Time {
 			if jump != nil {
 				return time.Now().Add(skew + time.Duration(jump.Load()))

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,6 +38,11 @@ type Options struct {
 	// backends): its prune case fails, rather than skips, if the opener
 	// offers no Pruner.
 	Prunes bool
+	// Pages says the backend's grants carry their job's page of records
+	// (claim.Claim.Page): its page case checks them against History. A
+	// backend not declared so must leave every page nil: the runner
+	// trusts a page as read in the grant's own step.
+	Pages bool
 }
 
 func (o *Options) defaults() {
@@ -516,6 +522,58 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		}
 	})
 
+	t.Run("AGrantsPageIsItsJobsHistoryAsOfTheGrant", func(t *testing.T) {
+		t.Parallel()
+		open := newClaimers(t)
+		a, b := open("replica-a"), open("replica-b")
+		const job = "job.page"
+		// checkPage compares cl's page with the job's history read right
+		// after the grant (nothing else writes the job meanwhile).
+		checkPage := func(cl *claim.Claim) {
+			t.Helper()
+			if !opts.Pages {
+				if cl.Page != nil {
+					t.Fatalf("grant of %s carries a page (%d records), but the backend is not declared to give them", cl.ID(), len(cl.Page))
+				}
+				return
+			}
+			recs, err := a.History(ctxT(t), job, claim.PageSize)
+			if err != nil {
+				t.Fatalf("history: %v", err)
+			}
+			if !sameRecords(cl.Page, recs) {
+				t.Fatalf("grant of %s: page\n%+v\nwant the history read after it\n%+v", cl.ID(), cl.Page, recs)
+			}
+			if cl.Page[0].RunID != cl.ID() || cl.Page[0].Fence != cl.Fence || cl.Page[0].Status != claim.Running {
+				t.Fatalf("grant of %s (fence %d): page starts with %+v, want the grant's own record", cl.ID(), cl.Fence, cl.Page[0])
+			}
+		}
+		checkPage(mustClaim(t, a, runAt(job, 0), longLease))
+		// A page deeper than PageSize: finished, failed and live runs of
+		// two holders, then a fresh grant among them.
+		for i := 1; i <= claim.PageSize+2; i++ {
+			c := a
+			if i%3 == 0 {
+				c = b
+			}
+			cl := mustClaim(t, c, runAt(job, i), longLease)
+			checkPage(cl)
+			if i%4 != 0 {
+				out := claim.Succeeded
+				if i%5 == 0 {
+					out = claim.Failed
+				}
+				if err := claim.ReleaseOne(ctxT(t), c, cl, out); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// A takeover's page names the new grant.
+		run := runAt(job, claim.PageSize+3)
+		mustClaim(t, a, run, lease)
+		checkPage(takeOver(t, b, run, longLease))
+	})
+
 	t.Run("HistoryRecordsEveryGrantAndOutcome", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)
@@ -605,5 +663,15 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		if _, err := p.Prune(ctxT(t), -time.Second); !errors.Is(err, claim.ErrInvalid) {
 			t.Fatalf("negative retention: %v, want ErrInvalid", err)
 		}
+	})
+}
+
+// sameRecords reports whether a and b list the same records, times
+// compared as instants.
+func sameRecords(a, b []claim.Record) bool {
+	return slices.EqualFunc(a, b, func(x, y claim.Record) bool {
+		return x.RunID == y.RunID && x.Job == y.Job && x.At.Equal(y.At) && x.Status == y.Status && x.Holder == y.Holder &&
+			x.Fence == y.Fence && x.Attempt == y.Attempt && x.StartedAt.Equal(y.StartedAt) &&
+			x.LeaseUntil.Equal(y.LeaseUntil) && x.FinishedAt.Equal(y.FinishedAt)
 	})
 }

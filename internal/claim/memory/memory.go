@@ -36,7 +36,15 @@ type Store struct {
 	controls map[string]claim.Control
 	now      func() time.Time
 	lag      func() time.Duration // see StampLag
+	pages    bool                 // see GrantPages
 }
+
+// GrantPages makes every grant carry its job's page (claim.Claim.Page),
+// read under the lock the grant is made under, as the Redis claimer's
+// script reads it in the grant's own step; without it, the runner reads
+// the page after the grant, as over PostgreSQL. Call it before the store
+// is used. Each grant then scans the store: for tests and the explorer.
+func (s *Store) GrantPages() { s.pages = true }
 
 // StampLag makes the store behave as a backend that stamps a claim when
 // its statement starts and executes it later, as PostgreSQL does (now()
@@ -128,7 +136,23 @@ func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.
 		RunID: id, Job: run.Job, At: c.Run.At, Status: claim.Running,
 		Holder: m.instance, Fence: c.Fence, Attempt: attempt, StartedAt: now, LeaseUntil: c.Deadline,
 	}}
+	if s.pages {
+		c.Page = s.page(run.Job)
+	}
 	return c, nil
+}
+
+// page is the newest claim.PageSize records of job, as History answers.
+// s.mu must be held.
+func (s *Store) page(job string) []claim.Record {
+	var recs []claim.Record
+	for _, e := range s.runs {
+		if e.rec.Job == job {
+			recs = append(recs, e.rec)
+		}
+	}
+	slices.SortFunc(recs, func(a, b claim.Record) int { return b.At.Compare(a.At) })
+	return slices.Clone(recs[:min(len(recs), claim.PageSize)])
 }
 
 // live returns the entry c holds, or ErrLeaseLost. s.mu must be held.
