@@ -88,7 +88,8 @@ func New(client goredis.UniversalClient, opts Options) *Claimer {
 	c := &Claimer{client: client, instance: opts.Instance}
 	c.node = redisnode.New(client, redisnode.Options{Prefix: opts.Prefix, DoneTTL: opts.DoneTTL,
 		HistoryLimit: opts.HistoryLimit, AllowEviction: opts.AllowEviction, HashTags: opts.HashTags,
-		Restarted: func() { c.done.poke() }, // a claim saw the server restart: write back now
+		Restarted:  func() { c.done.poke() }, // a claim saw the server restart: write back now
+		GrantPages: true,                     // one server decides each grant
 	}, 0, 1)
 	c.server = "the Redis server"
 	if c.node.Cluster() {
@@ -138,7 +139,7 @@ func (c *Claimer) granted(run claim.Run, token string, requested time.Time, leas
 	}
 	return &claim.Claim{
 		Run: run, Token: token, Holder: c.instance, Fence: r.Fence, Attempt: r.Attempt,
-		Deadline: r.LeaseUntil, Requested: requested, Lease: lease,
+		Deadline: r.LeaseUntil, Requested: requested, Lease: lease, Page: r.Page,
 	}, nil
 }
 

@@ -3,6 +3,7 @@ package redisnode
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 
@@ -58,11 +59,11 @@ func (n *Node) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]clai
 	}); err != nil {
 		return nil, n.translate(ctx, err)
 	}
-	hashes := make([][]*goredis.MapStringStringCmd, len(qs))
+	hashes := make([][]*goredis.SliceCmd, len(qs))
 	if _, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i := range qs {
 			for _, id := range pages[i].Val() {
-				hashes[i] = append(hashes[i], p.HGetAll(ctx, n.keys.run(id)))
+				hashes[i] = append(hashes[i], p.HMGet(ctx, n.keys.run(id), recordFields...))
 			}
 		}
 		return nil
@@ -130,10 +131,10 @@ func (n *Node) jobHistory(ctx context.Context, job string, limit int) ([]claim.R
 		if len(ids) == 0 {
 			return out, nil
 		}
-		cmds := make([]*goredis.MapStringStringCmd, len(ids))
+		cmds := make([]*goredis.SliceCmd, len(ids))
 		if _, err := n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			for i, id := range ids {
-				cmds[i] = p.HGetAll(ctx, n.keys.run(id))
+				cmds[i] = p.HMGet(ctx, n.keys.run(id), recordFields...)
 			}
 			return nil
 		}); err != nil {
@@ -161,25 +162,53 @@ func (n *Node) jobHistory(ctx context.Context, job string, limit int) ([]claim.R
 	}
 }
 
-// record decodes a run hash; ok is false if the hash is gone or malformed.
-func record(id string, h map[string]string) (claim.Record, bool) {
-	if len(h) == 0 || h["status"] == "" {
+// recordFields are the run hash's fields a record holds, in the order
+// record reads them (HMGET's, and a claim script's page's).
+var recordFields = []string{"status", "holder", "fence", "attempt", "started_at", "lease_until", "finished_at"}
+
+// record decodes the recordFields of the run with id (each a string, or
+// nil where the hash lacks it); ok is false if the hash is gone or
+// malformed.
+func record(id string, f []any) (claim.Record, bool) {
+	if len(f) != len(recordFields) {
+		return claim.Record{}, false
+	}
+	str := func(k int) string { v, _ := f[k].(string); return v }
+	num := func(k int) int64 { v, _ := strconv.ParseInt(str(k), 10, 64); return v }
+	if str(0) == "" {
 		return claim.Record{}, false
 	}
 	run, err := claim.ParseID(id)
 	if err != nil {
 		return claim.Record{}, false
 	}
-	num := func(k string) int64 { v, _ := strconv.ParseInt(h[k], 10, 64); return v }
 	rec := claim.Record{
-		RunID: id, Job: run.Job, At: run.At, Status: claim.Status(h["status"]), Holder: h["holder"],
-		Fence: num("fence"), Attempt: int(num("attempt")),
-		StartedAt: ms(num("started_at")), LeaseUntil: ms(num("lease_until")),
+		RunID: id, Job: run.Job, At: run.At, Status: claim.Status(str(0)), Holder: str(1),
+		Fence: num(2), Attempt: int(num(3)), StartedAt: ms(num(4)), LeaseUntil: ms(num(5)),
 	}
-	if h["finished_at"] != "" {
-		rec.FinishedAt = ms(num("finished_at"))
+	if str(6) != "" {
+		rec.FinishedAt = ms(num(6))
 	}
 	return rec, true
+}
+
+// pageReply decodes a claim script's page: per run its id, then its
+// recordFields, flat.
+func pageReply(v any) ([]claim.Record, error) {
+	vals, ok := v.([]any)
+	if !ok || len(vals)%(1+len(recordFields)) != 0 {
+		return nil, fmt.Errorf("redis: claim script's page %v", v)
+	}
+	page := make([]claim.Record, 0, len(vals)/(1+len(recordFields)))
+	for i := 0; i < len(vals); i += 1 + len(recordFields) {
+		id, _ := vals[i].(string)
+		rec, ok := record(id, vals[i+1:i+1+len(recordFields)])
+		if !ok {
+			return nil, fmt.Errorf("redis: claim script's page holds %v", vals[i:i+1+len(recordFields)])
+		}
+		page = append(page, rec)
+	}
+	return page, nil
 }
 
 // SortRecords orders records newest scheduled instant first, then by job.

@@ -40,6 +40,11 @@ type Options struct {
 	// than the last one for a bucket: the server (or the bucket's master)
 	// restarted or changed (redis.Claimer's write-back).
 	Restarted func()
+	// GrantPages makes every grant carry its job's page of records
+	// (claim.Claim.Page, Reply.Page), read in the claim script with it.
+	// Only where this node alone decides a grant: a Redlock node's page
+	// is one node's view, not the quorum's.
+	GrantPages bool
 }
 
 func (o Options) withDefaults() Options {
@@ -57,6 +62,7 @@ type Node struct {
 	keys          keys
 	doneTTL       time.Duration
 	historyLimit  int
+	pageSize      int // claim.PageSize with Options.GrantPages, else 0
 	allowEviction bool
 	slot, slots   int64
 	addr          string // the server's address, or a cluster's seeds, where the client tells
@@ -96,6 +102,9 @@ func New(client goredis.UniversalClient, opts Options, slot, slots int) *Node {
 		client: client, keys: keys{opts.Prefix, tagged(client, opts.HashTags)}, doneTTL: opts.DoneTTL,
 		historyLimit: opts.HistoryLimit, allowEviction: opts.AllowEviction,
 		slot: int64(slot), slots: int64(slots), restarted: opts.Restarted,
+	}
+	if opts.GrantPages {
+		n.pageSize = claim.PageSize
 	}
 	n.seen = make([]atomic.Pointer[string], n.keys.count())
 	switch cl := client.(type) {
@@ -150,6 +159,10 @@ type Reply struct {
 	// LeaseUntil.
 	Restarted bool
 	LostAt    time.Time
+	// Page is a Granted reply's page of the job's records (see
+	// Options.GrantPages); nil if none was asked for or one of its runs
+	// had expired.
+	Page []claim.Record
 }
 
 // TokenKey is the digest a Held reply carries for the holder's token (the
@@ -186,6 +199,13 @@ func claimReply(v any) (Reply, error) {
 	switch r.str(0) {
 	case "granted":
 		out = Reply{Vote: Granted, Fence: r.int(1), Attempt: int(r.int(2)), LeaseUntil: ms(r.int(3))}
+		if len(vals) > 4 && vals[4] != nil {
+			page, err := pageReply(vals[4])
+			if err != nil {
+				return Reply{}, err
+			}
+			out.Page = page
+		}
 	case "held":
 		out = Reply{Vote: Held, Holder: r.str(1), LeaseUntil: ms(r.int(2)), HolderKey: r.str(3), Attempt: int(r.int(4))}
 	case "done":
@@ -279,7 +299,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 				by = ""
 			}
 			return []string{n.keys.jobs(b), n.keys.marker(b)}, []any{holder, lease.Milliseconds(),
-				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, seen, by}
+				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, seen, by, n.pageSize}
 		}, func(i int, keys []string, args []any) ([]string, []any) {
 			job := runs[i].Job
 			return append(keys, n.keys.run(ids[i]), n.keys.fence(job), n.keys.runs(job)),

@@ -126,14 +126,22 @@ end
 // answer within the last lease, claim.Unanswered; else its send plus the
 // server's clock offset and a quarter lease, serverClocks: a call that
 // waited longer in the server may have overtaken a release that waited
-// there too), then per run: token, scheduled ms, run id, job. A token is
-// a bid and a try (claim.Bids): a later try of a bid is granted a live
-// grant an earlier try left on this incarnation, with a lease from now.
+// there too), the page size (0: no page), then per run: token, scheduled
+// ms, run id, job. A token is a bid and a try (claim.Bids): a later try
+// of a bid is granted a live grant an earlier try left on this
+// incarnation, with a lease from now.
+//
+// A grant's page (claim.Claim.Page) is its job's newest runs, as History
+// reads them, in the grant's own step: per run its id, status, holder,
+// fence, attempt, started_at, lease_until and finished_at, flat; false
+// where a run in it has expired (History would page on past it: the
+// runner reads instead). The page's run hashes are named from the
+// granted run's own key, in its bucket (one slot on a cluster).
 //
 // Reply: the server's run_id, its time in ms, then either "restarted",
 // guard_start_ms, guard_end_ms (the restart guard holds every run) or
 // one reply per run:
-// {"granted", fence, attempt, lease_until_ms},
+// {"granted", fence, attempt, lease_until_ms, page},
 // {"held", holder, lease_until_ms, token digest, attempt},
 // {"done", status, attempt, holder, fence}, or {"error", message}.
 const claimBody = `
@@ -147,6 +155,19 @@ end
 local holder, ttl, limit = ARGV[1], s(tonumber(ARGV[3]) + lease), tonumber(ARGV[4])
 local slot, slots = tonumber(ARGV[5]), tonumber(ARGV[6])
 local takeover_by = tonumber(ARGV[8])
+local page_size = tonumber(ARGV[9])
+local function page(run, hkey, rid)
+  if page_size <= 0 then return false end
+  local pre = string.sub(run, 1, #run - #rid)
+  local out = {}
+  for _, other in ipairs(redis.call('ZREVRANGE', hkey, 0, page_size - 1)) do
+    local h = redis.call('HMGET', pre .. other, 'status', 'holder', 'fence', 'attempt', 'started_at', 'lease_until', 'finished_at')
+    if not h[1] then return false end
+    out[#out + 1] = other
+    for k = 1, 7 do out[#out + 1] = h[k] end
+  end
+  return out
+end
 -- From the microsecond rounded up, not the millisecond the grant fell in:
 -- a lease cut short by up to a millisecond could be taken over before
 -- its holder's request time + lease (the explorer found one, seed 7300012).
@@ -165,7 +186,7 @@ local function grant(run, fkey, hkey, token, at, rid, job)
   if h[2] then
     if h[1] == token and h[2] == 'running' then
       -- The client retried a request that had already granted.
-      return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3])}
+      return {'granted', tonumber(h[6]), tonumber(h[4]), tonumber(h[3]), page(run, hkey, rid)}
     end
     if h[2] == 'running' and tonumber(h[3]) > now and h[8] == id and later(token, h[1]) then
       -- An earlier try of this bid granted, and its caller never heard
@@ -177,7 +198,7 @@ local function grant(run, fkey, hkey, token, at, rid, job)
       -- won it, nor extend a lease its caller gave up.
       redis.call('HSET', run, 'token', token, 'lease_until', s(lease_until))
       redis.call('PEXPIRE', run, ttl)
-      return {'granted', tonumber(h[6]), tonumber(h[4]), lease_until}
+      return {'granted', tonumber(h[6]), tonumber(h[4]), lease_until, page(run, hkey, rid)}
     end
     if h[2] ~= 'running' and h[2] ~= 'interrupted' then
       return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0}
@@ -216,11 +237,11 @@ local function grant(run, fkey, hkey, token, at, rid, job)
       redis.call('ZREMRANGEBYRANK', hkey, 0, over - 1)
     end
   end
-  return {'granted', fence, attempt, lease_until}
+  return {'granted', fence, attempt, lease_until, page(run, hkey, rid)}
 end
 local out = {id, now}
 for i = 0, (#KEYS - 2) / 3 - 1 do
-  local k, a = 3 + 3 * i, 9 + 4 * i
+  local k, a = 3 + 3 * i, 10 + 4 * i
   out[i + 3] = each(grant, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
 end
 return out
