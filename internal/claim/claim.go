@@ -154,16 +154,34 @@ type Claim struct {
 	// atomic step as the grant (one Redis script, one lock held). It is
 	// the overlap probe's first read without a round trip of its own:
 	// the runner judges the page's leases as of the grant, and reads
-	// afresh for every later look. A backend whose grant and read are
-	// not one step (a PostgreSQL statement reads a snapshot that a
-	// concurrent grant can commit past) leaves it nil, and the runner
-	// reads the page after the grant.
+	// afresh for every later look. Only a call whose ctx asks for pages
+	// (WithPages) gets them, where the backend can give them: a backend
+	// whose grant and read are not one step (a PostgreSQL statement
+	// reads a snapshot that a concurrent grant can commit past) leaves
+	// it nil, and the runner reads the page after the grant.
 	Page []Record
 }
 
 // PageSize is how many records a grant's Page holds at most: the number
 // the runner's overlap probe reads first.
 const PageSize = 16
+
+type pagesKey struct{}
+
+// WithPages returns ctx asking the claimer to hand each grant of a Claim
+// call made with it its job's page (Claim.Page). It is a hint: the page
+// costs the backend a read of up to PageSize records a grant, which only
+// a caller that probes for overlaps saves, and a claimer may ignore it.
+// Merged calls (Coalescer) go with one caller's values.
+func WithPages(ctx context.Context) context.Context {
+	return context.WithValue(ctx, pagesKey{}, true)
+}
+
+// PagesWanted reports whether ctx asks for pages (WithPages).
+func PagesWanted(ctx context.Context) bool {
+	on, _ := ctx.Value(pagesKey{}).(bool)
+	return on
+}
 
 // ID is the run id of the claimed run.
 func (c *Claim) ID() string { return c.Run.ID() }

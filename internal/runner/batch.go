@@ -192,6 +192,10 @@ func (b *batcher) send(ctx context.Context) {
 		// held until the lease expires and are then taken over, never run
 		// twice.
 		bctx, cancel := context.WithTimeout(ctx, r.opts.Lease/3)
+		// Each grant's page saves its overlap probe a read (see owners):
+		// asked for on every batch, since runs of any policy probe when
+		// caught up in turn.
+		bctx = claim.WithPages(bctx)
 		bctx, span := r.startBatch(bctx, "claim batch", len(runs))
 		start := time.Now()
 		cls, errs := r.opts.Claimer.Claim(bctx, runs, r.opts.Lease)

@@ -39,11 +39,12 @@ type Store struct {
 	pages    bool                 // see GrantPages
 }
 
-// GrantPages makes every grant carry its job's page (claim.Claim.Page),
-// read under the lock the grant is made under, as the Redis claimer's
-// script reads it in the grant's own step; without it, the runner reads
-// the page after the grant, as over PostgreSQL. Call it before the store
-// is used. Each grant then scans the store: for tests and the explorer.
+// GrantPages makes every grant of a call that asks for pages
+// (claim.WithPages) carry its job's page (claim.Claim.Page), read under
+// the lock the grant is made under, as the Redis claimer's script reads
+// it in the grant's own step; without it, the runner reads the page after
+// the grant, as over PostgreSQL. Call it before the store is used. Each
+// such grant scans the store: for tests and the explorer.
 func (s *Store) GrantPages() { s.pages = true }
 
 // StampLag makes the store behave as a backend that stamps a claim when
@@ -104,15 +105,16 @@ func (m *Claimer) ClaimHolding(ctx context.Context, runs []claim.Run, lease time
 	if stamp.IsZero() {
 		stamp = m.s.now()
 	}
+	pages := m.s.pages && claim.PagesWanted(ctx)
 	for _, i := range valid {
-		claims[i], errs[i] = m.claim(runs[i], lease, requested, stamp, hold)
+		claims[i], errs[i] = m.claim(runs[i], lease, requested, stamp, hold, pages)
 	}
 	return claims, errs
 }
 
-// claim grants one run at now (with hold, not a lapsed lease). m.s.mu
-// must be held.
-func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.Time, hold bool) (*claim.Claim, error) {
+// claim grants one run at now (with hold, not a lapsed lease; with
+// pages, with its page). m.s.mu must be held.
+func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.Time, hold, pages bool) (*claim.Claim, error) {
 	s := m.s
 	id := run.ID()
 	e := s.runs[id]
@@ -136,7 +138,7 @@ func (m *Claimer) claim(run claim.Run, lease time.Duration, requested, now time.
 		RunID: id, Job: run.Job, At: c.Run.At, Status: claim.Running,
 		Holder: m.instance, Fence: c.Fence, Attempt: attempt, StartedAt: now, LeaseUntil: c.Deadline,
 	}}
-	if s.pages {
+	if pages {
 		c.Page = s.page(run.Job)
 	}
 	return c, nil

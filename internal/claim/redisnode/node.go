@@ -40,8 +40,9 @@ type Options struct {
 	// than the last one for a bucket: the server (or the bucket's master)
 	// restarted or changed (redis.Claimer's write-back).
 	Restarted func()
-	// GrantPages makes every grant carry its job's page of records
-	// (claim.Claim.Page, Reply.Page), read in the claim script with it.
+	// GrantPages makes every grant of a call that asks for pages
+	// (claim.WithPages) carry its job's page of records (claim.Claim.Page,
+	// Reply.Page), read in the claim script with it.
 	// Only where this node alone decides a grant: a Redlock node's page
 	// is one node's view, not the quorum's.
 	GrantPages bool
@@ -290,6 +291,10 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 		ids[i] = run.ID()
 	}
 	hold, sent := n.unanswered.Hold(lease), localMS()
+	page := 0
+	if claim.PagesWanted(ctx) {
+		page = n.pageSize
+	}
 	errs := n.batch(ctx, claimProgram, len(runs), func(i int) string { return runs[i].Job },
 		func(b int) ([]string, []any) {
 			seen, by := n.Seen(b), "0"
@@ -299,7 +304,7 @@ func (n *Node) ClaimBatch(ctx context.Context, runs []claim.Run, tokens []string
 				by = ""
 			}
 			return []string{n.keys.jobs(b), n.keys.marker(b)}, []any{holder, lease.Milliseconds(),
-				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, seen, by, n.pageSize}
+				n.doneTTL.Milliseconds(), n.historyLimit, n.slot, n.slots, seen, by, page}
 		}, func(i int, keys []string, args []any) ([]string, []any) {
 			job := runs[i].Job
 			return append(keys, n.keys.run(ids[i]), n.keys.fence(job), n.keys.runs(job)),
