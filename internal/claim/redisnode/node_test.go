@@ -60,8 +60,10 @@ func TestHeldReplyIdentifiesTheGrant(t *testing.T) {
 
 // TestALaterTryOfABidIsGrantedWhatAnEarlierTryLeft: a claim's reply and
 // its undo were lost (a stalled server); the same replica's next try of
-// the bid is granted that grant, with its fence and attempt and a lease
-// from now, and the earlier try's token no longer holds it: its undo or
+// the bid is granted that grant, with its attempt, a lease from now and
+// a fence above every grant of the job before the try (another grant of
+// the job came in between here), and the earlier try's token no longer
+// holds it: its undo or
 // renewal, landing late, changes nothing, and the earlier try itself,
 // landing late, takes nothing back. Another bid, even the same holder's,
 // is held off.
@@ -79,14 +81,20 @@ func TestALaterTryOfABidIsGrantedWhatAnEarlierTryLeft(t *testing.T) {
 		t.Fatalf("first try: %+v, %v", first, err)
 	}
 	bids.Open(run, try1, time.Now().Add(time.Minute))
+	// A later instant of the job is granted, and heard of, before the
+	// next try leaves.
+	between, err := claimOne(t, node, claim.Run{Job: "job.bid", At: base.Add(time.Minute)}, claim.NewToken(), "replica-b", time.Minute)
+	if err != nil || between.Vote != redisnode.Granted || between.Fence <= first.Fence {
+		t.Fatalf("a later instant's grant: %+v, %v", between, err)
+	}
 	try2 := bids.Token(run)
 	if try2 == try1 || !strings.HasPrefix(try2, strings.TrimSuffix(try1, "1")) {
 		t.Fatalf("second try's token %q: want the next try of %q", try2, try1)
 	}
 	asked := time.Now()
 	second, err := claimOne(t, node, run, try2, "replica-a", time.Hour)
-	if err != nil || second.Vote != redisnode.Granted || second.Fence != first.Fence || second.Attempt != 1 {
-		t.Fatalf("second try: %+v, %v; want the first try's grant (fence %d, attempt 1)", second, err, first.Fence)
+	if err != nil || second.Vote != redisnode.Granted || second.Fence <= between.Fence || second.Attempt != 1 {
+		t.Fatalf("second try: %+v, %v; want the first try's grant (attempt 1) fenced above the grant before it (fence %d)", second, err, between.Fence)
 	}
 	if second.LeaseUntil.Before(asked.Add(time.Hour)) {
 		t.Fatalf("second try's lease ends %s: want an hour from its request (%s), not the first try's minute", second.LeaseUntil, asked)

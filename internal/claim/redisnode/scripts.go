@@ -180,6 +180,14 @@ local function later(a, b)
   local nb, tb = string.match(b, '^(.+)%-(%d+)$')
   return na ~= nil and na == nb and tonumber(ta) > tonumber(tb)
 end
+-- next_fence raises the job's fence key past every fence granted before
+-- (and to this node's residue, slot of slots) and returns it.
+local function next_fence(fkey)
+  local fence = math.max(tonumber(redis.call('GET', fkey) or '0') + 1, now_us)
+  fence = fence + (slot - fence) % slots
+  redis.call('SET', fkey, s(fence))
+  return fence
+end
 local function grant(run, fkey, hkey, token, at, rid, job)
   local h = redis.call('HMGET', run, 'token', 'status', 'lease_until', 'attempt', 'holder', 'fence', 'base', 'server')
   local attempt, base = 1, 0
@@ -195,10 +203,16 @@ local function grant(run, fkey, hkey, token, at, rid, job)
       -- longer holds it, so that try's undo, landing late, undoes nothing.
       -- Only a later try takes it: an earlier one that lands late (a
       -- stalled connection) must not take the grant from the try that
-      -- won it, nor extend a lease its caller gave up.
-      redis.call('HSET', run, 'token', token, 'lease_until', s(lease_until))
+      -- won it, nor extend a lease its caller gave up. It is fenced
+      -- anew, as a grant made now: this try may have left after the
+      -- reply of a later grant of the job (a stall let the earlier try
+      -- in behind it), and a fence must rise with what its holder could
+      -- have seen (the explorer's fence order, under a real SIGSTOP).
+      -- The earlier try's fence was never heard of: nobody holds it.
+      local fence = next_fence(fkey)
+      redis.call('HSET', run, 'token', token, 'lease_until', s(lease_until), 'fence', s(fence))
       redis.call('PEXPIRE', run, ttl)
-      return {'granted', tonumber(h[6]), tonumber(h[4]), lease_until, page(run, hkey, rid)}
+      return {'granted', fence, tonumber(h[4]), lease_until, page(run, hkey, rid)}
     end
     if h[2] ~= 'running' and h[2] ~= 'interrupted' then
       return {'done', h[2], tonumber(h[4]), h[5] or '', tonumber(h[6]) or 0}
@@ -216,9 +230,7 @@ local function grant(run, fkey, hkey, token, at, rid, job)
     -- A takeover rewrites the hash; a fresh grant creates it.
     redis.call('HDEL', run, 'finished_at')
   end
-  local fence = math.max(tonumber(redis.call('GET', fkey) or '0') + 1, now_us)
-  fence = fence + (slot - fence) % slots
-  redis.call('SET', fkey, s(fence))
+  local fence = next_fence(fkey)
   redis.call('HSET', run, 'token', token, 'holder', holder, 'fence', s(fence),
     'attempt', s(attempt), 'status', 'running', 'started_at', s(now), 'lease_until', s(lease_until), 'server', id)
   if slots > 1 then
