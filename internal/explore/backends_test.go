@@ -2,6 +2,7 @@ package explore
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"slices"
@@ -22,16 +23,26 @@ import (
 var realSeeds = []uint64{101, 102, 103, 104, 105}
 
 var (
-	realSeed  = flag.Uint64("explore.real-seed", 0, "TestNemesisOnRealBackends: replay this seed instead of the pinned ones")
-	realKinds = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends, TestLongExploration: only these claimers (comma-separated)")
+	realSeed   = flag.Uint64("explore.real-seed", 0, "TestNemesisOnRealBackends: replay this seed instead of the pinned ones")
+	realKinds  = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends, TestLongExploration: only these claimers (comma-separated)")
+	realStalls = flag.Bool("explore.real-stalls", true, "TestNemesisOnRealBackends, TestLongExploration: stall the private servers themselves (SIGSTOP); false: the harness's link, which the clients do not see")
 )
+
+// pauser is a server that can be stopped (SIGSTOP) and resumed.
+type pauser interface {
+	Pause() error
+	Resume() error
+}
 
 // TestNemesisOnRealBackends runs the explorer's replicas over every
 // claimer's real backend, in real time, under seeded plans that compose at
 // least 5 fault classes each: for redis a private server with an AOF
 // (appendfsync everysec) that the plan restarts, so it comes back with
 // part of its data; for redlock five private nodes restarted one at a
-// time, empty. The history checker must find nothing.
+// time, empty. Where the servers are private (redis, redlock, etcd, the
+// Redis Cluster) a stall stops them all (SIGSTOP), so the clients' own
+// hold is judged; on the shared services the harness's link stalls. The
+// history checker must find nothing.
 func TestNemesisOnRealBackends(t *testing.T) {
 	testenv.WallClock(t)
 	// Every claimer at once, its seeds one after another: five seeds of
@@ -202,6 +213,21 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 			nodes[node].Stop()
 			time.Sleep(down) // the server is down for the plan's time
 			return nodes[node].Start(context.Background())
+		}
+		if *realStalls && !slices.ContainsFunc(nodes, func(n server) bool { _, ok := n.(pauser); return !ok }) {
+			// Every server at once: the backend stops, as one Redis
+			// server in a long fork or GC would, or a quorum's nodes.
+			cfg.Stall = func(d time.Duration) error {
+				var errs []error
+				for _, n := range nodes {
+					errs = append(errs, n.(pauser).Pause())
+				}
+				time.Sleep(d) // the servers are stopped for the plan's time
+				for _, n := range nodes {
+					errs = append(errs, n.(pauser).Resume())
+				}
+				return errors.Join(errs...)
+			}
 		}
 	} else {
 		cfg.Classes = slices.DeleteFunc(slices.Clone(nemesis.Classes), func(c string) bool { return c == nemesis.Restart })

@@ -64,6 +64,12 @@ type Config struct {
 	// loses is the backend's business (no persistence, a snapshot, an AOF).
 	Restart func(node int, down time.Duration) error
 	Nodes   int
+	// Stall, when set, stops the real backend's servers (SIGSTOP) for d
+	// and resumes them: the Stall class then reaches the real clients,
+	// whose own hold (claim.Unanswered, a bid that waited) is judged as
+	// in process. Nil: the harness's link holds the calls instead, which
+	// a real client does not see, so a stall excuses a run done again.
+	Stall func(d time.Duration) error
 	// Classes limits the fault classes drawn (default: all that apply).
 	Classes []string
 	// Controls is the backend's register of operator state: during the
@@ -575,6 +581,17 @@ func (w *world) nemesis(ctx context.Context) {
 			}
 			continue
 		}
+		if op.Kind == nemesis.Stall && w.cfg.Stall != nil {
+			// On the servers themselves; the nemesis waits it out, as a
+			// restart (a stopped server must resume before it can stop).
+			if err := w.cfg.Stall(op.For); err != nil {
+				w.log.Add(history.Event{Kind: history.Fault, Note: "stall failed: " + err.Error()})
+				w.mu.Lock()
+				w.broken = errors.Join(w.broken, fmt.Errorf("%s: %w", op, err))
+				w.mu.Unlock()
+			}
+			continue
+		}
 		if op.Kind == nemesis.Outage || op.Kind == nemesis.Stall {
 			w.mu.Lock()
 			if op.Kind == nemesis.Outage {
@@ -718,7 +735,9 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	}
 	kinds := []string{nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Latency, nemesis.Term, nemesis.Restart}
 	if !w.inProcess {
-		kinds = append(kinds, nemesis.Stall)
+		if w.cfg.Stall == nil {
+			kinds = append(kinds, nemesis.Stall)
+		}
 		if slices.ContainsFunc(h.ops(nemesis.Outage), func(op nemesis.Op) bool { return overlaps(w.t0, op, returned, leaseEnd) }) {
 			return true
 		}
