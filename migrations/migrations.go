@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"hash/crc64"
 	"io/fs"
+	"math/rand/v2"
 	"net/url"
 	"path"
 	"strings"
@@ -21,6 +22,8 @@ import (
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 //go:embed postgres/*.sql sqlite/*.sql
@@ -70,15 +73,24 @@ func (m Migration) String() string {
 // Several replicas may run Up at once. On PostgreSQL a session advisory lock,
 // keyed by the current schema, serializes them. SQLite has no lock that
 // spans goose's statements, so a replica that loses the race to another
-// process retries until nothing is pending.
+// process tries again until nothing is pending. It waits a little, jittered,
+// before each new try: two processes opening a new file at once both switch
+// it to WAL, which needs the file's exclusive lock, and SQLite answers one
+// of them busy at once rather than wait out the busy timeout, since each
+// holds what the other waits for. Tried again at once, the same race was
+// lost every round (an outside CI run: one of two replicas started
+// together failed to start, "database is locked"). Busy answers are tried
+// again for up to sqliteBusyFor; other failures a bounded number of times.
 func Up(ctx context.Context, db *sql.DB, d Dialect) error {
 	p, err := provider(ctx, db, d)
 	if err != nil {
 		return err
 	}
-	// Each failed round means another process applied at least the migration
-	// this one tried, so the number of migrations bounds the rounds.
+	// Each failed round that was not busy means another process applied at
+	// least the migration this one tried, so the number of migrations
+	// bounds those rounds.
 	rounds := len(p.ListSources()) + 1
+	start, wait := time.Now(), 10*time.Millisecond
 	for {
 		_, err = p.Up(ctx)
 		if err == nil || d != SQLite || ctx.Err() != nil {
@@ -87,14 +99,38 @@ func Up(ctx context.Context, db *sql.DB, d Dialect) error {
 		if pending, perr := p.HasPending(ctx); perr == nil && !pending {
 			return nil
 		}
-		if rounds--; rounds == 0 {
-			break
+		if !busy(err) || time.Since(start) > sqliteBusyFor {
+			if rounds--; rounds == 0 {
+				break
+			}
 		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrations: up (%s): %w", d, errors.Join(err, ctx.Err()))
+		case <-time.After(wait/2 + rand.N(wait)):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
 	}
 	if err != nil {
 		return fmt.Errorf("migrations: up (%s): %w", d, err)
 	}
 	return nil
+}
+
+// sqliteBusyFor is how long Up keeps trying SQLite migrations that were
+// answered busy: other replicas' opens and migrations take milliseconds,
+// and a busy timeout (5s) already waited for a writer.
+const sqliteBusyFor = 15 * time.Second
+
+// busy says whether err is SQLite's SQLITE_BUSY (or SQLITE_LOCKED): another
+// connection held a lock that this one needed.
+func busy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	code := se.Code() & 0xff // the primary result code
+	return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
 }
 
 // UpTo applies the pending migrations up to and including version: a

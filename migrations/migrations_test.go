@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -165,6 +166,53 @@ func TestConcurrentUp(t *testing.T) {
 		}
 		wantCurrent(t, dbs[0], d, true)
 	})
+}
+
+// A replica that SQLite answers busy at once, without waiting out the
+// busy timeout, tries again a moment later, not at once. Two processes
+// opening a new file together both switch it from its rollback journal
+// to WAL, which takes the file's exclusive lock, and SQLite answered one
+// of them busy at once; tried again at once, every round of Up fell
+// inside the other process's switch and migration, and one of two
+// replicas started together failed to start, "database is locked" (an
+// outside CI run). Here the busy timeout is 0, so that every conflict is
+// answered at once, and another connection reads the new file, still in
+// its rollback journal, for longer than Up's rounds took when they came
+// at once.
+func TestUpWaitsOutAnotherConnectionsLockOnANewFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.db")
+	open := func(dsn string) *sql.DB {
+		db, err := sql.Open("sqlite", "file:"+path+dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	other := open("?_pragma=busy_timeout(5000)") // the rollback journal
+	if _, err := other.ExecContext(t.Context(), "CREATE TABLE other_process (id INTEGER)"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := other.BeginTx(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRowContext(t.Context(), "SELECT count(*) FROM other_process").Scan(&n); err != nil {
+		t.Fatal(err) // the read holds the file's shared lock until the commit
+	}
+	const held = 500 * time.Millisecond
+	release := time.AfterFunc(held, func() { _ = tx.Commit() })
+	defer release.Stop()
+	db := open("?_pragma=busy_timeout(0)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	start := time.Now()
+	if err := migrations.Up(t.Context(), db, migrations.SQLite); err != nil {
+		t.Fatalf("up while another connection read the new file for %v: %v", held, err)
+	}
+	if took := time.Since(start); took < held/2 {
+		t.Fatalf("up took %v while the other connection read for %v: the switch to WAL did not wait for it", took, held)
+	}
+	wantCurrent(t, db, migrations.SQLite, true)
 }
 
 func TestUnknownDialect(t *testing.T) {

@@ -55,8 +55,11 @@ jobs:
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, name := range []string{"old-1", "old-2", "new-1"} {
+				// The tail: what a replica said last is why it stopped
+				// (a CI log keeps only so much of a failure's output).
 				data, _ := os.ReadFile(filepath.Join(dir, name+".log"))
-				t.Logf("%s's log:\n%s", name, data)
+				lines := strings.SplitAfter(string(data), "\n")
+				t.Logf("%s's log, its last lines:\n%s", name, strings.Join(lines[max(len(lines)-12, 0):], ""))
 			}
 		}
 	})

@@ -137,9 +137,14 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	default:
 		return nil, fmt.Errorf("billing: database kind %q: want %s or %s", c.Kind, KindSQLite, KindPostgres)
 	}
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("billing: %s: %w", d, err)
+	// Not SQLite: its first connection switches a new file to WAL, which
+	// another replica opening it may be doing too, and Up tries that
+	// again where a ping would not.
+	if d == migrations.Postgres {
+		if err := db.PingContext(ctx); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("billing: %s: %w", d, err)
+		}
 	}
 	if err := migrations.Up(ctx, db, d); err != nil {
 		_ = db.Close()
