@@ -57,9 +57,18 @@ type Claimer struct {
 	done     *doneLease
 	guard    lossGuard
 	revs     revs
+	// unanswered holds takeovers of lapsed leases back after the cluster
+	// left calls of this claimer unanswered (claim.Unanswered, retry).
+	unanswered claim.Unanswered
 }
 
-var _ claim.Claimer = (*Claimer)(nil)
+var (
+	_ claim.Claimer        = (*Claimer)(nil)
+	_ claim.TakeoverHolder = (*Claimer)(nil)
+)
+
+// TakeoversHeld implements claim.TakeoverHolder.
+func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.unanswered.Hold(lease) }
 
 // New returns a Claimer on cli, which it owns: Close closes it.
 func New(cli *clientv3.Client, o Options) *Claimer {
@@ -120,7 +129,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	// the holder's trust window counts from here.
 	requested := time.Now()
 	attempt := attemptTimeout(lease)
-	g, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+	g, err := retry(ctx, &c.unanswered, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return c.cli.Grant(ctx, leaseSeconds(lease))
 	})
 	if err != nil {
@@ -145,7 +154,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				ops[k] = c.bidOp(b, tokens[k], int64(k), requested, lease, g.ID)
 			}
 			s, _ := c.guard.send(lease)
-			resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			resp, err := retry(ctx, &c.unanswered, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 				return c.cli.Txn(ctx).Then(ops...).Commit()
 			})
 			if err != nil {
@@ -179,7 +188,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 						Deadline: requested.Add(lease).UTC(), Requested: requested, Lease: lease}
 					c.revs.set(tokens[k], rev, requested.Add(lease))
 				default:
-					if again, err := c.judge(b, tr.Responses); err != nil {
+					if again, err := c.judge(b, tr.Responses, lease); err != nil {
 						errs[b.i] = fmt.Errorf("claim %s: %w", b.run.ID(), err)
 					} else {
 						next = append(next, again)
@@ -223,8 +232,8 @@ func ownLive(tr *pb.TxnResponse, token string) int64 {
 }
 
 // judge reads a lost bid's live key and record: held, done, or worth
-// another bid.
-func (c *Claimer) judge(b bid, got []*pb.ResponseOp) (bid, error) {
+// another bid, for a claim of lease.
+func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, error) {
 	if len(got) != 2 {
 		return bid{}, fmt.Errorf("etcd: malformed transaction response")
 	}
@@ -242,6 +251,17 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp) (bid, error) {
 		return bid{}, err
 	case !r.Status.Live():
 		return bid{}, claim.ErrDone
+	case r.Status == claim.Running && c.unanswered.Hold(lease):
+		// Its lease ran out, and etcd deleted the live key, while the
+		// cluster left this replica's calls unanswered: a stall (its
+		// members stopped, or without a leader) that may have kept the
+		// holder from renewing or releasing. When the members resume,
+		// the leader revokes every lease that ran out meanwhile; a
+		// takeover then ran a finished run again before its holder's
+		// retried release landed (the explorer, with the members
+		// stopped: 2 of 12 seeds).
+		return bid{}, fmt.Errorf("%w: its lease ran out while the cluster left this replica's calls unanswered;"+
+			" its holder's release may still land, so it is not taken over for a lease", claim.ErrHeld)
 	}
 	// Handed back, or its lease ran out and etcd deleted the live key.
 	return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, attempt: r.Attempt + 1}, nil
@@ -278,7 +298,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 		return lost(loss)
 	}
 	attempt := attemptTimeout(min(lease, cl.Lease))
-	g, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+	g, err := retry(ctx, &c.unanswered, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return c.cli.Grant(ctx, leaseSeconds(lease))
 	})
 	if err != nil {
@@ -299,7 +319,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 		s, _ = c.guard.send(lease)
 		// A try that took effect leaves the key holding the token, on g:
 		// the next one finds it so.
-		resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		resp, err := retry(ctx, &c.unanswered, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 			return c.cli.Txn(ctx).If(cmps...).
 				Then(clientv3.OpPut(live, cl.Token, clientv3.WithLease(g.ID)), clientv3.OpPut(c.keys.record(cl.Run), r.encode())).
 				Else(clientv3.OpGet(live)).
@@ -366,6 +386,9 @@ func (c *Claimer) Ping(ctx context.Context) error {
 		If(clientv3.Compare(clientv3.CreateRevision(key), "<", 0)).
 		Then(clientv3.OpPut(key, "")).
 		Commit()
+	// The readiness probe's pings are calls too: a replica with nothing
+	// to claim or renew learns of a stall from them.
+	noteTry(ctx, &c.unanswered, err, err != nil && (ctx.Err() != nil || timedOut(err)))
 	if err != nil {
 		return fmt.Errorf("ping: %w", c.translate(ctx, err))
 	}

@@ -251,12 +251,16 @@ func release(t *testing.T, c claim.Claimer, cl *claim.Claim, deadline time.Time)
 	}
 }
 
-// takeOver polls until c wins run, whose holder stopped renewing.
+// takeOver polls until c wins run, whose holder stopped renewing. It bids
+// with the lease the holder had, as replicas of one configuration do:
+// after the calls the leader's death left unanswered, a claimer holds
+// takeovers back until the cluster has answered for the lease it bids
+// with (claim.Unanswered), which for a bid of an hour is an hour.
 func takeOver(t *testing.T, c claim.Claimer, run claim.Run) *claim.Claim {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		cl, err := claim.ClaimOne(ctxFor(t, 2*time.Second), c, run, time.Hour)
+		cl, err := claim.ClaimOne(ctxFor(t, 2*time.Second), c, run, testenv.EtcdLease)
 		switch {
 		case err == nil:
 			return cl

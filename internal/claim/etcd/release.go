@@ -165,12 +165,12 @@ func (c *Claimer) commitDone(ctx context.Context, attempt time.Duration, termina
 		var done clientv3.LeaseID
 		if terminal {
 			var err error
-			if done, err = c.done.get(ctx, attempt, c.cli); err != nil {
+			if done, err = c.done.get(ctx, &c.unanswered, attempt, c.cli); err != nil {
 				return nil, c.translate(ctx, err)
 			}
 		}
 		s, _ := c.guard.send(0)
-		resp, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		resp, err := retry(ctx, &c.unanswered, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 			return c.cli.Txn(ctx).Then(ops(done)...).Commit()
 		})
 		if err == nil {
@@ -205,7 +205,7 @@ func newDoneLease(ttl time.Duration) *doneLease {
 	return &doneLease{ttl: ttl, reuse: min(time.Hour, max(ttl/8, time.Second)), sem: make(chan struct{}, 1)}
 }
 
-func (d *doneLease) get(ctx context.Context, attempt time.Duration, cli *clientv3.Client) (clientv3.LeaseID, error) {
+func (d *doneLease) get(ctx context.Context, u *claim.Unanswered, attempt time.Duration, cli *clientv3.Client) (clientv3.LeaseID, error) {
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -218,7 +218,7 @@ func (d *doneLease) get(ctx context.Context, attempt time.Duration, cli *clientv
 	// The lease runs from after now: used until now+reuse, it has at
 	// least ttl left for any record written under it.
 	now := time.Now()
-	g, err := retry(ctx, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
+	g, err := retry(ctx, u, attempt, func(ctx context.Context) (*clientv3.LeaseGrantResponse, error) {
 		return cli.Grant(ctx, leaseSeconds(d.ttl+d.reuse))
 	})
 	if err != nil {

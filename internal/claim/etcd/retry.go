@@ -2,10 +2,13 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
 // The client spreads calls over the members' connections (gRPC round
@@ -56,15 +59,44 @@ func timedOut(err error) bool {
 // call to a cluster that had lost its quorum tried forever (the explorer's
 // stalled backend, which applies a request late with its cancellation
 // removed, hung two seeds in twenty).
-func retry[T any](ctx context.Context, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
+//
+// Each try's fate goes to u: a try the cluster did not answer in its
+// time (a stall: its members stopped, its disk hung) holds this
+// claimer's takeovers back (claim.Unanswered); an answer counts towards
+// ending the hold. A try refused at once (a member down, no leader) is
+// neither: the cluster was not stalled, and a lease does not run out
+// across an outage or an election, since a new leader extends every
+// lease (etcd's lessor promotion). Counted as unanswered, the calls that
+// met a killed member's endpoint now and then held takeovers back for
+// good (the failover test: an orphaned run not taken over in 30s).
+func retry[T any](ctx context.Context, u *claim.Unanswered, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
 	_, bounded := ctx.Deadline()
 	for tries := 1; ; tries++ {
 		actx, cancel := context.WithTimeout(ctx, attempt)
 		v, err := f(actx)
-		again := err != nil && ctx.Err() == nil && (actx.Err() != nil || timedOut(err)) && (bounded || tries < 6)
+		ranOut := err != nil && (actx.Err() != nil || timedOut(err))
+		noteTry(ctx, u, err, ranOut)
+		again := ranOut && ctx.Err() == nil && (bounded || tries < 6)
 		cancel()
 		if !again {
 			return v, err
 		}
+	}
+}
+
+// noteTry tells u of a try that ended in err, ranOut if it ran out of
+// its time, sent under ctx (see retry).
+func noteTry(ctx context.Context, u *claim.Unanswered, err error, ranOut bool) {
+	switch {
+	case err == nil:
+		u.Answered()
+	case ranOut && !errors.Is(ctx.Err(), context.Canceled):
+		u.Note()
+	case ranOut || ctx.Err() != nil:
+	default:
+		if s, ok := status.FromError(err); ok && (s.Code() == codes.Unavailable || s.Message() == proposalDropped) {
+			return // refused, not answered
+		}
+		u.Answered() // the cluster's answer was an error
 	}
 }

@@ -1,0 +1,63 @@
+package etcd_test
+
+import (
+	"testing"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
+	"github.com/scheduler-dev/scheduler/internal/testenv"
+	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
+)
+
+// stoppable opens a holder and a standby on a private 3-member cluster,
+// and returns functions that stop every member (SIGSTOP: a stalled
+// cluster, as a host's freeze or a storage stall of all of them) and
+// continue them.
+func stoppable(t *testing.T) (holder, standby claim.Claimer, stop, cont func()) {
+	t.Helper()
+	cluster := testenv.StartEtcd(t, 3)
+	ns := backends.Prepare(t, "etcd", backends.Options{Servers: cluster.Endpoints()})
+	return ns.Open("holder"), ns.Open("standby"), func() {
+			for _, m := range cluster.Members() {
+				if err := m.Pause(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, func() {
+			for _, m := range cluster.Members() {
+				if err := m.Resume(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+}
+
+// TestALeaseThatLapsedWhileTheMembersWereStoppedIsNotTakenOverAtOnce: the
+// members stopped for longer than the lease
+// (claimtest.LapsedInAStallIsNotTakenOver). As they resume, the leader
+// revokes every lease that ran out meanwhile; a standby took a finished
+// run over then, before its holder's retried release landed (the
+// explorer with the members stopped: 2 of 12 seeds).
+func TestALeaseThatLapsedWhileTheMembersWereStoppedIsNotTakenOverAtOnce(t *testing.T) {
+	t.Parallel()
+	holder, standby, stop, cont := stoppable(t)
+	claimtest.LapsedInAStallIsNotTakenOver(t, holder, standby, stop, cont, testenv.EtcdLease)
+}
+
+// TestAClusterStoppedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile: brief
+// stops every fraction of a lease, answers between them
+// (claimtest.ChronicStallsEndTheHold).
+func TestAClusterStoppedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile(t *testing.T) {
+	t.Parallel()
+	holder, standby, stop, cont := stoppable(t)
+	claimtest.ChronicStallsEndTheHold(t, holder, standby, stop, cont, testenv.EtcdLease)
+}
+
+// TestABidSentIntoAStoppedClusterDoesNotTakeOverWhenItRuns: a standby's
+// bid that waited out the stall, its tries running out one after another
+// (claimtest.ABidThatWaitedInAStallIsHeld).
+func TestABidSentIntoAStoppedClusterDoesNotTakeOverWhenItRuns(t *testing.T) {
+	t.Parallel()
+	holder, standby, stop, cont := stoppable(t)
+	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, testenv.EtcdLease, 0)
+}
