@@ -40,9 +40,8 @@ type pauser interface {
 // (appendfsync everysec) that the plan restarts, so it comes back with
 // part of its data; for redlock five private nodes restarted one at a
 // time, empty. Where the servers are private (redis, redlock, the Redis
-// Cluster; not yet etcd, see realConfig) a stall stops them all
-// (SIGSTOP), so the clients' own hold is judged; elsewhere the harness's
-// link stalls. The history checker must find nothing.
+// Cluster, etcd) a stall stops them all (SIGSTOP), so the clients' own
+// hold is judged; elsewhere the harness's link stalls. The history checker must find nothing.
 func TestNemesisOnRealBackends(t *testing.T) {
 	testenv.WallClock(t)
 	// Every claimer at once, its seeds one after another: five seeds of
@@ -214,12 +213,7 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 			time.Sleep(down) // the server is down for the plan's time
 			return nodes[node].Start(context.Background())
 		}
-		// Not etcd's: its claimer does not hold takeovers back after
-		// calls the stopped members left unanswered (claim.Unanswered),
-		// and a standby took a run over as the members resumed, before
-		// the holder's release of it landed (2 of 12 seeds, stop 57).
-		// Its stalls stay the link's, which excuse that, until it does.
-		if *realStalls && kind != config.ClaimerEtcd && !slices.ContainsFunc(nodes, func(n server) bool { _, ok := n.(pauser); return !ok }) {
+		if *realStalls && !slices.ContainsFunc(nodes, func(n server) bool { _, ok := n.(pauser); return !ok }) {
 			// Every server at once: the backend stops, as one Redis
 			// server in a long fork or GC would, or a quorum's nodes.
 			cfg.Stall = func(d time.Duration) error {
