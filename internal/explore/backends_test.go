@@ -41,7 +41,8 @@ type pauser interface {
 // part of its data; for redlock five private nodes restarted one at a
 // time, empty. Where the servers are private (redis, redlock, the Redis
 // Cluster, etcd) a stall stops them all (SIGSTOP), so the clients' own
-// hold is judged; elsewhere the harness's link stalls. The history checker must find nothing.
+// hold is judged; elsewhere the harness's link stalls. The history
+// checker must find nothing.
 func TestNemesisOnRealBackends(t *testing.T) {
 	testenv.WallClock(t)
 	// Every claimer at once, its seeds one after another: five seeds of
