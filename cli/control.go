@@ -132,6 +132,12 @@ func (e *env) trigger(args []string) int {
 		fmt.Fprintf(e.stderr, "scheduler trigger: --timeout %s: only with --wait, and not with --here\n", *timeout)
 		return ExitUsage
 	}
+	// Checked before the request is sent: a wait that could never
+	// succeed must not leave a run queued behind it (outside review).
+	if *timeout <= 0 {
+		fmt.Fprintf(e.stderr, "scheduler trigger: --timeout %s: want a positive duration\n", *timeout)
+		return ExitUsage
+	}
 	cfg, ok := e.load(*path)
 	if !ok {
 		return ExitUsage

@@ -10,6 +10,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/cli"
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/job"
 )
 
@@ -57,6 +58,27 @@ func TestTriggerTimeoutNeedsWait(t *testing.T) {
 		if code, out, errOut := mainIn(t, dir, args...); code != cli.ExitUsage || !strings.Contains(errOut, "--timeout 5s") || out != "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d naming the flag", args, code, out, errOut, cli.ExitUsage)
 		}
+	}
+}
+
+// A --wait with a timeout that has run out before it starts is bad
+// usage, refused before the request is sent: it once exited 1 with the
+// run already queued behind it (outside review).
+func TestTriggerWaitRefusesATimeoutThatIsNotPositive(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n")
+	defer b.Close()
+	for _, d := range []string{"0s", "-1s"} {
+		code, out, errOut := mainIn(t, dir, "trigger", "--wait", "--timeout", d, "--config", path, "example.sleep")
+		if code != cli.ExitUsage || !strings.Contains(errOut, "--timeout "+d) || out != "" {
+			t.Errorf("trigger --wait --timeout %s: exit %d, stdout %q, stderr %q; want %d naming the flag", d, code, out, errOut, cli.ExitUsage)
+		}
+	}
+	reqs, err := control.New(b.Controls, nil).Requests(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 0 {
+		t.Errorf("the refused triggers left %d requests queued: %+v", len(reqs), reqs)
 	}
 }
 
