@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,7 +59,7 @@ func Parse(spec, tz string) (*Schedule, error) {
 	case strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ="):
 		return nil, fmt.Errorf("schedule %q: set the zone with the job's timezone key, not in the spec", spec)
 	default:
-		c, err := parser.Parse(spec)
+		c, err := parser.Parse(sundayAsSeven(spec))
 		if err != nil {
 			return nil, fmt.Errorf("schedule %q: %v", spec, err)
 		}
@@ -73,6 +74,63 @@ func Parse(spec, tz string) (*Schedule, error) {
 		return nil, fmt.Errorf("schedule %q never fires", spec)
 	}
 	return s, nil
+}
+
+// sundayAsSeven rewrites a cron spec's day-of-week field so that 7 means
+// Sunday, as crontab(5) has it ("0 or 7 is Sun") and as many crontabs
+// are written (0 0 * * 7, 1-7, 5-7/2); the parser knows only 0-6. A part
+// naming 7 becomes the list of days it names, 7 as 0. Anything else is
+// left as it is, for the parser to accept or explain.
+func sundayAsSeven(spec string) string {
+	fields := strings.Fields(spec)
+	if len(fields) < 5 || len(fields) > 6 {
+		return spec
+	}
+	parts := strings.Split(fields[len(fields)-1], ",")
+	changed := false
+	for i, part := range parts {
+		if days, ok := daysWithSeven(part); ok {
+			parts[i], changed = days, true
+		}
+	}
+	if !changed {
+		return spec
+	}
+	fields[len(fields)-1] = strings.Join(parts, ",")
+	return strings.Join(fields, " ")
+}
+
+// daysWithSeven lists the days of one day-of-week part (n, n-m, n-m/s)
+// that names 7, with 7 written 0; ok is false for any other part.
+func daysWithSeven(part string) (string, bool) {
+	rng, stepText, stepped := strings.Cut(part, "/")
+	loText, hiText, isRange := strings.Cut(rng, "-")
+	if !isRange {
+		if loText != "7" || stepped {
+			return "", false
+		}
+		return "0", true
+	}
+	lo, err1 := strconv.Atoi(loText)
+	hi, err2 := strconv.Atoi(hiText)
+	step := 1
+	var err3 error
+	if stepped {
+		step, err3 = strconv.Atoi(stepText)
+	}
+	if err1 != nil || err2 != nil || err3 != nil || hi != 7 || lo < 0 || lo > hi || step < 1 {
+		return "", false
+	}
+	seen := map[int]bool{}
+	var days []string
+	for d := lo; d <= hi; d += step {
+		if d%7 == 0 && seen[0] {
+			continue
+		}
+		seen[d%7] = true
+		days = append(days, strconv.Itoa(d%7))
+	}
+	return strings.Join(days, ","), true
 }
 
 // String is the spec as written.

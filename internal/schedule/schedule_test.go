@@ -43,6 +43,17 @@ func TestNext(t *testing.T) {
 		{"AcrossSpringForward", "0 9 * * *", "Europe/Berlin", "2026-03-28T00:00:00Z",
 			[]string{"2026-03-28T08:00:00Z", "2026-03-29T07:00:00Z"}},
 		// New York falls back on 2026-11-01: 01:30 local happens twice; cron fires once.
+		// crontab(5): "0 or 7 is Sun". 2026-03-01 is a Sunday.
+		{"SevenIsSunday", "0 0 * * 7", "", "2026-02-26T00:00:00Z",
+			[]string{"2026-03-01T00:00:00Z", "2026-03-08T00:00:00Z"}},
+		{"ARangeToSevenEndsOnSunday", "0 0 * * 5-7", "", "2026-02-26T00:00:00Z", // a Thursday
+			[]string{"2026-02-27T00:00:00Z", "2026-02-28T00:00:00Z", "2026-03-01T00:00:00Z", "2026-03-06T00:00:00Z"}},
+		{"ASteppedRangeToSeven", "0 0 * * 1-7/3,3", "", "2026-02-28T00:00:00Z", // Mon, Wed, Thu, Sun
+			[]string{"2026-03-01T00:00:00Z", "2026-03-02T00:00:00Z", "2026-03-04T00:00:00Z", "2026-03-05T00:00:00Z", "2026-03-08T00:00:00Z"}},
+		{"ZeroToSevenIsEveryDay", "0 12 * * 0-7", "", "2026-02-28T13:00:00Z",
+			[]string{"2026-03-01T12:00:00Z", "2026-03-02T12:00:00Z"}},
+		{"SevenWithSeconds", "30 0 0 * * 7", "", "2026-02-26T00:00:00Z",
+			[]string{"2026-03-01T00:00:30Z"}},
 		{"AcrossFallBack", "30 1 * * *", "America/New_York", "2026-10-31T00:00:00Z",
 			[]string{"2026-10-31T05:30:00Z", "2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"}},
 	}
@@ -159,6 +170,9 @@ func TestParseErrors(t *testing.T) {
 		{"0 0 30 2 *", "", "never fires"},
 		{"* * * * *", "Mars/Olympus", "unknown time zone"},
 		{"CRON_TZ=UTC * * * * *", "", "timezone key"},
+		{"0 0 * * 8", "", "above maximum"},
+		{"0 0 * * 6-8", "", "above maximum"},
+		{"0 0 * * 7-1", "", "beyond end of range"},
 	}
 	for _, tc := range cases {
 		_, err := Parse(tc.spec, tc.tz)
