@@ -219,8 +219,38 @@ func isSpace(c byte) bool {
 // replica at start-up, exit 1) and explains a failure without repeating
 // the DSN or any part of its password.
 func checkPostgresDSN(dsn string) error {
+	if err := checkUserInfo(dsn); err != nil {
+		return err
+	}
 	_, err := pgxpool.ParseConfig(dsn)
 	return RedactError(err, dsn)
+}
+
+// checkUserInfo refuses a URL DSN whose password holds an '@' not
+// percent-encoded. The driver, as libpq does, ends the user info at the
+// first '@', so the rest of such a password would be taken for the host:
+// the DSN passed the check, then every connection failed naming that
+// host, part of the password in the error (an outside review). A '@' in
+// the query, after the host, is left alone.
+func checkUserInfo(dsn string) error {
+	rest, ok := strings.CutPrefix(dsn, "postgresql://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(dsn, "postgres://"); !ok {
+			return nil
+		}
+	}
+	i := strings.IndexAny(rest, "@/")
+	if i < 0 || rest[i] != '@' {
+		return nil
+	}
+	host := rest[i+1:]
+	if j := strings.IndexAny(host, "/?"); j >= 0 {
+		host = host[:j]
+	}
+	if strings.Contains(host, "@") {
+		return errors.New("the user info holds an '@' that is not percent-encoded: the driver ends the user info at the first '@' and would read the rest of the password as the host (write '@' as %40)")
+	}
+	return nil
 }
 
 // scrub removes every password of dsn, raw or URL-decoded, from msg.
