@@ -78,6 +78,8 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 		{"InstanceIDWithALineBreak", "instance_id: \"a\\nb\"\nclaimer:\n" + pg, "instance_id", "a\nb", "contains a space or a control character"},
 		{"PostgresWithoutDSN", "claimer:\n  kind: postgres\n" + rd, "claimer.postgres.dsn", "", "missing"},
 		{"InvalidURLDSN", "claimer:\n  kind: postgres\n  postgres:\n    dsn: postgres://app:" + secret + "@db:port/app\n", "claimer.postgres.dsn", "postgres://app:xxxxx@db:port/app", "invalid DSN"},
+		{"PasswordWithAnUnencodedAt", "claimer:\n  kind: postgres\n  postgres:\n    dsn: postgres://app:ab@" + secret + "@db:5432/app\n", "claimer.postgres.dsn", "postgres://app:xxxxx@db:5432/app", "not percent-encoded"},
+		{"DatabasePasswordWithAnUnencodedAt", "claimer:\n" + pg + "database:\n  kind: postgres\n  dsn: postgresql://app:ab@" + secret + "@db/app?sslmode=disable\n", "database.dsn", "postgresql://app:xxxxx@db/app?sslmode=disable", "write '@' as %40"},
 		{"InvalidPoolSetting", "claimer:\n  kind: postgres\n  postgres:\n    dsn: postgres://app:" + secret + "@db:5432/app?pool_max_conns=abc\n", "claimer.postgres.dsn", "postgres://app:xxxxx@db:5432/app?pool_max_conns=abc", "pool_max_conns"},
 		{"InvalidKeyValueDSN", "claimer:\n  kind: postgres\n  postgres:\n    dsn: host=db password=" + secret + " port=abc\n", "claimer.postgres.dsn", "host=db password=xxxxx port=abc", "invalid DSN"},
 		{"RedisWithoutAddr", "claimer:\n  kind: redis\n  redis:\n    password: " + secret + "\n", "claimer.redis.addr", "", "missing"},
@@ -254,6 +256,57 @@ func TestLoadReportsUnsetVariables(t *testing.T) {
 		if !strings.HasPrefix(got[i].Error(), want) {
 			t.Errorf("got  %s\nwant %s…", got[i], want)
 		}
+	}
+}
+
+// A value put in by ${…} that YAML would not read as set (cut short as
+// a comment, or ending its quotes) is an error naming the reference and
+// its line, never showing the value; the same value where YAML reads it
+// as written loads.
+func TestLoadRefusesAValueYAMLWouldMisread(t *testing.T) {
+	for _, tt := range []struct{ name, value, line, want string }{
+		{"CommentInPlainScalar", secret + " #x", "    dsn: postgres://u:${CFG_TEST_PW}@db/app", "start of a comment"},
+		{"LeadingHashAfterBlank", "#" + secret, "    dsn: ${CFG_TEST_PW}", "start of a comment"},
+		{"QuoteInDoubleQuotes", secret + `"x`, `    dsn: "postgres://u:${CFG_TEST_PW}@db/app"`, "end of the quoted value"},
+		{"BackslashInDoubleQuotes", secret + `\x`, `    dsn: "postgres://u:${CFG_TEST_PW}@db/app"`, "escape"},
+		{"QuoteInSingleQuotes", secret + "'x", "    dsn: 'postgres://u:${CFG_TEST_PW}@db/app'", "in a file instead"},
+		{"LineBreak", secret + "\nx", "    dsn: 'postgres://u:${CFG_TEST_PW}@db/app'", "a line break"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("CFG_TEST_PW", tt.value)
+			_, path, err := load(t, "claimer:\n  kind: postgres\n  postgres:\n"+tt.line+"\n")
+			if err == nil {
+				t.Fatal("Load succeeded")
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("error leaks the value:\n%s", err)
+			}
+			if want := path + ":4: ${CFG_TEST_PW}: the value holds"; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got  %s\nwant %s…%s", err, want, tt.want)
+			}
+		})
+	}
+	for _, tt := range []struct{ name, value, line string }{
+		{"HashWithoutABlank", secret + "#x", "    password: ab${CFG_TEST_PW}"},
+		{"CommentInSingleQuotes", secret + " #x", "    password: 'ab${CFG_TEST_PW}'"},
+		{"CommentInDoubleQuotes", secret + " #x", `    password: "ab${CFG_TEST_PW}"`},
+		{"QuoteInPlainScalar", secret + `"x`, "    password: ab${CFG_TEST_PW}"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("CFG_TEST_PW", tt.value)
+			c := mustLoad(t, "claimer:\n  kind: redis\n  redis:\n    addr: h:6379\n"+tt.line+"\n")
+			if got, want := string(c.Claimer.Redis.Password), "ab"+tt.value; got != want {
+				t.Errorf("password %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// An '@' after the host, in the query, is not the password's.
+func TestAnAtInTheQueryIsNotThePasswords(t *testing.T) {
+	c := mustLoad(t, "claimer:\n  kind: postgres\n  postgres:\n    dsn: postgres://u:pw@db:5432/app?application_name=a@b\n")
+	if c.Claimer.Postgres.DSN != "postgres://u:pw@db:5432/app?application_name=a@b" {
+		t.Errorf("dsn %q", c.Claimer.Postgres.DSN)
 	}
 }
 

@@ -52,6 +52,9 @@ func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func
 			continue
 		case c == '$' && strings.HasPrefix(line[i:], "${"):
 			n, val, err := reference(line[i:], lookup)
+			if err == nil {
+				err = misread(line[i:i+n], val, quote, prev)
+			}
 			if err != nil {
 				errs = append(errs, &Error{File: file, Line: lineNo, Msg: err.Error()})
 			}
@@ -97,4 +100,34 @@ func validEnvName(s string) bool {
 		}
 	}
 	return true
+}
+
+// misread explains why YAML would not read val, the value of ref, as
+// written where ref stands: inside quote (0 outside quotes), after prev.
+// The text is put in before YAML parses the line, so a value holding a
+// blank and a '#' outside quotes would be cut short as a comment (a
+// password "s3cret #x" became "s3cret", and a DSN without its '@' was
+// shown with the rest of its password: an outside review), and a quote or
+// a backslash would end or escape a quoted value. Such a value is an
+// error, not a silent change; the value is never shown.
+func misread(ref, val string, quote, prev byte) error {
+	var why string
+	switch {
+	case strings.ContainsAny(val, "\r\n"):
+		why = "a line break"
+	case quote == 0 && (strings.Contains(val, " #") || strings.Contains(val, "\t#") ||
+		strings.HasPrefix(val, "#") && (prev == ' ' || prev == '\t')):
+		why = "a '#' after a blank, which YAML reads as the start of a comment here"
+	case quote == '"' && strings.ContainsAny(val, `"\`):
+		why = "a '\"' or a '\\', which YAML reads as the end of the quoted value or an escape here"
+	case quote == '\'' && strings.Contains(val, "'"):
+		why = "a \"'\", which YAML reads as the end of the quoted value here"
+	default:
+		return nil
+	}
+	hint := "write the reference inside single quotes ('" + ref + "')"
+	if quote == '\'' || strings.ContainsAny(val, "\r\n") {
+		hint = "give the secret in a file instead (password_file, token_file)"
+	}
+	return fmt.Errorf("%s: the value holds %s, so it would not be read as set; %s", ref, why, hint)
 }
