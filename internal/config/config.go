@@ -88,13 +88,17 @@ type Config struct {
 	file string // as given to Load; prefixes every *Error
 }
 
+// MinRenewEvery is the shortest claimer.renew_every.
+const MinRenewEvery = 100 * time.Millisecond
+
 // Claimer configures claims: which backend grants them and how long they live.
 type Claimer struct {
 	// Kind is one of the Claimer* constants. Default sqlite.
 	Kind string `yaml:"kind"`
 	// Lease is how long a claim lives without renewal. Default 30s.
 	Lease Duration `yaml:"lease"`
-	// RenewEvery is how often a running claim is renewed. Default Lease/3.
+	// RenewEvery is how often a running claim is renewed. Default Lease/3;
+	// at least MinRenewEvery, so Lease is at least three times that.
 	RenewEvery Duration `yaml:"renew_every"`
 	// MaxClockSkew bounds the clock difference between replicas. Default 2s.
 	MaxClockSkew Duration `yaml:"max_clock_skew"`

@@ -94,6 +94,8 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 		{"SQLiteSynchronousOff", "claimer:\n  kind: sqlite\n  sqlite:\n    synchronous: \"off\"\n" + rd, "claimer.sqlite.synchronous", "off", "want full or normal"},
 		{"NegativeLease", "claimer:\n  lease: -5s\n" + pg, "claimer.lease", "-5s", "must be positive"},
 		{"RenewNotBelowLease", "claimer:\n  lease: 10s\n  renew_every: 10s\n" + pg, "claimer.renew_every", "10s", "shorter than claimer.lease"},
+		{"RenewEveryBelowItsFloor", "claimer:\n  lease: 30s\n  renew_every: 1ns\n" + pg, "claimer.renew_every", "1ns", "at least 100ms"},
+		{"LeaseBelowItsFloor", "claimer:\n  lease: 150ms\n  max_clock_skew: 0s\n" + pg, "claimer.lease", "150ms", "at least 300ms"},
 		{"LeaseWithinSkew", "claimer:\n  lease: 2s\n  renew_every: 500ms\n  max_clock_skew: 3s\n" + pg, "claimer.lease", "2s", "longer than claimer.max_clock_skew"},
 		{"BareNumberDuration", "claimer:\n  lease: 30\n" + pg, "claimer.lease", "30", "no unit"},
 		{"BadDurationString", "claimer:\n" + pg + "shutdown_grace: thirty\n", "shutdown_grace", "thirty", "Go duration"},

@@ -114,11 +114,24 @@ func (c *Config) validateClaimer(p *problems) {
 		p.add("claimer.kind", kind, "unknown kind; want postgres, redis, redlock, etcd, sqlite or memory")
 	}
 	leaseOK := positive(p, "claimer.lease", cl.Lease)
+	if leaseOK && cl.Lease.Duration() < 3*MinRenewEvery {
+		p.add("claimer.lease", cl.Lease.String(),
+			"must be at least %s: it is renewed every third of it by default, and more often than every %s only loads the backend", 3*MinRenewEvery, MinRenewEvery)
+		leaseOK = false
+	}
 	// Unset, renew_every is derived from the lease (a third): an invalid
-	// lease is reported once, not again as the zero it left.
-	if (leaseOK || cl.RenewEvery != 0) && positive(p, "claimer.renew_every", cl.RenewEvery) && leaseOK && cl.RenewEvery >= cl.Lease {
-		p.add("claimer.renew_every", cl.RenewEvery.String(),
-			"must be shorter than claimer.lease (%s), or the claim expires between renewals", cl.Lease)
+	// lease is reported once, not again as the value it left.
+	if (leaseOK || cl.RenewEvery != 0) && positive(p, "claimer.renew_every", cl.RenewEvery) && leaseOK {
+		switch {
+		case cl.RenewEvery >= cl.Lease:
+			p.add("claimer.renew_every", cl.RenewEvery.String(),
+				"must be shorter than claimer.lease (%s), or the claim expires between renewals", cl.Lease)
+		case cl.RenewEvery.Duration() < MinRenewEvery:
+			// 1ns passed, and a replica renewed one run's claim 1,270
+			// times a second (an outside review).
+			p.add("claimer.renew_every", cl.RenewEvery.String(),
+				"must be at least %s: renewing more often loads the backend without making the lease any safer", MinRenewEvery)
+		}
 	}
 	if nonNegative(p, "claimer.max_clock_skew", cl.MaxClockSkew) && leaseOK && cl.Lease <= cl.MaxClockSkew {
 		p.add("claimer.lease", cl.Lease.String(),
