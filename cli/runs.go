@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/control"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
@@ -21,7 +22,7 @@ func (e *env) runs(args []string) int {
 	fs, path := e.flags("runs", "[--config FILE] [--job J] [--limit N] [--attempts] [--json]")
 	jobName := fs.String("job", "", "only runs of `JOB`")
 	limit := fs.Int("limit", 20, "at most `N` runs, newest first")
-	attempts := fs.Bool("attempts", false, "list each run's recorded failed attempts under it (--json always has them)")
+	attempts := fs.Bool("attempts", false, "list each run's recorded earlier attempts (failed, timed out, interrupted) under it (--json always has them)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if code, ok := e.parseNoArgs(fs, args); !ok {
 		return code
@@ -129,12 +130,37 @@ func runNote(r web.Run, listed bool) string {
 		parts = append(parts, "starts +"+off.String()+" (jitter)")
 	}
 	if n := len(r.Attempts); n > 0 && !listed {
-		parts = append(parts, fmt.Sprintf("%d failed attempt%s (--attempts)", n, plural(n)))
+		parts = append(parts, attemptsNote(r.Attempts))
 	}
 	if len(parts) == 0 {
 		return "-"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// attemptsNote counts a run's recorded earlier attempts by how they
+// ended: "2 failed attempts", or, mixed, "3 earlier attempts: 1 failed,
+// 2 interrupted". Attempts handed back at a shutdown are recorded
+// interrupted and do not count against max_attempts; calling them failed
+// misled (an outside review).
+func attemptsNote(atts []control.Attempt) string {
+	var order []claim.Status
+	count := map[claim.Status]int{}
+	for _, a := range atts {
+		if count[a.Status] == 0 {
+			order = append(order, a.Status)
+		}
+		count[a.Status]++
+	}
+	n := len(atts)
+	if len(order) == 1 {
+		return fmt.Sprintf("%d %s attempt%s (--attempts)", n, order[0], plural(n))
+	}
+	var each []string
+	for _, st := range order {
+		each = append(each, fmt.Sprintf("%d %s", count[st], st))
+	}
+	return fmt.Sprintf("%d earlier attempts: %s (--attempts)", n, strings.Join(each, ", "))
 }
 
 func plural(n int) string {
