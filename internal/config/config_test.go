@@ -273,6 +273,9 @@ func TestLoadRefusesAValueYAMLWouldMisread(t *testing.T) {
 		{"BackslashInDoubleQuotes", secret + `\x`, `    dsn: "postgres://u:${CFG_TEST_PW}@db/app"`, "escape"},
 		{"QuoteInSingleQuotes", secret + "'x", "    dsn: 'postgres://u:${CFG_TEST_PW}@db/app'", "in a file instead"},
 		{"LineBreak", secret + "\nx", "    dsn: 'postgres://u:${CFG_TEST_PW}@db/app'", "a line break"},
+		{"LeadingAnchor", "&" + secret + " x", "    dsn: ${CFG_TEST_PW}", "a leading '&'"},
+		{"LeadingQuote", `"` + secret + `"`, "    dsn: ${CFG_TEST_PW}", "a leading '\"'"},
+		{"LeadingFlowInAList", "[" + secret, "    dsn: [${CFG_TEST_PW}]", "a leading '['"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("CFG_TEST_PW", tt.value)
@@ -293,11 +296,14 @@ func TestLoadRefusesAValueYAMLWouldMisread(t *testing.T) {
 		{"CommentInSingleQuotes", secret + " #x", "    password: 'ab${CFG_TEST_PW}'"},
 		{"CommentInDoubleQuotes", secret + " #x", `    password: "ab${CFG_TEST_PW}"`},
 		{"QuoteInPlainScalar", secret + `"x`, "    password: ab${CFG_TEST_PW}"},
+		{"AnchorMidValue", "&" + secret, "    password: ab ${CFG_TEST_PW}"},
+		{"AnchorAfterAColonWithoutABlank", "&" + secret, "    password: a:${CFG_TEST_PW}"},
+		{"AnchorInSingleQuotes", "&" + secret, "    password: '${CFG_TEST_PW}'"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("CFG_TEST_PW", tt.value)
 			c := mustLoad(t, "claimer:\n  kind: redis\n  redis:\n    addr: h:6379\n"+tt.line+"\n")
-			if got, want := string(c.Claimer.Redis.Password), "ab"+tt.value; got != want {
+			if got, want := string(c.Claimer.Redis.Password), strings.NewReplacer("    password: ", "", "'", "", `"`, "", "${CFG_TEST_PW}", tt.value).Replace(tt.line); got != want {
 				t.Errorf("password %q, want %q", got, want)
 			}
 		})

@@ -27,7 +27,8 @@ func expand(file string, src []byte, lookup func(string) (string, bool)) ([]byte
 
 func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func(string) (string, bool)) []error {
 	var errs []error
-	var quote byte // the open quote, or 0
+	var quote byte    // the open quote, or 0
+	from := out.Len() // where this line's output starts
 	for i := 0; i < len(line); i++ {
 		c := line[i]
 		prev := byte(' ')
@@ -53,7 +54,7 @@ func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func
 		case c == '$' && strings.HasPrefix(line[i:], "${"):
 			n, val, err := reference(line[i:], lookup)
 			if err == nil {
-				err = misread(line[i:i+n], val, quote, prev)
+				err = misread(line[i:i+n], val, quote, prev, startsScalar(out.String()[from:]))
 			}
 			if err != nil {
 				errs = append(errs, &Error{File: file, Line: lineNo, Msg: err.Error()})
@@ -103,18 +104,21 @@ func validEnvName(s string) bool {
 }
 
 // misread explains why YAML would not read val, the value of ref, as
-// written where ref stands: inside quote (0 outside quotes), after prev.
+// written where ref stands: inside quote (0 outside quotes), after prev,
+// first if it starts a plain value.
 // The text is put in before YAML parses the line, so a value holding a
 // blank and a '#' outside quotes would be cut short as a comment (a
 // password "s3cret #x" became "s3cret", and a DSN without its '@' was
 // shown with the rest of its password: an outside review), and a quote or
 // a backslash would end or escape a quoted value. Such a value is an
 // error, not a silent change; the value is never shown.
-func misread(ref, val string, quote, prev byte) error {
+func misread(ref, val string, quote, prev byte, first bool) error {
 	var why string
 	switch {
 	case strings.ContainsAny(val, "\r\n"):
 		why = "a line break"
+	case quote == 0 && first && val != "" && strings.IndexByte("&!*\"'[{|>%@`", val[0]) >= 0:
+		why = fmt.Sprintf("a leading '%c', which YAML reads as syntax, not text, at the start of a value", val[0])
 	case quote == 0 && (strings.Contains(val, " #") || strings.Contains(val, "\t#") ||
 		strings.HasPrefix(val, "#") && (prev == ' ' || prev == '\t')):
 		why = "a '#' after a blank, which YAML reads as the start of a comment here"
@@ -130,4 +134,25 @@ func misread(ref, val string, quote, prev byte) error {
 		hint = "give the secret in a file instead (password_file, token_file)"
 	}
 	return fmt.Errorf("%s: the value holds %s, so it would not be read as set; %s", ref, why, hint)
+}
+
+// startsScalar reports whether a plain value that began after before, a
+// line's output so far, would begin a YAML value: after a key's ':', a
+// list's '-', a flow collection's '[', '{' or ',', or alone on its line.
+func startsScalar(before string) bool {
+	t := strings.TrimRight(before, " \t")
+	blank := len(t) < len(before) // "key:value" is not a key's
+	switch {
+	case strings.TrimLeft(t, " \t") == "":
+		return true
+	case strings.TrimLeft(t, " \t-") == "": // "- ", "- - "
+		return blank
+	}
+	switch t[len(t)-1] {
+	case ':':
+		return blank
+	case '[', '{', ',':
+		return true
+	}
+	return false
 }
