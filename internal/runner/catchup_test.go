@@ -35,7 +35,11 @@ func TestCatchUpAfterAnOutageLongerThanTheMissedCap(t *testing.T) {
 		jobs := []runner.Job{{Name: "often", Schedule: mustSchedule(t, "@every 1s"), Misfire: runner.MisfireRunAll,
 			MaxCatchup: 3, Grace: time.Hour, Handler: func(ctx context.Context, run job.Run) error { return nil }}}
 		rs := startReplicas(t, store, led, jobs, "a")
-		time.Sleep(3 * time.Second)
+		// Stopped between instants: stopped on one, the instant's
+		// grant could come back as the bid gave up, be handed back
+		// interrupted, and be taken over at the restart beside the
+		// catch-up.
+		time.Sleep(3500 * time.Millisecond)
 		stopAll(rs)
 		time.Sleep(5 * time.Hour)
 		up := time.Now()
@@ -115,7 +119,11 @@ func TestRecoveredRunWonAsAttemptOneFollowsTheMisfirePolicy(t *testing.T) {
 		jobs := []runner.Job{{Name: "often", Schedule: mustSchedule(t, "@every 1s"), Misfire: runner.MisfireRunAll,
 			MaxCatchup: 2, Grace: time.Hour, Handler: func(ctx context.Context, run job.Run) error { return nil }}}
 		rs := startReplicas(t, store, led, jobs, "a")
-		time.Sleep(3 * time.Second)
+		// Stopped between instants: stopped on one, the instant's
+		// grant could come back as the bid gave up, be handed back
+		// interrupted, and be taken over at the restart beside the
+		// catch-up.
+		time.Sleep(3500 * time.Millisecond)
 		stopAll(rs)
 		time.Sleep(time.Minute)
 		up := time.Now()
