@@ -249,7 +249,8 @@ func TestRacingBatchesOfAThousandRuns(t *testing.T) {
 // later instants were skipped for overlap (an outside review: 8.7s late
 // behind two of five paused nodes). The grant is still found live.
 func TestAStalledMinorityCostsAReadOnlyTheNodeTimeout(t *testing.T) {
-	testenv.WallClock(t) // it bounds wall time: a busy machine's stall is not the subject
+	// It bounds wall time: a busy machine's stall is not its subject.
+	testenv.WallClock(t)
 	const nodeTimeout = 200 * time.Millisecond // a read's whole timeout: 2s
 	c, stalled := stallable(t, nodeTimeout)
 	run := runAt("job.stalled", 0)
@@ -312,7 +313,8 @@ func TestARoundWhoseRepliesAndUndosWereLostIsWonByTheNextTry(t *testing.T) {
 // next instant was skipped for overlap in 291 of 300 jobs (an outside
 // review). Every run is still won.
 func TestAStalledMinorityCostsAClaimRoundLittle(t *testing.T) {
-	testenv.WallClock(t) // it bounds wall time: a busy machine's stall is not the subject
+	// It bounds wall time: a busy machine's stall is not its subject.
+	testenv.WallClock(t)
 	const nodeTimeout = 50 * time.Millisecond
 	const n = 1000 // a round's bound: 50ms + 999 × 2ms, about 2s
 	c, stalled := stallable(t, nodeTimeout)
