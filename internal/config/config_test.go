@@ -310,6 +310,49 @@ func TestLoadRefusesAValueYAMLWouldMisread(t *testing.T) {
 	}
 }
 
+// A block scalar's lines are text to YAML: a value there that starts
+// with '{' or holds " #" or a quote is read as written, and a '#' in the
+// block does not stop the references after it from being expanded. A
+// line break still is an error: the value's next line would leave the
+// block.
+func TestLoadExpandsBlockScalarsAsText(t *testing.T) {
+	t.Setenv("CFG_TEST_JSON", `{"a": "b #c", 'd': 1}`)
+	t.Setenv("CFG_TEST_ID", "r-1")
+	c := mustLoad(t, `
+claimer:
+  kind: redis
+  redis:
+    addr: h:6379
+jobs:
+  a:
+    schedule: "@daily"
+    params:
+      body: |
+        ${CFG_TEST_JSON}
+        # not a comment: ${CFG_TEST_ID}
+
+      list:
+        - >-
+          "${CFG_TEST_ID}"
+instance_id: ${CFG_TEST_ID}
+`)
+	p := c.Jobs["a"].Params
+	if got, want := p["body"], `{"a": "b #c", 'd': 1}`+"\n# not a comment: r-1\n"; got != want {
+		t.Errorf("body %q, want %q", got, want)
+	}
+	if got, ok := p["list"].([]any); !ok || len(got) != 1 || got[0] != `"r-1"` {
+		t.Errorf("list %#v, want the folded block's text", p["list"])
+	}
+	if c.InstanceID != "r-1" {
+		t.Errorf("instance_id %q after the block, want r-1", c.InstanceID)
+	}
+	t.Setenv("CFG_TEST_JSON", "a\nb")
+	_, path, err := load(t, "jobs:\n  a:\n    schedule: \"@daily\"\n    params:\n      body: |\n        ${CFG_TEST_JSON}\n")
+	if want := path + ":6: ${CFG_TEST_JSON}: the value holds a line break"; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("a line break in a block: %v, want %s…", err, want)
+	}
+}
+
 // An '@' after the host, in the query, is not the password's.
 func TestAnAtInTheQueryIsNotThePasswords(t *testing.T) {
 	c := mustLoad(t, "claimer:\n  kind: postgres\n  postgres:\n    dsn: postgres://u:pw@db:5432/app?application_name=a@b\n")

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -14,18 +15,36 @@ import (
 // first '}') is used when NAME is unset or empty. Every unset variable
 // without a default and every malformed reference is reported, with its
 // line; a malformed reference's text is not repeated, as it may be part of
-// a secret.
+// a secret. The lines of a block scalar (after "key: |" or "- >", more
+// indented than it) are text to YAML: quotes and '#' there are the
+// value's own.
 func expand(file string, src []byte, lookup func(string) (string, bool)) ([]byte, []error) {
 	var out strings.Builder
 	out.Grow(len(src))
 	var errs []error
+	block := -1 // the indentation of the line that opened a block scalar; -1: none
 	for n, line := range strings.SplitAfter(string(src), "\n") {
-		errs = append(errs, expandLine(&out, line, file, n+1, lookup)...)
+		indent := len(line) - len(strings.TrimLeft(line, " "))
+		inBlock := block >= 0 && (strings.TrimSpace(line) == "" || indent > block)
+		errs = append(errs, expandLine(&out, line, file, n+1, lookup, inBlock)...)
+		switch {
+		case inBlock:
+		case blockOpener.MatchString(strings.TrimRight(line, "\r\n")):
+			block = indent
+		default:
+			block = -1
+		}
 	}
 	return []byte(out.String()), errs
 }
 
-func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func(string) (string, bool)) []error {
+// blockOpener matches a line whose value is a block scalar's indicator
+// ("key: |", "- >-", "key: |2 # comment").
+var blockOpener = regexp.MustCompile(`(?:^|:\s|-\s)\s*[|>][-+1-9]{0,2}\s*(?:\s#.*)?$`)
+
+// expandLine expands line's references; literal, line is a block
+// scalar's, where quotes and '#' are text.
+func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func(string) (string, bool), literal bool) []error {
 	var errs []error
 	var quote byte    // the open quote, or 0
 	from := out.Len() // where this line's output starts
@@ -36,6 +55,7 @@ func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func
 			prev = line[i-1]
 		}
 		switch {
+		case literal && c != '$':
 		case quote == '"' && c == '\\' && i+1 < len(line):
 			out.WriteString(line[i : i+2])
 			i++
@@ -53,7 +73,11 @@ func expandLine(out *strings.Builder, line, file string, lineNo int, lookup func
 			continue
 		case c == '$' && strings.HasPrefix(line[i:], "${"):
 			n, val, err := reference(line[i:], lookup)
-			if err == nil {
+			switch {
+			case err == nil && literal && strings.ContainsAny(val, "\r\n"):
+				// The value's next line would fall out of the block.
+				err = misread(line[i:i+n], val, '\'', prev, false)
+			case err == nil && !literal:
 				err = misread(line[i:i+n], val, quote, prev, startsScalar(out.String()[from:]))
 			}
 			if err != nil {
