@@ -207,9 +207,19 @@ func (e *env) run(args []string) int {
 
 	var ws *web.Server
 	if srv != nil {
+		// Shutting down, a replica is not ready whatever its backend
+		// says: it refuses new work (the API's "this replica is shutting
+		// down") while its runs in flight drain, and a load balancer that
+		// follows /readyz should stop sending it any.
+		ready := func(rctx context.Context) error {
+			if ctx.Err() != nil {
+				return errors.New("shutting down: no new runs; the runs in flight finish or are handed back")
+			}
+			return b.Ready(rctx)
+		}
 		ws = web.New(web.Options{
 			Instance: cfg.InstanceID, Claimer: cfg.Claimer.Kind, Jobs: info, History: b.Claimer,
-			Ready: b.Ready, Gatherer: reg, Logger: log,
+			Ready: ready, Gatherer: reg, Logger: log,
 			Controls: control.New(b.Controls, nil), Token: string(cfg.HTTP.Token), Backfill: withGrace(r.Backfill, cfg.ShutdownGrace.Duration()), CheckBackfill: r.CheckBackfill,
 			BaseContext: ctx})
 		handler.set(ws)

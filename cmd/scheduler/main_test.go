@@ -690,9 +690,16 @@ func TestMigrateOnPostgresAndRunsFromRedis(t *testing.T) {
 // and returns once a run is in flight.
 func replicaWithARunInFlight(t *testing.T, dir, name, grace string) *proc {
 	t.Helper()
+	return replicaServingARunInFlight(t, dir, name, grace, "")
+}
+
+// replicaServingARunInFlight is replicaWithARunInFlight with its HTTP
+// server on addr ("" for none).
+func replicaServingARunInFlight(t *testing.T, dir, name, grace, addr string) *proc {
+	t.Helper()
 	config := writeConfig(t, dir, `instance_id: `+name+`
 http:
-  addr: ""
+  addr: "`+addr+`"
 log:
   format: json
 shutdown_grace: `+grace+`

@@ -141,3 +141,39 @@ jobs:
 	node.Start()
 	waitFor(t, "ready again", func() bool { code, _ := get(t, url); return code == 200 })
 }
+
+// A replica shutting down is not ready: a load balancer that follows
+// /readyz stops sending operator calls it refuses ("this replica is
+// shutting down") while its runs in flight drain. It said ready through
+// the whole grace (an outside review). It stays alive (/healthz) and
+// keeps serving its metrics meanwhile.
+func TestAReplicaShuttingDownIsNotReady(t *testing.T) {
+	dir, addr := t.TempDir(), freeAddr(t)
+	p := replicaServingARunInFlight(t, dir, "drain-1", "1m", addr)
+	if code, body := get(t, "http://"+addr+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz before the shutdown: %d %q, want 200", code, body)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	waitFor(t, "the SIGTERM to be logged", func() bool { return shutdownLogged(t, dir, "drain-1", "terminated") })
+	code, body := get(t, "http://"+addr+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") {
+		t.Errorf("/readyz while the run in flight drains: %d %q, want 503 saying it is shutting down", code, body)
+	}
+	if code, _ := get(t, "http://"+addr+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz while draining: %d, want 200", code)
+	}
+	if code, _ := get(t, "http://"+addr+"/metrics"); code != http.StatusOK {
+		t.Errorf("/metrics while draining: %d, want 200", code)
+	}
+	select {
+	case <-p.done:
+		t.Fatal("the replica exited before the test could probe its drain")
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM) // the second: out now
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second SIGTERM did not end the replica")
+	}
+}

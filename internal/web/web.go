@@ -187,8 +187,14 @@ func Starting(g prometheus.Gatherer) http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	const starting = "not ready: starting: waiting for the claimer backend"
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "not ready: starting: waiting for the claimer backend", http.StatusServiceUnavailable)
+		http.Error(w, starting, http.StatusServiceUnavailable)
+	})
+	// The API answers JSON, errors included, from the start: a client
+	// parses every answer it gets (an outside review found plain text).
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusServiceUnavailable, starting)
 	})
 	return mux
 }
