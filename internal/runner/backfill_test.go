@@ -10,6 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/runner"
@@ -512,6 +515,38 @@ func TestBackfillReportsARunItCouldNotCarryOnAndResumesItLater(t *testing.T) {
 		}
 		if n := calls.Load(); n != 2 {
 			t.Fatalf("the handler ran %d times, want twice (the failed attempt, then the resumed one)", n)
+		}
+	})
+}
+
+// A backfill's runs, of instants a month old, are not schedule lag: the
+// lag histogram counts the schedule's runs only. A backfill once put 30
+// days of "lag" in it per run (an outside review), enough to fire the
+// lag alert.
+func TestABackfillsRunsAreNotScheduleLag(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		jobs, mu, ran := countingHourly(t)
+		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+		time.Sleep(time.Until(from.Add(30 * 24 * time.Hour)))
+		reg := prometheus.NewRegistry()
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, "b"), Instance: "b", Lease: 3 * time.Second,
+			Metrics: runner.NewMetrics(reg)}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, sum, err := r.Backfill(context.Background(), "hourly", runner.BackfillOptions{From: from, To: from.Add(2 * time.Hour)})
+		if err != nil || sum.Succeeded != 3 {
+			t.Fatalf("backfill: %+v %v", sum, err)
+		}
+		mu.Lock()
+		n := len(ran)
+		mu.Unlock()
+		if n != 3 {
+			t.Fatalf("ran %d runs, want the 3 backfilled", n)
+		}
+		if got := testutil.CollectAndCount(reg, "scheduler_schedule_lag_seconds"); got != 0 {
+			t.Errorf("the lag histogram has %d series after a backfill of 3 month-old instants, want none", got)
 		}
 	})
 }

@@ -704,7 +704,7 @@ func (d *dispatcher) granted(ctx, execCtx context.Context, j *jobState, cl *clai
 		// instant never sees a gap and overlaps this run.
 		j.setLive(cl.Run.At, executing, +1)
 		d.exec.Go(func() {
-			status := d.execute(ctx, execCtx, j, cl, o.admission())
+			status := d.execute(ctx, execCtx, j, cl, o.admission(), !o.unwatched)
 			if status != claim.LeaseLost && status != claim.Retrying || ctx.Err() != nil {
 				j.setLive(cl.Run.At, executing, -1)
 				return

@@ -24,8 +24,12 @@ import (
 // Run's: once it is done, a run still waiting for its instant is handed
 // back instead of started, and a failing release gives up after a lease.
 // mode says what an earlier live run of the job does to this one (see
-// overlap.go).
-func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission) claim.Status {
+// overlap.go). lagged says its start counts in the schedule-lag metric:
+// a run of the schedule, not one an operator's backfill or trigger
+// --here executes (or the fleet takes over from them), whose instant may
+// be a month old (an outside review: an API backfill put 30 days of
+// "lag" in the histogram, and would have fired the lag alert).
+func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *claim.Claim, mode admission, lagged bool) claim.Status {
 	r := d.r
 	if d.tooLate(ctx, cl) { // checked again: the exec goroutine may start late too
 		return claim.LeaseLost
@@ -233,7 +237,9 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	}
 	logger := r.opts.Logger.With(runAttrs(r, cl.Run, cl)...)
 	start := time.Now()
-	r.opts.Metrics.started(cl.Run.Job, r.opts.Now().Sub(j.fire(cl.Run.At)))
+	if lagged {
+		r.opts.Metrics.started(cl.Run.Job, r.opts.Now().Sub(j.fire(cl.Run.At)))
+	}
 	logger.InfoContext(hctx, "run started")
 	span.AddEvent("handler started")
 	r.emit(Event{Kind: EventStarted, Run: cl.Run, Claim: cl})

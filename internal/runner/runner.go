@@ -674,7 +674,7 @@ func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *cla
 		}
 		return claim.Interrupted, nil
 	}
-	status = d.execute(ctx, execCtx, j, cl, mode)
+	status = d.execute(ctx, execCtx, j, cl, mode, false)
 	for (status == claim.Retrying || status == claim.LeaseLost) && ctx.Err() == nil && execCtx.Err() == nil {
 		lost := status == claim.LeaseLost
 		if !lost && !sleep(ctx, j.backoff(cl.Attempt)) {
@@ -698,7 +698,7 @@ func (d *dispatcher) runToEnd(ctx, execCtx context.Context, j *jobState, cl *cla
 			return status, fmt.Errorf("carry %s on after %s: %w", cl.ID(), status, err)
 		}
 		cl = next
-		status = d.execute(ctx, execCtx, j, cl, mode)
+		status = d.execute(ctx, execCtx, j, cl, mode, false)
 	}
 	return status, nil
 }
