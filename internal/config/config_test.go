@@ -119,6 +119,7 @@ func TestLoadRejectsBadConfig(t *testing.T) {
 		{"PasswordFileMissing", "claimer:\n  kind: redis\n  redis:\n    addr: h:1\n    password_file: /nonexistent/pw\n", "claimer.redis.password_file", "/nonexistent/pw", "no such file"},
 		{"TokenAndTokenFile", "claimer:\n" + pg + "http:\n  token: " + secret + "\n  token_file: /run/secrets/api\n", "http.token_file", "", "keep one"},
 		{"TokenWithSpaces", "claimer:\n" + pg + "http:\n  token: \" " + secret + " \"\n", "http.token", "", "leading or trailing whitespace"},
+		{"TokenWithAControlCharacter", "claimer:\n" + pg + "http:\n  token: \"" + secret + "\\x07\"\n", "http.token", "", "control character"},
 		{"TokenFileMissing", "claimer:\n" + pg + "http:\n  token_file: /nonexistent/token\n", "http.token_file", "/nonexistent/token", "no such file"},
 		{"SecretOfWrongType", "claimer:\n  redis:\n    password: [" + secret + "]\n", "claimer.redis.password", "", "want a string"},
 		{"DoneTTLShorterThanGrace", "claimer:\n  kind: redis\n" + rd + "    done_ttl: 2h\n" + job("    schedule: '@daily'\n    misfire: {policy: run-once, grace: 6h}\n"), "claimer.redis.done_ttl", "2h0m0s", "misfire.grace"},

@@ -93,6 +93,11 @@ func (c *Config) Validate(registered func(job string) bool) error {
 		// A header's value is trimmed before it is compared: such a token
 		// could never match (outside review). The value is not shown.
 		p.add("http.token", "", "has leading or trailing whitespace, which no request can present")
+	} else if strings.ContainsFunc(tok, unicode.IsControl) {
+		// The HTTP server answers 400 to a header holding one, before
+		// any handler: the API would be locked, with no error anywhere
+		// (outside review).
+		p.add("http.token", "", "holds a control character, which no request can present")
 	}
 	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
 		p.add("log.level", c.Log.Level, "want debug, info, warn or error")
