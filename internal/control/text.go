@@ -2,6 +2,7 @@ package control
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 )
 
@@ -46,6 +47,13 @@ func CheckTexts(note, by, requestID string) error {
 		if err := CheckText(f.name, f.v, f.max, f.multiline); err != nil {
 			return err
 		}
+	}
+	// An idempotency key is compared as it is, and an HTTP header
+	// arrives trimmed: " x " in a body and "x" in X-Request-Id were two
+	// keys (an outside review). Such a key is refused, not trimmed, so
+	// that no caller's key is silently changed.
+	if t := strings.TrimSpace(requestID); t != "" && t != requestID {
+		return fmt.Errorf("request_id %q has leading or trailing whitespace", requestID)
 	}
 	return nil
 }

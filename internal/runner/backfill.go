@@ -138,7 +138,7 @@ func (r *Runner) backfillRange(name string, o *BackfillOptions, now time.Time) (
 	}
 	switch {
 	case o.From.IsZero() || o.To.IsZero():
-		return nil, nil, errors.New("backfill: need both from and to")
+		return nil, nil, errors.New("backfill: need both from and to, and neither may be the zero time (0001-01-01T00:00:00Z)")
 	case o.To.Before(o.From):
 		return nil, nil, fmt.Errorf("backfill: to %s is before from %s", o.To.Format(time.RFC3339), o.From.Format(time.RFC3339))
 	case o.To.After(now):
