@@ -159,7 +159,9 @@ func (e *env) trigger(args []string) int {
 		}
 		return e.triggerHere(cfg, *path, name, runner.TriggerOptions{Overlap: *overlap, By: *by, Note: *note})
 	}
-	ctx, stop := e.stoppable("trigger")
+	// This process holds no run: the fleet runs the request, which
+	// outlives a stop.
+	ctx, stop := e.stoppableLeaving("trigger", "the request stays queued; the fleet runs it")
 	defer stop()
 	octx, cancel := context.WithTimeout(ctx, controlTimeout)
 	defer cancel()
@@ -200,11 +202,22 @@ func (e *env) trigger(args []string) int {
 		return e.fail("trigger %s: %s did not start within %s of request %s (the larger of misfire.grace and the late tolerance), "+
 			"and no replica will run it now: is a replica running that runs job %s?", name, req.Run().ID(), window.Round(time.Second), req.ID, name)
 	}
-	if err != nil && wctx.Err() != nil && ctx.Err() == nil {
-		// The request outlives the wait: say so, or an operator who
-		// triggers again without its key gets a second run.
+	// The request outlives the wait, run out or stopped: say so, and how
+	// to wait again (with this config: pasted elsewhere, the command
+	// would ask another backend), or an operator who triggers again
+	// without its key gets a second run.
+	again := "scheduler trigger"
+	if *path != "" {
+		again += " --config " + shellQuote(*path)
+	}
+	again += fmt.Sprintf(" --request-id %s --wait %s", shellQuote(req.ID), shellQuote(name))
+	switch {
+	case err != nil && wctx.Err() != nil && ctx.Err() == nil:
 		return e.fail("trigger %s: %s did not finish within --timeout %s; request %s stays queued and the fleet will still run it. "+
-			"To wait again without a second run: scheduler trigger --request-id %s --wait %s", name, req.Run().ID(), *timeout, req.ID, req.ID, name)
+			"To wait again without a second run: %s", name, req.Run().ID(), *timeout, req.ID, again)
+	case err != nil && ctx.Err() != nil:
+		return e.fail("trigger %s: stopped waiting for %s; request %s stays queued and the fleet will still run it. "+
+			"To wait again without a second run: %s", name, req.Run().ID(), req.ID, again)
 	}
 	if err != nil {
 		return e.fail("trigger %s: waiting for %s: %v", name, req.Run().ID(), err)
@@ -511,4 +524,15 @@ func forgets(cfg *config.Config) (time.Duration, string) {
 func noReplicaUp(ctx context.Context, ctl *control.Store) bool {
 	ms, err := ctl.Members(ctx)
 	return err == nil && len(ms) == 0
+}
+
+// shellQuote quotes s for a POSIX shell if it needs it, so that a
+// command the CLI suggests can be pasted as it is.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:=@%+,", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -17,6 +17,13 @@ import (
 // alone kept swallowing every signal after the first. stop releases the
 // signals.
 func (e *env) stoppable(cmd string) (ctx context.Context, stop func()) {
+	return e.stoppableLeaving(cmd, "runs in flight are handed back")
+}
+
+// stoppableLeaving is stoppable, saying what the stop leaves (left) in
+// its message: a command that holds no run of its own must not say it
+// hands runs back.
+func (e *env) stoppableLeaving(cmd, left string) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -24,7 +31,7 @@ func (e *env) stoppable(cmd string) (ctx context.Context, stop func()) {
 		select {
 		case sig := <-sigs:
 			signal.Stop(sigs) // default handling again: the next signal kills
-			fmt.Fprintf(e.stderr, "scheduler %s: %s: stopping (runs in flight are handed back); a second signal exits at once\n", cmd, sig)
+			fmt.Fprintf(e.stderr, "scheduler %s: %s: stopping (%s); a second signal exits at once\n", cmd, sig, left)
 			cancel()
 		case <-ctx.Done():
 		}

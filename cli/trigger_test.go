@@ -96,10 +96,12 @@ func TestTriggerWaitTimeoutSaysTheRequestStays(t *testing.T) {
 		t.Errorf("trigger with no replica up: stdout %q, want it to say so, and for how long the request stays", out)
 	}
 	if code != cli.ExitRuntime || !strings.Contains(out, "(request k-wait)") ||
-		!strings.Contains(errOut, "request k-wait stays queued") || !strings.Contains(errOut, "scheduler trigger --request-id k-wait --wait example.sleep") {
+		!strings.Contains(errOut, "request k-wait stays queued") || !strings.Contains(errOut, "scheduler trigger --config "+path+" --request-id k-wait --wait example.sleep") {
 		t.Fatalf("trigger --wait past its timeout: exit %d, stdout %q, stderr %q; want %d, the request said queued and how to wait again", code, out, errOut, cli.ExitRuntime)
 	}
-	code, out, errOut = mainIn(t, dir, "trigger", "--request-id", "k-wait", "--wait", "--timeout", "300ms", "--config", path, "example.sleep")
+	// The suggested command, with a timeout, from another directory:
+	// its --config names the same backend.
+	code, out, errOut = mainIn(t, t.TempDir(), "trigger", "--config", path, "--request-id", "k-wait", "--wait", "--timeout", "300ms", "example.sleep")
 	if code != cli.ExitRuntime || !strings.Contains(out, "request k-wait already made") {
 		t.Fatalf("the suggested command: exit %d, stdout %q, stderr %q; want the request found already made", code, out, errOut)
 	}

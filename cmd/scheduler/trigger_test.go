@@ -240,6 +240,38 @@ func TestOperatorCommandsStoppedBeforeTheirGrantSayNothingRan(t *testing.T) {
 	}
 }
 
+// A `trigger --wait` stopped while it waits holds no run: the fleet runs
+// the request. It says so, and how to wait again without a second run,
+// not that runs in flight are handed back (it said that, and ended with
+// a bare "context canceled": an outside review, whose run then
+// succeeded on a replica).
+func TestAStoppedTriggerWaitSaysTheRequestStays(t *testing.T) {
+	dir := t.TempDir()
+	config := writeConfig(t, dir, leapDayConfig("  kind: sqlite\n  sqlite:\n    path: "+filepath.Join(dir, "claims.db")+"\n", "10ms"))
+	if r := run(t, dir, "migrate", "up", "--config", config); r.code != 0 {
+		t.Fatalf("migrate up: exit %d\n%s", r.code, r.stderr)
+	}
+	p, out, exited := startOperator(t, dir, "waiting", "trigger", "--wait", "--request-id", "k-stop", "--config", config, "example.sleep")
+	waitFor(t, "the trigger to make its request", func() bool { return strings.Contains(out.String(), "(request k-stop)") })
+	_ = p.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stopped trigger did not exit")
+	}
+	stderr := readLog(t, dir, "waiting")
+	again := "scheduler trigger --config " + config + " --request-id k-stop --wait example.sleep"
+	if code := p.ProcessState.ExitCode(); code != 1 || strings.Contains(stderr, "handed back") || strings.Contains(stderr, "context canceled") ||
+		!strings.Contains(stderr, "request k-stop stays queued") || !strings.Contains(stderr, again) {
+		t.Fatalf("the stopped trigger --wait exited %d with\n%s\nwant 1, the request said to stay queued, and %q", code, stderr, again)
+	}
+	// The command it suggests, pasted anywhere, finds the request (and
+	// waits a second for it: no replica runs it here).
+	if r := run(t, t.TempDir(), append(strings.Fields(again)[1:], "--timeout", "1s")...); !strings.Contains(r.stdout, "request k-stop already made") {
+		t.Errorf("the suggested command, from another directory: exit %d\n%s%s\nwant the request found already made", r.code, r.stdout, r.stderr)
+	}
+}
+
 // leapDayConfig is an operator's configuration on the claimer block given:
 // example.sleep, sleeping duration, falls due on 29 February only (no
 // replica's schedule meets its manual runs) and allows overlap.
