@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -446,8 +447,13 @@ func (e *env) jobs(args []string) int {
 			paused = "?"
 		case v.Paused != nil && v.Paused.Paused:
 			paused = fmt.Sprintf("yes, by %s at %s", v.Paused.By, v.Paused.At.Format(time.RFC3339))
-			if v.Paused.Note != "" {
-				paused += ": " + v.Paused.Note
+			if n := v.Paused.Note; n != "" {
+				// A note may hold line breaks and tabs (control.CheckText):
+				// quoted, it keeps the table one line a job and its columns.
+				if strings.ContainsAny(n, "\n\t") {
+					n = strconv.Quote(n)
+				}
+				paused += ": " + n
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s, %s, %s\n", v.Name, v.Schedule, v.Timezone, v.Enabled, paused,

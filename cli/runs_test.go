@@ -238,3 +238,22 @@ func TestCommandsOnADatabaseThatDoesNotAnswerSaySo(t *testing.T) {
 		}
 	}
 }
+
+// A pause's note may hold a line break and a tab (a multi-line note is
+// allowed): `jobs` shows it quoted, one line a job, its columns whole.
+// It once wrapped the NEXT column onto a line of its own (an outside
+// review).
+func TestJobsShowsAMultiLineNoteOnOneLine(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := mainIn(t, dir, "pause", "example.sleep", "--note", "disk full\n\tsee ticket 7", "--config", path); code != cli.ExitOK {
+		t.Fatalf("pause with a two-line note: exit %d, %s", code, errOut)
+	}
+	code, out, errOut := mainIn(t, dir, "jobs", "--config", path)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != cli.ExitOK || len(lines) != 2 || !strings.Contains(lines[1], `"disk full\n\tsee ticket 7"`) || !strings.HasSuffix(lines[1], "Z") {
+		t.Fatalf("jobs: exit %d, stderr %q, stdout:\n%s\nwant a header and one line a job, the note quoted", code, errOut, out)
+	}
+}
