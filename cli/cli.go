@@ -45,7 +45,7 @@ Usage:
   scheduler pause    [--config FILE] [--note TEXT] [--by WHO] JOB|--all   skip JOB's instants on every replica until resumed
   scheduler resume   [--config FILE] [--note TEXT] [--by WHO] JOB|--all
   scheduler trigger  [--config FILE] [--note TEXT] [--by WHO] [--request-id ID] [--overlap allow] [--wait [--timeout D]] [--here] JOB   ask the fleet to run JOB now, once
-  scheduler backfill [--config FILE] --from T --to T [--rerun none|failed|all] [--max-concurrent N] [--dry-run] JOB
+  scheduler backfill [--config FILE] --from T --to T [--rerun none|failed|skipped|all] [--max-concurrent N] [--newest-first] [--dry-run] [--json] JOB
   scheduler compare  [--claimers a,b] [--faults pause,crash,…] [--json F] [--html F]  claim strategies side by side under faults
   scheduler prune    [--config FILE] [--older-than 720h]   delete old finished runs (SQL claimers)
   scheduler completion bash|zsh   shell completion script

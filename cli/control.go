@@ -339,10 +339,10 @@ func (e *env) localRunner(ctx context.Context, cfg *config.Config, jobsList []ru
 }
 
 func (e *env) backfill(args []string) int {
-	fs, path := e.flags("backfill", "[--config FILE] --from TIME --to TIME [--rerun none|failed|all] [--max-concurrent N] [--newest-first] [--dry-run] JOB")
+	fs, path := e.flags("backfill", "[--config FILE] --from TIME --to TIME [--rerun none|failed|skipped|all] [--max-concurrent N] [--newest-first] [--dry-run] [--json] JOB")
 	from := fs.String("from", "", "first instant, RFC 3339 (2026-11-01T00:00:00Z) or a date (2026-11-01, UTC)")
 	to := fs.String("to", "", "last instant, same forms; not in the future")
-	rerun := fs.String("rerun", runner.RerunNone, "which instants that ran to run again: `none`, failed or all (missed ones always run)")
+	rerun := fs.String("rerun", runner.RerunNone, "which recorded instants to run again: `none`, failed, skipped (paused or for overlap: they never ran) or all (missed ones always run)")
 	maxConc := fs.Int("max-concurrent", 1, "instants run at once")
 	newest := fs.Bool("newest-first", false, "run the newest instants first")
 	dry := fs.Bool("dry-run", false, "print the plan; claim and run nothing")
@@ -377,8 +377,8 @@ func (e *env) backfill(args []string) int {
 			*to, now.UTC().Format(time.RFC3339))
 		return ExitUsage
 	}
-	if !slices.Contains([]string{runner.RerunNone, runner.RerunFailed, runner.RerunAll}, *rerun) {
-		fmt.Fprintf(e.stderr, "scheduler backfill: --rerun %q: want none, failed or all\n", *rerun)
+	if !slices.Contains(runner.RerunPolicies, *rerun) {
+		fmt.Fprintf(e.stderr, "scheduler backfill: --rerun %q: want %s\n", *rerun, strings.Join(runner.RerunPolicies, ", "))
 		return ExitUsage
 	}
 	if *maxConc < 1 {
@@ -469,7 +469,7 @@ func backfillSummary(name string, o runner.BackfillOptions, sum runner.BackfillS
 	case sum.Settled < sum.Planned:
 		ran = fmt.Sprintf("ran %d of %d planned", sum.Settled, sum.Planned)
 	}
-	fmt.Fprintf(&b, "%s: %d instants from %s to %s; %s, kept %d that ran; %d succeeded, %d failed, %d done or held elsewhere, %d errors\n",
+	fmt.Fprintf(&b, "%s: %d instants from %s to %s; %s, kept %d already recorded; %d succeeded, %d failed, %d done or held elsewhere, %d errors\n",
 		name, sum.Instants, o.From.Format(time.RFC3339), o.To.Format(time.RFC3339), ran, sum.Kept,
 		sum.Succeeded, sum.Failed, sum.Elsewhere, sum.Errors)
 	if sum.Interrupted > 0 {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,10 +23,15 @@ import (
 // again. An instant with no record, or recorded missed (it never started),
 // always runs.
 const (
-	RerunNone   = "none"   // nothing that started
-	RerunFailed = "failed" // also those whose last run failed
-	RerunAll    = "all"    // every instant
+	RerunNone    = "none"    // nothing that started
+	RerunFailed  = "failed"  // also those whose last run failed
+	RerunSkipped = "skipped" // also those whose last run was skipped (paused, or for overlap): they never ran
+	RerunAll     = "all"     // every instant
 )
+
+// RerunPolicies are the rerun policies, in the order a usage message
+// lists them.
+var RerunPolicies = []string{RerunNone, RerunFailed, RerunSkipped, RerunAll}
 
 // MaxBackfill bounds the instants of one backfill.
 const MaxBackfill = 100_000
@@ -39,7 +45,7 @@ const maxReruns = 999
 // BackfillOptions configure Backfill.
 type BackfillOptions struct {
 	From, To      time.Time // the range, both included
-	Rerun         string    // RerunNone (default), RerunFailed or RerunAll
+	Rerun         string    // one of RerunPolicies; RerunNone by default
 	MaxConcurrent int       // instants run at once; default 1
 	NewestFirst   bool
 	DryRun        bool // plan only: claim and run nothing
@@ -133,8 +139,8 @@ func (r *Runner) backfillRange(name string, o *BackfillOptions, now time.Time) (
 		return nil, nil, fmt.Errorf("backfill: unknown job %q", name)
 	}
 	o.Rerun = cmp.Or(o.Rerun, RerunNone)
-	if !slices.Contains([]string{RerunNone, RerunFailed, RerunAll}, o.Rerun) {
-		return nil, nil, fmt.Errorf("backfill: rerun %q: want none, failed or all", o.Rerun)
+	if !slices.Contains(RerunPolicies, o.Rerun) {
+		return nil, nil, fmt.Errorf("backfill: rerun %q: want %s", o.Rerun, strings.Join(RerunPolicies, ", "))
 	}
 	switch {
 	case o.From.IsZero() || o.To.IsZero():
@@ -389,7 +395,8 @@ func (r *Runner) planBackfill(ctx context.Context, j *jobState, instants []time.
 			it.Action = ActionResume
 			it.RunID = claim.Run{Job: j.Name, At: at.Add(time.Duration(l.k))}.ID()
 		case l.status == claim.Missed || rerun == RerunAll ||
-			(rerun == RerunFailed && l.status == claim.Failed):
+			(rerun == RerunFailed && l.status == claim.Failed) ||
+			(rerun == RerunSkipped && l.status == claim.Skipped):
 			if l.k+1 >= maxReruns {
 				return nil, fmt.Errorf("backfill: %s was rerun %d times; no rerun id left", it.RunID, l.k)
 			}

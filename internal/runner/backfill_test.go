@@ -550,3 +550,51 @@ func TestABackfillsRunsAreNotScheduleLag(t *testing.T) {
 		}
 	})
 }
+
+// --rerun skipped runs again the instants whose last run was skipped (a
+// pause, or overlap: they never ran), under a rerun's id, and keeps the
+// rest; --rerun none keeps them. A paused window could only be run with
+// --rerun all, which reran its successes too (an outside review).
+func TestABackfillRerunsSkippedInstantsWhenAsked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		jobs, mu, ran := countingHourly(t)
+		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+		time.Sleep(time.Until(from.Add(24 * time.Hour)))
+		pre := memory.New(store, "earlier")
+		ctx := context.Background()
+		statuses := []claim.Status{claim.Succeeded, claim.Skipped, claim.Failed, claim.Skipped}
+		for i, st := range statuses {
+			cl, err := claim.ClaimOne(ctx, pre, claim.Run{Job: "hourly", At: from.Add(time.Duration(i) * time.Hour)}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := claim.ReleaseOne(ctx, pre, cl, st); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := runner.New(runner.Options{Claimer: memory.New(store, "b"), Instance: "b", Lease: 3 * time.Second}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		to := from.Add(time.Duration(len(statuses)-1) * time.Hour)
+		if _, sum, err := r.Backfill(ctx, "hourly", runner.BackfillOptions{From: from, To: to}); err != nil || sum.Planned != 0 || sum.Kept != 4 {
+			t.Fatalf("--rerun none over recorded instants: %+v %v, want all 4 kept", sum, err)
+		}
+		items, sum, err := r.Backfill(ctx, "hourly", runner.BackfillOptions{From: from, To: to, Rerun: runner.RerunSkipped})
+		if err != nil || sum.Planned != 2 || sum.Succeeded != 2 || sum.Kept != 2 {
+			t.Fatalf("--rerun skipped: %+v %v, want the 2 skipped run and the rest kept", sum, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, it := range items {
+			skipped := it.Was == string(claim.Skipped)
+			if (it.Action == runner.ActionRerun) != skipped || skipped && ran[it.RunID] != 1 {
+				t.Errorf("%+v: ran %d; want the skipped instants rerun once, under a rerun's id, and nothing else", it, ran[it.RunID])
+			}
+		}
+		if len(ran) != 2 {
+			t.Errorf("ran %d runs, want 2", len(ran))
+		}
+	})
+}

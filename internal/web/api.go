@@ -506,8 +506,8 @@ func (s *Server) backfill(w http.ResponseWriter, r *http.Request, c *call) (int,
 		return 0, nil, errorf(http.StatusBadRequest, "to: %s is before from", body.To)
 	case o.To.After(s.o.Now()):
 		return 0, nil, errorf(http.StatusBadRequest, "to: %s is in the future; the replicas run what is due", body.To)
-	case !slices.Contains([]string{"", runner.RerunNone, runner.RerunFailed, runner.RerunAll}, o.Rerun):
-		return 0, nil, errorf(http.StatusBadRequest, "rerun: %q: want none, failed or all", o.Rerun)
+	case o.Rerun != "" && !slices.Contains(runner.RerunPolicies, o.Rerun):
+		return 0, nil, errorf(http.StatusBadRequest, "rerun: %q: want %s", o.Rerun, strings.Join(runner.RerunPolicies, ", "))
 	case o.MaxConcurrent < 0 || o.MaxConcurrent > maxBackfillParallel:
 		return 0, nil, errorf(http.StatusBadRequest, "max_concurrent: %d: want 0 to %d", o.MaxConcurrent, maxBackfillParallel)
 	}
