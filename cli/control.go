@@ -449,6 +449,11 @@ func (e *env) backfill(args []string) int {
 		// Stopped before its plan was made (the history read waited on
 		// the backend): nothing was claimed.
 		return e.fail("backfill %s: stopped before it claimed anything: nothing ran; run it again to backfill the range", name)
+	case err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled):
+		// Stopped mid-way: the summary above says what ran and what the
+		// rest need; a bare "context canceled" after it said nothing
+		// more (an outside review).
+		return e.fail("backfill %s: stopped", name)
 	case err != nil:
 		return e.fail("backfill %s: %v", name, err)
 	case sum.Failed > 0 || sum.Interrupted > 0 || sum.Errors > 0:

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -100,6 +101,11 @@ func TestABackfillRunAgainFinishesWhatAKilledOneLeft(t *testing.T) {
 				// Stopped, it says what it left: handed back, not failed.
 				if err := json.Unmarshal(firstOut.Bytes(), &out); err != nil || out.Summary.Interrupted != 3 || out.Summary.Failed != 0 {
 					t.Fatalf("the stopped backfill reported %+v (%v), want its 3 runs interrupted, none failed\n%s", out.Summary, err, firstOut.String())
+				}
+				if stderr := readLog(t, dir, "first"); first.ProcessState.ExitCode() != 1 ||
+					!strings.Contains(stderr, "backfill example.sleep: stopped") || strings.Contains(stderr, "context canceled") {
+					t.Errorf("the stopped backfill exited %d, its stderr ending\n%s\nwant 1 and that it stopped, not a bare \"context canceled\"",
+						first.ProcessState.ExitCode(), stderr[max(0, len(stderr)-400):])
 				}
 			}
 
