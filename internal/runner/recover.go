@@ -127,6 +127,54 @@ func (d *dispatcher) recover(ctx, execCtx context.Context, now time.Time) {
 			}
 		}
 	}
+	d.warnOrphansOfOtherJobs(ctx, now)
+}
+
+// orphanProbe is how many of the newest records of every job start-up
+// looks through for the orphans of jobs this replica does not run.
+const orphanProbe = 1000
+
+// warnOrphansOfOtherJobs says, once at start-up, which jobs this replica
+// does not run have live runs whose leases lapsed: a holder died (or was
+// stopped) and its job was then removed from the configuration, or is
+// disabled here. Nothing here takes them over; a replica whose
+// configuration has the job does. Without this, such a run showed
+// `running` in `scheduler runs` for as long as it took, with no word from
+// any replica (an outside review). Best effort: the newest orphanProbe
+// records of all jobs, one read, no retry.
+func (d *dispatcher) warnOrphansOfOtherJobs(ctx context.Context, now time.Time) {
+	r := d.r
+	hctx, cancel := context.WithTimeout(ctx, r.opts.Lease)
+	defer cancel()
+	recs, err := r.opts.Claimer.History(hctx, "", orphanProbe)
+	if err != nil {
+		return
+	}
+	type orphans struct {
+		count  int
+		oldest claim.Record
+	}
+	byJob := map[string]*orphans{}
+	var order []string
+	for _, rec := range recs {
+		if !rec.Status.Live() || rec.LeaseUntil.After(now) || r.job(rec.Job) != nil {
+			continue
+		}
+		o := byJob[rec.Job]
+		if o == nil {
+			o = &orphans{}
+			byJob[rec.Job] = o
+			order = append(order, rec.Job)
+		}
+		o.count++
+		o.oldest = rec // newest first: the last seen is the oldest
+	}
+	for _, job := range order {
+		o := byJob[job]
+		r.log.WarnContext(ctx, "live runs of a job this replica does not run, their leases lapsed; a replica that runs the job takes them over",
+			"job", job, "instance", r.opts.Instance, "claimer", r.opts.ClaimerName, "count", o.count,
+			"run_id", o.oldest.RunID, "holder", o.oldest.Holder)
+	}
 }
 
 // sweep reads the jobs' recent histories again, maxBatch jobs per
