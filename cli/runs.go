@@ -50,6 +50,13 @@ func (e *env) runs(args []string) int {
 	if err != nil {
 		return e.fail("runs: %v", err)
 	}
+	if _, known := cfg.Jobs[*jobName]; *jobName != "" && !known && len(recs) == 0 {
+		// A removed job's history is still shown; a name with neither a
+		// job nor a run is a typo, said as pause and trigger say it (an
+		// empty table, exit 0, read as "it never ran": an outside review).
+		fmt.Fprintf(e.stderr, "scheduler runs: --job %q: no such job in the configuration, and no run of it recorded\n", *jobName)
+		return ExitUsage
+	}
 	prefix := ""
 	if *jobName != "" {
 		prefix = *jobName + "@"

@@ -257,3 +257,30 @@ func TestJobsShowsAMultiLineNoteOnOneLine(t *testing.T) {
 		t.Fatalf("jobs: exit %d, stderr %q, stdout:\n%s\nwant a header and one line a job, the note quoted", code, errOut, out)
 	}
 }
+
+// runs --job names a job of the configuration or one with recorded runs
+// (a removed job's history is still shown); a name with neither is a
+// typo, exit 2, as pause and trigger answer it.
+func TestRunsOfAnUnknownJobIsAUsageError(t *testing.T) {
+	dir, path, b := sqliteBackend(t, "  example.sleep:\n    schedule: \"@daily\"\n")
+	ctx := t.Context()
+	cl, err := claim.ClaimOne(ctx, b, claim.Run{Job: "removed.job", At: time.Now().UTC().Truncate(time.Second)}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := claim.ReleaseOne(ctx, b, cl, claim.Succeeded); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := mainIn(t, dir, "runs", "--job", "no.such", "--config", path); code != cli.ExitUsage || out != "" || !strings.Contains(errOut, `--job "no.such": no such job`) {
+		t.Errorf("runs --job no.such: exit %d, stdout %q, stderr %q; want %d naming it", code, out, errOut, cli.ExitUsage)
+	}
+	if code, out, errOut := mainIn(t, dir, "runs", "--job", "removed.job", "--config", path); code != cli.ExitOK || !strings.Contains(out, "removed.job") {
+		t.Errorf("runs --job removed.job (recorded, not configured): exit %d, stdout %q, stderr %q; want its run", code, out, errOut)
+	}
+	if code, _, errOut := mainIn(t, dir, "runs", "--job", "example.sleep", "--config", path); code != cli.ExitOK {
+		t.Errorf("runs --job example.sleep (configured, never ran): exit %d, stderr %q; want 0", code, errOut)
+	}
+}
