@@ -26,7 +26,23 @@ func (e *env) openJobs(ctx context.Context, cfg *config.Config, prom prometheus.
 	// Connecting and migrating a healthy database takes well under this.
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return e.reg.Open(ctx, resources(cfg, prom), names...)
+	closeJobs, err := e.reg.Open(ctx, resources(cfg, prom), names...)
+	return closeJobs, redactDatabase(err, cfg.Database)
+}
+
+// redactDatabase masks in err, an opener's, the passwords of d, the
+// database the openers were given: an opener's error is the binary's
+// own text, which may repeat the DSN it was handed (an outside review
+// found one logged with its password).
+func redactDatabase(err error, d config.Database) error {
+	if err == nil {
+		return nil
+	}
+	err = config.RedactError(err, d.DSN)
+	if pw := string(d.Password); pw != "" && strings.Contains(err.Error(), pw) {
+		err = errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+	}
+	return err
 }
 
 // resources is what openers and commands get from cfg.
@@ -98,7 +114,29 @@ func checkCommands(cmds []Command) error {
 		case c.Setup == nil:
 			return fmt.Errorf("command %q: no Setup", c.Name)
 		}
+		if err := trySetup(c); err != nil {
+			return err
+		}
 		seen[c.Name] = true
+	}
+	return nil
+}
+
+// trySetup calls c's Setup on a flag set like the one it runs with, so
+// that a Setup that declares --config again or returns no Action is
+// refused when the binary starts, not found by a panic when the command
+// is run, or when completion lists its flags (an outside review).
+func trySetup(c Command) (err error) {
+	fs := flag.NewFlagSet(c.Name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.String("config", "", "")
+	defer func() {
+		if x := recover(); x != nil {
+			err = fmt.Errorf("command %q: Setup panicked: %v (fs already has --config)", c.Name, x)
+		}
+	}()
+	if c.Setup(fs) == nil {
+		return fmt.Errorf("command %q: Setup returned no Action", c.Name)
 	}
 	return nil
 }

@@ -50,7 +50,7 @@ type Run struct {
 	Fence       int64     // strictly growing per job; pass it to fenced writes
 	Attempt     int       // 1, then +1 per takeover
 	Instance    string    // this replica
-	Params      Params
+	Params      Params    // this run's own copy: a handler may change it; no other run sees that
 	// Logger already carries job, scheduled_at, run_id, instance, claimer,
 	// fence and attempt.
 	Logger *slog.Logger
@@ -60,6 +60,37 @@ type Run struct {
 // them as a struct (Typed, WithParams) gets them decoded and checked before
 // anything runs; Decode, Duration and String read them by hand.
 type Params map[string]any
+
+// Clone returns a deep copy of p (nested mappings and lists copied too).
+// Each run gets its own: one map shared by every run of a job carried a
+// handler's writes into the next run, and concurrent runs writing it
+// crashed the replica with "concurrent map writes" (an outside review).
+func (p Params) Clone() Params {
+	if p == nil {
+		return nil
+	}
+	return cloneParam(map[string]any(p)).(map[string]any)
+}
+
+func cloneParam(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = cloneParam(e)
+		}
+		return out
+	case Params:
+		return Params(cloneParam(map[string]any(x)).(map[string]any))
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = cloneParam(e)
+		}
+		return out
+	}
+	return v
+}
 
 // Duration reads a duration parameter ("1s", "250ms"), or def when absent.
 func (p Params) Duration(key string, def time.Duration) (time.Duration, error) {
@@ -196,6 +227,10 @@ func (r *Registry) MustRegisterOpener(name string, o Opener, opts ...Option) {
 func (r *Registry) add(name string, e *entry, opts []Option) error {
 	if name == "" {
 		return errors.New("job: register: empty job name")
+	}
+	if err := config.CheckJobName(name); err != nil {
+		// The configuration could never name it (an outside review).
+		return fmt.Errorf("job: register %q: %w", name, err)
 	}
 	for _, o := range opts {
 		if o.apply == nil {

@@ -169,7 +169,20 @@ func (d *paramDecoder) fields(path string, m map[string]any, v reflect.Value) {
 	if len(d.errs) > before || !reflect.PointerTo(v.Type()).Implements(validateType) {
 		return
 	}
-	d.validated(path, v.Addr().Interface().(interface{ Validate() error }).Validate())
+	d.validated(path, callValidate(v.Addr().Interface().(interface{ Validate() error })))
+}
+
+// callValidate calls a params struct's Validate, its panic an error: a
+// Validate that panicked took `run --check` and `jobs` down with a Go
+// stack trace (an outside review), where a handler's panic is a failed
+// run.
+func callValidate(p interface{ Validate() error }) (err error) {
+	defer func() {
+		if x := recover(); x != nil {
+			err = fmt.Errorf("Validate panicked: %v", x)
+		}
+	}()
+	return p.Validate()
 }
 
 // validated records what Validate returned for the struct at path: each
@@ -348,19 +361,20 @@ func show(x any) string {
 	return fmt.Sprint(x)
 }
 
-// redact hides the value of a param whose name (the key's last element)
-// names a secret, and masks DSN passwords in any other. It follows the rule
-// config applies to params (redactValue there); the names are repeated
-// here because config does not export them.
+// redact hides the value of a param whose key (a path within the params:
+// "a.b", "list[2].c") names a secret at any level, and masks DSN passwords
+// in any other: the rule config applies to params (redactParam there),
+// where a secret's name hides its whole subtree. Only the last element
+// was looked at, and credentials.pass and secrets.db were shown (an
+// outside review).
 func redact(key, value string) string {
-	name := strings.ToLower(key[strings.LastIndexByte(key, '.')+1:])
-	secret := slices.ContainsFunc([]string{"password", "secret", "token", "credential", "key"},
-		func(w string) bool { return strings.Contains(name, w) })
-	switch {
-	case value == "":
+	if value == "" {
 		return ""
-	case secret && !strings.HasSuffix(name, "_file"):
-		return "xxxxx"
+	}
+	for _, name := range strings.FieldsFunc(key, func(r rune) bool { return r == '.' || r == '[' || r == ']' }) {
+		if config.IsSecretName(name) {
+			return "xxxxx"
+		}
 	}
 	return config.Redact(value)
 }

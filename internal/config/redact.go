@@ -54,7 +54,12 @@ func RedactError(err error, dsn string) error {
 }
 
 // secretWords make a name a secret's.
-var secretWords = []string{"password", "secret", "token", "credential", "key"}
+var secretWords = []string{"password", "secret", "token", "credential", "key", "authorization"}
+
+// IsSecretName reports whether a setting or param called name holds a
+// secret (see redactValue): the one rule, which package job applies to
+// typed params too.
+func IsSecretName(name string) bool { return secretName(name) }
 
 // redactValue is the one rule for showing the value of a setting or a job
 // param called name, used by Redacted and for every *Error: a name holding

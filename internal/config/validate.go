@@ -323,8 +323,8 @@ func validateJob(p *problems, name string, j Job, registered func(string) bool) 
 		p.add("jobs", "", "empty job name")
 		return
 	}
-	if strings.ContainsFunc(name, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
-		p.add(key, name, "job name must not contain spaces or control characters")
+	if err := CheckJobName(name); err != nil {
+		p.add(key, name, "%v", err)
 	}
 	if registered != nil && !registered(name) {
 		p.add(key, "", "no handler registered under this name")
@@ -462,4 +462,14 @@ func checkSQLitePath(p *problems, key, kindKey, path string) {
 	case !info.IsDir():
 		p.add(key, path, "%s is not a directory", dir)
 	}
+}
+
+// CheckJobName checks a job's name as the configuration uses it: a
+// name with a space or a control character cannot be written as a key
+// (package job refuses to register one).
+func CheckJobName(name string) error {
+	if strings.ContainsFunc(name, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return errors.New("job name must not contain spaces or control characters")
+	}
+	return nil
 }

@@ -245,7 +245,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	r.emit(Event{Kind: EventStarted, Run: cl.Run, Claim: cl})
 	err := callHandler(hctx, j.Handler, job.Run{
 		Job: cl.Run.Job, ScheduledAt: cl.Run.At, ID: cl.ID(), Fence: cl.Fence, Attempt: cl.Attempt,
-		Instance: r.opts.Instance, Params: j.Params, Logger: logger,
+		Instance: r.opts.Instance, Params: j.Params.Clone(), Logger: logger,
 	})
 	cause := context.Cause(hctx)
 	cancel(nil) // the handler is done; the cause recorded above stays
