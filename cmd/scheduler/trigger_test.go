@@ -3,6 +3,7 @@ package main_test
 import (
 	"bytes"
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -251,8 +252,30 @@ func TestAStoppedTriggerWaitSaysTheRequestStays(t *testing.T) {
 	if r := run(t, dir, "migrate", "up", "--config", config); r.code != 0 {
 		t.Fatalf("migrate up: exit %d\n%s", r.code, r.stderr)
 	}
-	p, out, exited := startOperator(t, dir, "waiting", "trigger", "--wait", "--request-id", "k-stop", "--config", config, "example.sleep")
-	waitFor(t, "the trigger to make its request", func() bool { return strings.Contains(out.String(), "(request k-stop)") })
+	// Its stdout to a file, read while it runs (startOperator's buffer is
+	// read only once the process has exited).
+	stdout, err := os.Create(filepath.Join(dir, "waiting.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdout.Close()
+	lf, err := os.Create(filepath.Join(dir, "waiting.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	p := exec.Command(binary, "trigger", "--wait", "--request-id", "k-stop", "--config", config, "example.sleep")
+	p.Dir, p.Stdout, p.Stderr = dir, stdout, lf
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = p.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = p.Process.Kill(); <-exited })
+	waitFor(t, "the trigger to make its request", func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "waiting.out"))
+		return err == nil && strings.Contains(string(b), "(request k-stop)")
+	})
 	_ = p.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
