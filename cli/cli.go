@@ -39,7 +39,7 @@ const usage = `scheduler: a cron job runner for replicated deployments.
 
 Usage:
   scheduler run      [--config FILE] [--check]  run the replica (no config: embedded sqlite ./scheduler.db)
-  scheduler migrate  [--config FILE] up|down|status
+  scheduler migrate  [--config FILE] [--yes] up|down|status
   scheduler jobs     [--config FILE] [--json]   registered jobs, schedules, next instants
   scheduler runs     [--config FILE] [--job J] [--limit N] [--attempts] [--json]
   scheduler pause    [--config FILE] [--note TEXT] [--by WHO] JOB|--all   skip JOB's instants on every replica until resumed
@@ -105,6 +105,11 @@ func (e *env) dispatch(cmd string, rest []string) int {
 	case "completion":
 		return e.completion(rest)
 	case "version", "--version":
+		if len(rest) == 1 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
+			// As every other command's --help: its usage, exit 0.
+			fmt.Fprintln(e.stderr, "Usage: scheduler version\n\nPrints the version of this binary.")
+			return ExitOK
+		}
 		if len(rest) > 0 {
 			fmt.Fprintf(e.stderr, "scheduler version: unexpected argument %q\n", rest[0])
 			return ExitUsage

@@ -126,6 +126,18 @@ func TestFlagsAfterArgumentsAreStillChecked(t *testing.T) {
 }
 
 // Every command's --help shows its usage and ends with an example.
+// version --help is its usage, exit 0, as every other command's.
+func TestVersionHelpIsUsage(t *testing.T) {
+	for _, flag := range []string{"--help", "-h"} {
+		if code, _, errOut := mainIn(t, t.TempDir(), "version", flag); code != cli.ExitOK || !strings.Contains(errOut, "Usage: scheduler version") {
+			t.Errorf("version %s: exit %d, %q", flag, code, errOut)
+		}
+	}
+	if code, _, _ := mainIn(t, t.TempDir(), "version", "extra"); code != cli.ExitUsage {
+		t.Errorf("version extra: exit %d, want %d", code, cli.ExitUsage)
+	}
+}
+
 func TestEveryHelpShowsAnExample(t *testing.T) {
 	dir := t.TempDir()
 	for _, cmd := range []string{"run", "migrate", "jobs", "runs", "pause", "resume", "trigger", "backfill", "compare", "prune", "completion", "hello"} {

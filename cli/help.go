@@ -32,7 +32,7 @@ var examples = map[string][]string{
 		"scheduler backfill billing.nightly --from 2026-11-01 --to 2026-11-30 --rerun failed --max-concurrent 4 --config config.yaml",
 	},
 	"compare": {
-		"scheduler compare --claimers memory,sqlite --faults none,crash --duration 20s",
+		"scheduler compare --claimers memory,sqlite --faults none,crash --duration 30s",
 		"scheduler compare --faults random --seed 42 --html report.html",
 	},
 	"prune":      {"scheduler prune --older-than 720h --config config.yaml"},
