@@ -179,7 +179,7 @@ func (d *paramDecoder) fields(path string, m map[string]any, v reflect.Value) {
 func callValidate(p interface{ Validate() error }) (err error) {
 	defer func() {
 		if x := recover(); x != nil {
-			err = fmt.Errorf("Validate panicked: %v", x)
+			err = fmt.Errorf("params: Validate panicked: %v", x)
 		}
 	}()
 	return p.Validate()
