@@ -314,6 +314,7 @@ func (c *Claimer) lostBid(ctx context.Context, id string, beforeBid bool) error 
 // and if the path still names the file c opened, and notes whether the
 // file refused it.
 func (c *Claimer) write(ctx context.Context, f func() error) error {
+	refusing := false
 	err := c.queue(ctx, func() error {
 		err := f()
 		switch {
@@ -322,12 +323,23 @@ func (c *Claimer) write(ctx context.Context, f func() error) error {
 		case errors.As(err, new(*sqlite.Error)) && errors.Is(translate(err), claim.ErrUnavailable):
 			c.refused, c.refusedAt = err, time.Now()
 		}
+		refusing = c.refused != nil
 		return err
 	})
-	if err != nil && (errors.Is(translate(err), claim.ErrUnavailable) || ctx.Err() != nil) {
-		// Locked past the busy timeout, or the caller gave up waiting.
+	switch {
+	case err != nil && (errors.Is(translate(err), claim.ErrUnavailable) || ctx.Err() != nil):
+		// Refused (a full disk, an I/O error, read-only), locked past the
+		// busy timeout, or the caller gave up waiting.
 		c.unanswered.Note()
-	} else {
+	case err != nil && refusing:
+		// A statement that wrote nothing (a takeover bid held back,
+		// sql.ErrNoRows) while the file refuses every write says nothing
+		// of whether a holder's release can land. Counted as an answer,
+		// the held bids themselves ended the hold by its chronic cap on a
+		// disk full for three leases, and a standby took over a finished
+		// run the moment space came back, before its holder's retried
+		// release (an outside review: run twice, 4 times of 4).
+	default:
 		c.unanswered.Answered()
 	}
 	return err
