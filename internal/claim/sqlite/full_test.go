@@ -70,11 +70,19 @@ func TestHeldBidsOnAFullDiskDoNotEndTheHold(t *testing.T) {
 		t.Fatal("the hold outlasted a lease of landed writes")
 	}
 
-	// No refusal: a wait past the busy timeout (unanswered), then only
-	// held bids, which count. The hold ends a lease later.
+	// A write its caller cancelled (a renewal stopped by its run's
+	// release) says nothing of the file: no hold.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	_ = c.write(cctx, func() error { return cctx.Err() })
+	if c.TakeoversHeld(lease) {
+		t.Fatal("a write its caller cancelled held takeovers back")
+	}
+	// No refusal: a write whose time ran out (unanswered), then only
+	// held bids, which count. The hold ends a lease later.
+	dctx, stop := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer stop()
+	_ = c.write(dctx, func() error { return dctx.Err() })
 	if !c.TakeoversHeld(lease) {
 		t.Fatal("no hold after an unanswered write")
 	}

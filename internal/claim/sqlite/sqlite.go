@@ -327,9 +327,12 @@ func (c *Claimer) write(ctx context.Context, f func() error) error {
 		return err
 	})
 	switch {
-	case err != nil && (errors.Is(translate(err), claim.ErrUnavailable) || ctx.Err() != nil):
+	case err != nil && (errors.Is(translate(err), claim.ErrUnavailable) || errors.Is(ctx.Err(), context.DeadlineExceeded)):
 		// Refused (a full disk, an I/O error, read-only), locked past the
-		// busy timeout, or the caller gave up waiting.
+		// busy timeout, or the caller's time ran out waiting. A caller
+		// that cancelled (a renewal stopped by its run's release) says
+		// nothing of the file: noted, it held takeovers back for a lease
+		// on a healthy disk (an outside review).
 		c.unanswered.Note()
 	case err != nil && refusing:
 		// A statement that wrote nothing (a takeover bid held back,
