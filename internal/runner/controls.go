@@ -241,12 +241,7 @@ func (d *dispatcher) requests(ctx, execCtx context.Context, reqs []control.Reque
 
 // job returns the job called name, or nil.
 func (r *Runner) job(name string) *jobState {
-	for _, j := range r.jobs {
-		if j.Name == name {
-			return j
-		}
-	}
-	return nil
+	return r.byName[name]
 }
 
 // Paused reports the pause switch that governs job as this replica last

@@ -167,7 +167,10 @@ type Options struct {
 type Runner struct {
 	opts Options
 	jobs []*jobState
-	log  *slog.Logger
+	// byName indexes jobs: start-up looks up to a thousand records' jobs
+	// in it, and a fleet may run 100,000 jobs.
+	byName map[string]*jobState
+	log    *slog.Logger
 
 	// closing is set once shutdown begins: no new dispatches. Atomic, as
 	// pauses: every one of thousands of runs due at once reads both.
@@ -263,16 +266,14 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 		return nil, fmt.Errorf("runner: renew_every %v must be shorter than lease %v", opts.RenewEvery, opts.Lease)
 	}
 	opts.Metrics.ready(opts.ClaimerName)
-	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}, unrequested: map[string]bool{}, alongside: map[string]bool{}}
-	seen := map[string]bool{}
+	r := &Runner{opts: opts, log: opts.Logger.With("component", "runner"), pausedLogged: map[string]bool{}, unrequested: map[string]bool{}, alongside: map[string]bool{}, byName: map[string]*jobState{}}
 	for _, j := range jobs {
 		switch {
 		case j.Name == "" || j.Schedule == nil || j.Handler == nil:
 			return nil, fmt.Errorf("runner: job %q needs a name, a schedule and a handler", j.Name)
-		case seen[j.Name]:
+		case r.byName[j.Name] != nil:
 			return nil, fmt.Errorf("runner: job %q listed twice", j.Name)
 		}
-		seen[j.Name] = true
 		j.Overlap = cmp.Or(j.Overlap, OverlapForbid)
 		j.Misfire = cmp.Or(j.Misfire, MisfireSkip)
 		j.MaxAttempts = cmp.Or(j.MaxAttempts, 3)
@@ -281,7 +282,9 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 		if j.Backoff > 0 {
 			j.MaxBackoff = max(cmp.Or(j.MaxBackoff, 10*time.Minute), j.Backoff)
 		}
-		r.jobs = append(r.jobs, &jobState{Job: j, live: map[int64][2]int{}, held: map[string]claim.Record{}})
+		js := &jobState{Job: j, live: map[int64][2]int{}, held: map[string]claim.Record{}}
+		r.jobs = append(r.jobs, js)
+		r.byName[j.Name] = js
 	}
 	return r, nil
 }
