@@ -55,7 +55,11 @@ func (d *dispatcher) release(ctx context.Context, cl *claim.Claim, o claim.Statu
 			t.Stop()
 		case <-t.C:
 		}
-		backoff = min(2*backoff, time.Second)
+		// At most a quarter lease apart: after an outage, a standby
+		// holds its takeovers back for a lease once the backend answers
+		// (claim.Unanswered), and this retry must land within it. At a
+		// second, a lease under a second left the race to chance.
+		backoff = min(2*backoff, time.Second, max(r.opts.Lease/4, 50*time.Millisecond))
 	}
 }
 

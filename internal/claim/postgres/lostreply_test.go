@@ -67,10 +67,10 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 	later := claim.Run{Job: "job.lost-reply", At: at.Add(time.Hour)}
 	// A batch: its insert granted both, and its reply's command tag says so.
 	lose([]byte("INSERT 0 2"), []claim.Run{fresh, later})
-	// Alone: the takeover granted again. Its reply is a row of five
+	// Alone: the takeover granted again. Its reply is a row of six
 	// columns, the first true (binary); the claimer's look at its
 	// partitions, on a connection of its own, answers SELECT 1 too.
-	lose([]byte("\x00\x05\x00\x00\x00\x01\x01"), []claim.Run{again})
+	lose([]byte("\x00\x06\x00\x00\x00\x01\x01"), []claim.Run{again})
 
 	for _, run := range []claim.Run{fresh, later, again} {
 		// The hand-back goes on its own goroutine: within moments, not

@@ -80,6 +80,9 @@ RETURNING fence, attempt, lease_until`
 	// statement's snapshot, which may predate a concurrent change; any
 	// non-terminal status then reads as held, which is what it is. $5 is
 	// the run's instant, as in every statement below that names a run.
+	// $7 holds the takeover of a lapsed lease back (see hold.go): such a
+	// run's row is then written unchanged instead (touched, the last
+	// column), so that the bid finds out whether writes land.
 	takeOverRun = `
 WITH ` + lockedStamped6 + `,
 taken AS (
@@ -89,12 +92,17 @@ taken AS (
            started_at = (SELECT t FROM stamp), lease_until = now() + $4 * interval '1 microsecond',
            finished_at = NULL
      WHERE run_id = $1 AND scheduled_at = $5
-       AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now()))
+       AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now() AND NOT $7::boolean))
     RETURNING fence, attempt, lease_until
+),
+touched AS (
+    UPDATE scheduler_runs SET lease_until = lease_until
+     WHERE run_id = $1 AND scheduled_at = $5 AND $7::boolean AND status = 'running' AND lease_until <= now()
+    RETURNING 1
 )
-SELECT true, fence, attempt, lease_until, '' FROM taken
+SELECT true, fence, attempt, lease_until, '', false FROM taken
 UNION ALL
-SELECT false, 0, 0, lease_until, status FROM scheduler_runs
+SELECT false, 0, 0, lease_until, status, EXISTS (SELECT FROM touched) FROM scheduler_runs
  WHERE run_id = $1 AND scheduled_at = $5 AND NOT EXISTS (SELECT FROM taken)`
 
 	// insertRuns is insertRun for many runs at once, in run id order: every
@@ -266,6 +274,7 @@ type Claimer struct {
 	closing  chan struct{}    // closed by Close: abandonLater waits no more
 	close    sync.Once
 	watch    *claim.FenceWatch
+	hold     hold // takeovers held back after unanswered writes (hold.go)
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -328,6 +337,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	buckets := []int32{bucketOf(run.Job)}
 	err := c.pool.QueryRow(ctx, insertRun, id, run.Job, run.At, cl.Token, c.instance, lease.Microseconds(), buckets).
 		Scan(&cl.Fence, &cl.Attempt, &cl.Deadline)
+	c.hold.wrote(ctx, err, err == nil)
 	switch {
 	case err == nil:
 		cl.Deadline = cl.Deadline.UTC()
@@ -338,11 +348,22 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	}
 
 	cl.Requested = time.Now()
-	got, err := takenOver(cl, c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets))
+	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, c.hold.unanswered.Hold(lease))
+	got, wrote, err := takenOver(cl, row)
+	c.hold.wrote(ctx, unwrapAnswer(err), wrote)
 	if err != nil && !errors.Is(err, claim.ErrHeld) && !errors.Is(err, claim.ErrDone) {
 		c.abandonIfUnknown(err, []*claim.Claim{cl})
 	}
 	return got, err
+}
+
+// unwrapAnswer is nil for the claim contract's answers to a bid (held,
+// done), which the server gave without an error, and err otherwise.
+func unwrapAnswer(err error) error {
+	if errors.Is(err, claim.ErrHeld) || errors.Is(err, claim.ErrDone) {
+		return nil
+	}
+	return err
 }
 
 // abandonIfUnknown hands back, on a goroutine of its own (abandonLater),
@@ -453,30 +474,31 @@ func (c *Claimer) abandonLater(cls []*claim.Claim) {
 // and so Close, which waits for them.
 const abandonTimeout = 5 * time.Second
 
-// takenOver reads takeOverRun's answer for cl.
-func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, error) {
+// takenOver reads takeOverRun's answer for cl, and whether the statement
+// wrote the run's row (granted, or touched under the hold).
+func takenOver(cl *claim.Claim, row pgx.Row) (*claim.Claim, bool, error) {
 	var (
-		granted bool
-		status  claim.Status
+		granted, touched bool
+		status           claim.Status
 	)
 	id := cl.ID()
-	err := row.Scan(&granted, &cl.Fence, &cl.Attempt, &cl.Deadline, &status)
+	err := row.Scan(&granted, &cl.Fence, &cl.Attempt, &cl.Deadline, &status, &touched)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		// The row existed a moment ago and only Prune deletes rows, and
 		// only finished ones. (Creating a month's partition moves rows out
 		// of the DEFAULT partition, under an exclusive lock on the table
 		// that this statement waits for before it takes its snapshot.)
-		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
+		return nil, false, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
 	case err != nil:
-		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
+		return nil, false, fmt.Errorf("claim %s: %w", id, translate(err))
 	case granted:
 		cl.Deadline = cl.Deadline.UTC()
-		return cl, nil
+		return cl, true, nil
 	case !status.Live():
-		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
+		return nil, touched, fmt.Errorf("claim %s: %w", id, claim.ErrDone)
 	default:
-		return nil, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
+		return nil, touched, fmt.Errorf("claim %s: %w", id, claim.ErrHeld)
 	}
 }
 
@@ -570,6 +592,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	requested := time.Now()
 	rows, err := c.pool.Query(ctx, insertRuns, ids, jobs, ats, tokens, c.instance, lease.Microseconds(), buckets)
 	if err != nil {
+		c.hold.wrote(ctx, err, false)
 		c.abandonIfUnknown(err, sent)
 		clear(claims)
 		return failAll(pending, translate(err))
@@ -595,10 +618,12 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if err := cmp.Or(rows.Err(), scanErr); err != nil {
 		// The insert failed as a whole: nothing was granted, unless its
 		// reply was lost.
+		c.hold.wrote(ctx, err, false)
 		c.abandonIfUnknown(err, sent)
 		clear(claims)
 		return failAll(pending, translate(err))
 	}
+	c.hold.wrote(ctx, nil, slices.Contains(won, true))
 
 	var rest []int
 	for _, i := range pending {
@@ -615,8 +640,9 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		restBuckets[k] = bucketOf(claims[i].Run.Job)
 	}
 	b.Queue(lockJobs, restBuckets)
+	hold := c.hold.unanswered.Hold(lease)
 	for k, i := range rest {
-		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1])
+		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold)
 	}
 	taken := make([]*claim.Claim, len(rest))
 	for k, i := range rest {
@@ -626,17 +652,21 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	res := c.pool.SendBatch(ctx, b)
 	var locked int64
 	lockErr := res.QueryRow().Scan(&locked)
+	wrote := false
 	for _, i := range rest {
 		cl := claims[i]
 		cl.Requested = requested
-		claims[i], errs[i] = takenOver(cl, res.QueryRow())
+		var w bool
+		claims[i], w, errs[i] = takenOver(cl, res.QueryRow())
+		wrote = wrote || w
 	}
 	err = cmp.Or(res.Close(), lockErr)
 	for _, i := range rest {
-		if e := errs[i]; err == nil && e != nil && !errors.Is(e, claim.ErrHeld) && !errors.Is(e, claim.ErrDone) {
+		if e := unwrapAnswer(errs[i]); err == nil && e != nil {
 			err = e
 		}
 	}
+	c.hold.wrote(ctx, err, wrote)
 	if err != nil {
 		// The round's transaction did not commit: none of its takeovers
 		// stand, whatever each statement said. Unless it did and the
@@ -659,6 +689,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	requested := time.Now()
 	var deadline time.Time
 	err := c.leases.QueryRow(ctx, renewRun, cl.ID(), cl.Token, lease.Microseconds(), cl.Run.At).Scan(&deadline)
+	c.hold.wrote(ctx, err, err == nil)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
@@ -673,6 +704,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 // releaseOne is Release for a single claim, in one plain statement.
 func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
 	tag, err := c.leases.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal(), cl.Run.At)
+	c.hold.wrote(ctx, err, err == nil && tag.RowsAffected() > 0)
 	switch {
 	case err != nil:
 		c.failed(err)
@@ -703,14 +735,24 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 		b.Queue(releaseRun, cls[i].ID(), cls[i].Token, string(o), o.Terminal(), cls[i].Run.At)
 	}
 	res := c.leases.SendBatch(ctx, b)
+	var (
+		changed bool
+		failed  error // a statement's own error, which Close may not repeat
+	)
 	for _, i := range pending {
 		tag, err := res.Exec()
 		if err == nil && tag.RowsAffected() == 0 {
 			err = claim.ErrLeaseLost
 		}
+		changed = changed || err == nil
+		if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
+			failed = cmp.Or(failed, err)
+		}
 		errs[i] = err
 	}
-	if err := res.Close(); err != nil {
+	err := res.Close()
+	c.hold.wrote(ctx, cmp.Or(err, failed), changed && err == nil && failed == nil)
+	if err != nil {
 		// The transaction did not commit: none of its releases stand.
 		c.failed(err)
 		for _, i := range pending {
@@ -732,6 +774,9 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 // Both pools must connect and take a write (probe): claims need the
 // one, renewals and releases the other.
 func (c *Claimer) Ping(ctx context.Context) error {
+	if err := c.hold.refusal(); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
 	if _, err := c.pool.Exec(ctx, probe); err != nil {
 		c.failed(err)
 		return fmt.Errorf("ping: %w", translate(err))

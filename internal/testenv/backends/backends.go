@@ -8,7 +8,9 @@ package backends
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -163,4 +165,35 @@ func Prepare(t testing.TB, kind string, opts Options) *Namespace {
 	}
 	t.Cleanup(func() { _ = ns.Drop() }) // its server may be gone: a test stopped it
 	return &Namespace{Namespace: ns, t: t}
+}
+
+// RefuseWrites readies a PostgreSQL namespace whose database is db (a
+// claimer's DB, on the namespace's schema) to refuse writes, and returns
+// the switch: while it is on, every row written to the run table raises
+// disk_full (SQLSTATE 53100), as a server out of space refuses each write
+// that needs a page, and statements that write nothing pass, as there.
+// An AFTER trigger: it fires for the rows a statement writes and for no
+// other (an INSERT … ON CONFLICT DO NOTHING that conflicts, an UPDATE that
+// matches none).
+func RefuseWrites(ctx context.Context, db *sql.DB) (func(ctx context.Context, on bool) error, error) {
+	for _, stmt := range []string{
+		`CREATE TABLE refuse_writes (refusing boolean NOT NULL)`,
+		`INSERT INTO refuse_writes VALUES (false)`,
+		`CREATE FUNCTION refuse_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF (SELECT refusing FROM refuse_writes) THEN
+    RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = 'disk_full';
+  END IF;
+  RETURN NULL;
+END $$`,
+		`CREATE TRIGGER refuse_write AFTER INSERT OR UPDATE ON scheduler_runs FOR EACH ROW EXECUTE FUNCTION refuse_write()`,
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return nil, fmt.Errorf("%s: %w", stmt, err)
+		}
+	}
+	return func(ctx context.Context, on bool) error {
+		_, err := db.ExecContext(ctx, `UPDATE refuse_writes SET refusing = $1`, on)
+		return err
+	}, nil
 }

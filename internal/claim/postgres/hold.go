@@ -1,0 +1,100 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
+)
+
+// The takeover hold (claim.Unanswered), as the other networked claimers
+// keep it. A server that refuses writes (a full disk, 53100; a database
+// set read-only or a standby behind the primary's address, 25006; a
+// crash-restart, down or refusing connections) lets leases lapse while
+// their holders can neither renew nor release. Without a hold, the first
+// write to land afterwards decided: a standby's takeover bid, sent every
+// few hundred milliseconds, came before the holder's release, retried
+// every second at most, and a run whose handler had returned ran again
+// (an outside review: 15 runs in 8 of 8 fills and read-only switches).
+// PostgreSQL's lock queue serves a release that waits there first, but a
+// refused release does not wait: it fails and is retried.
+//
+// So a write that went unanswered (refused, or past its deadline) holds
+// this claimer's takeovers of lapsed leases back until writes have
+// landed for a lease (takeOverRun's $7): the holders' retried releases
+// land first, and a holder that died meanwhile is taken over a lease
+// later. While the server refuses writes, a statement that wrote
+// nothing (a bid for a run held or done) is no answer: such statements
+// succeed on a full disk, and counted as answers they would end the
+// hold by its chronic cap while every write was still refused (the
+// SQLite claimer's finding, docs/hardening.md entry 36). A takeover held
+// back therefore writes its run's row unchanged (takeOverRun's touch):
+// it lands when a write to that row lands, which is when the holder's
+// release to the same row can, so the hold ends once writes land again,
+// and never while a dead holder's run waits for a write that nothing
+// else sends.
+type hold struct {
+	unanswered claim.Unanswered
+
+	mu        sync.Mutex
+	refused   error     // the latest write the server refused, until a write lands
+	refusedAt time.Time // when
+}
+
+// wrote tells the hold what a write statement sent under ctx says of the
+// server: err is the statement's error, changed whether it wrote a row.
+func (h *hold) wrote(ctx context.Context, err error, changed bool) {
+	switch {
+	case err == nil && changed:
+		h.mu.Lock()
+		h.refused = nil
+		h.mu.Unlock()
+		h.unanswered.Answered()
+	case err == nil || errors.Is(err, pgx.ErrNoRows):
+		h.answeredUnlessRefusing()
+	case errors.Is(err, context.DeadlineExceeded):
+		h.unanswered.Note()
+	case errors.Is(err, context.Canceled) || ctx.Err() != nil:
+		// The caller left (a renewal stopped by its run's release): that
+		// says nothing of the server. Noted, it held takeovers back for a
+		// lease on a healthy one.
+	case errors.Is(translate(err), claim.ErrUnavailable):
+		h.mu.Lock()
+		h.refused, h.refusedAt = err, time.Now()
+		h.mu.Unlock()
+		h.unanswered.Note()
+	default:
+		h.answeredUnlessRefusing() // the server answered, with an error of another kind
+	}
+}
+
+func (h *hold) answeredUnlessRefusing() {
+	h.mu.Lock()
+	refusing := h.refused != nil
+	h.mu.Unlock()
+	if !refusing {
+		h.unanswered.Answered()
+	}
+}
+
+// refusal is the server's latest refusal of a write, if it came within the
+// last minute and no write landed since: readiness reports it, as its
+// probe writes nothing and passes on a full disk.
+func (h *hold) refusal() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.refused == nil || time.Since(h.refusedAt) >= time.Minute {
+		return nil
+	}
+	return fmt.Errorf("the last write was refused, and none landed since: %w", translate(h.refused))
+}
+
+var _ claim.TakeoverHolder = (*Claimer)(nil)
+
+// TakeoversHeld implements claim.TakeoverHolder.
+func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.hold.unanswered.Hold(lease) }
