@@ -40,21 +40,28 @@ func (c *Claimer) translate(ctx context.Context, err error) error {
 		// The lease expired before the write that used it arrived.
 		return fmt.Errorf("%w: %v: the cluster answered slower than the lease", claim.ErrUnavailable, err)
 	}
-	code := codes.Unknown
-	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) {
-		code = ee.Code()
-	} else if s, ok := status.FromError(err); ok {
-		code = s.Code()
-		if code == codes.Unknown && s.Message() == proposalDropped {
-			code = codes.Unavailable
-		}
-	}
-	switch code {
+	switch grpcCode(err) {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.ResourceExhausted,
 		codes.Aborted, codes.Unauthenticated, codes.PermissionDenied:
 		// %v, not %w: a deadline inside the cluster is not the caller's.
 		return fmt.Errorf("%w: %v", claim.ErrUnavailable, err)
 	}
 	return fmt.Errorf("etcd: %w", err)
+}
+
+// grpcCode is the gRPC code of err, as the client returns it: an etcd
+// error (NOSPACE, say) or a gRPC status; a proposal dropped for want of a
+// leader is Unavailable.
+func grpcCode(err error) codes.Code {
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code()
+	}
+	if s, ok := status.FromError(err); ok {
+		if s.Code() == codes.Unknown && s.Message() == proposalDropped {
+			return codes.Unavailable
+		}
+		return s.Code()
+	}
+	return codes.Unknown
 }

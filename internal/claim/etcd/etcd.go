@@ -59,7 +59,7 @@ type Claimer struct {
 	revs     revs
 	// unanswered holds takeovers of lapsed leases back after the cluster
 	// left calls of this claimer unanswered (claim.Unanswered, retry).
-	unanswered claim.Unanswered
+	unanswered hold
 }
 
 var (
@@ -388,7 +388,7 @@ func (c *Claimer) Ping(ctx context.Context) error {
 		Commit()
 	// The readiness probe's pings are calls too: a replica with nothing
 	// to claim or renew learns of a stall from them.
-	noteTry(ctx, &c.unanswered, err, err != nil && (ctx.Err() != nil || timedOut(err)))
+	noteTry(ctx, &c.unanswered, err, err != nil && (ctx.Err() != nil || timedOut(err)), false)
 	if err != nil {
 		return fmt.Errorf("ping: %w", c.translate(ctx, err))
 	}

@@ -7,8 +7,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
 // TestOnlyATryThatRanOutHoldsTakeovers: the tries that hold this
@@ -17,7 +15,9 @@ import (
 // leader) is not: a new leader extends every lease, so none runs out
 // across an outage or an election, and noting the calls that met a
 // killed member's endpoint held a dead holder's run back for good. A
-// caller that gave up (cancelled) says nothing of the cluster.
+// caller that gave up (cancelled) says nothing of the cluster. A write
+// refused for want of space (NOSPACE) does hold: the cluster answers
+// then, but no holder can release.
 func TestOnlyATryThatRanOutHoldsTakeovers(t *testing.T) {
 	const lease = time.Minute
 	live := context.Background()
@@ -40,9 +40,10 @@ func TestOnlyATryThatRanOutHoldsTakeovers(t *testing.T) {
 		{"a member down", live, status.Error(codes.Unavailable, "connection refused"), false, false},
 		{"no leader", live, status.Error(codes.Unknown, proposalDropped), false, false},
 		{"an answer that is an error", live, status.Error(codes.InvalidArgument, "bad request"), false, false},
+		{"writes refused (NOSPACE)", live, status.Error(codes.ResourceExhausted, "etcdserver: mvcc: database space exceeded"), false, true},
 	} {
-		var u claim.Unanswered
-		noteTry(tc.ctx, &u, tc.err, tc.ranOut)
+		var u hold
+		noteTry(tc.ctx, &u, tc.err, tc.ranOut, false)
 		if got := u.Hold(lease); got != tc.held {
 			t.Errorf("%s: takeovers held %v, want %v", tc.name, got, tc.held)
 		}
