@@ -310,8 +310,11 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 // one of them may report success. ran is how long the handler ran, 0 if
 // it did not start. ctx is Run's (see release).
 func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status, o claim.Status, err error, ran time.Duration) (claim.Status, error) {
+	// The attempt ended now, when its handler returned: not when a
+	// release refused through an outage came back.
+	ended := d.r.opts.Now().UTC()
 	if status == claim.Interrupted {
-		d.recordEnded(ctx, cl, claim.Interrupted, ran, job.ErrShutdown)
+		d.recordEnded(ctx, cl, claim.Interrupted, ended, ran, job.ErrShutdown)
 	}
 	rerr := d.release(ctx, cl, o)
 	switch {
@@ -326,7 +329,7 @@ func (d *dispatcher) settle(ctx context.Context, cl *claim.Claim, status, o clai
 			if err != nil {
 				how += " " + err.Error()
 			}
-			d.recordEnded(ctx, cl, claim.LeaseLost, ran, fmt.Errorf("%s, and its release was refused: the run was taken over", how))
+			d.recordEnded(ctx, cl, claim.LeaseLost, ended, ran, fmt.Errorf("%s, and its release was refused: the run was taken over", how))
 		}
 		status = claim.LeaseLost
 		if err == nil {

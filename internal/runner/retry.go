@@ -66,8 +66,8 @@ func (d *dispatcher) recordAttempt(ctx context.Context, j *jobState, cl *claim.C
 // recordEnded remembers an attempt that ended without the run's record
 // saying so, as recordAttempt does a failed one: handed back at a
 // shutdown (interrupted), or run while its release was refused, the run
-// taken over (lease_lost). ran is how long its handler ran (0: it did not
-// start). Best effort.
+// taken over (lease_lost). It ended at ended, when its handler returned,
+// and ran is how long its handler ran (0: it did not start). Best effort.
 //
 // A hand-back is counted by handBacks: a run's takeovers count against
 // max_attempts (a run that kills its process every time must not loop
@@ -75,14 +75,13 @@ func (d *dispatcher) recordAttempt(ctx context.Context, j *jobState, cl *claim.C
 // crash (an outside review: three rolling restarts during a long run
 // failed it, "attempt 4 exceeds max_attempts 3"). One not recorded
 // counts as a crash.
-func (d *dispatcher) recordEnded(ctx context.Context, cl *claim.Claim, status claim.Status, ran time.Duration, why error) {
+func (d *dispatcher) recordEnded(ctx context.Context, cl *claim.Claim, status claim.Status, ended time.Time, ran time.Duration, why error) {
 	r := d.r
 	if r.opts.Controls == nil {
 		return
 	}
-	now := r.opts.Now().UTC()
 	a := control.Attempt{RunID: cl.ID(), Attempt: cl.Attempt, Fence: cl.Fence, Holder: r.opts.Instance,
-		Status: status, Started: now.Add(-ran), Ended: now, Error: why.Error()}
+		Status: status, Started: ended.Add(-ran), Ended: ended, Error: why.Error()}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.Lease/3)
 	defer cancel()
 	if err := r.opts.Controls.RecordAttempt(wctx, a); err != nil {

@@ -423,6 +423,7 @@ func TestAnAttemptWhoseReleaseWasRefusedIsRecorded(t *testing.T) {
 		at := time.Now().Truncate(time.Hour).Add(time.Hour)
 		first := &cutOff{Claimer: memory.New(store, "r1")}
 		ran := make(chan int, 2)
+		var returned atomic.Int64 // when attempt 1's handler returned (unix ns)
 		replica := func(name string, c claim.Claimer) (stop func()) {
 			ctx, cancel := context.WithCancel(t.Context())
 			r, err := runner.New(runner.Options{Claimer: c, Instance: name, Lease: 2 * time.Second,
@@ -432,6 +433,7 @@ func TestAnAttemptWhoseReleaseWasRefusedIsRecorded(t *testing.T) {
 						if run.Attempt == 1 {
 							first.off.Store(true) // the backend takes no writes from here
 							time.Sleep(time.Second)
+							returned.Store(time.Now().UnixNano())
 						}
 						ran <- run.Attempt
 						return nil
@@ -468,6 +470,12 @@ func TestAnAttemptWhoseReleaseWasRefusedIsRecorded(t *testing.T) {
 		if a.Attempt != 1 || a.Holder != "r1" || a.Status != claim.LeaseLost || a.Ended.Sub(a.Started) < time.Second ||
 			!strings.Contains(a.Error, "release was refused") {
 			t.Fatalf("recorded %+v; want attempt 1 of r1, lease_lost, having run a second, its release refused", a)
+		}
+		// Dated by its handler's run, not by when the refusal came back
+		// (an outside review: an attempt shown starting 19s after its
+		// handler had started).
+		if end := time.Unix(0, returned.Load()); a.Ended.Sub(end).Abs() > 10*time.Millisecond {
+			t.Errorf("recorded as ended at %v, %v after its handler returned", a.Ended, a.Ended.Sub(end))
 		}
 		recs, err := memory.New(store, "reader").History(t.Context(), "nightly", 0)
 		if err != nil {
