@@ -11,6 +11,11 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
@@ -207,6 +212,22 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 	operator := ns.Open("operator")
 	t.Cleanup(func() { _ = operator.Close() })
 	cfg.Controls = operator.Controls
+	// The backend answers but refuses writes: a full disk, out of memory.
+	var refuse func(ctx context.Context, on bool) error
+	switch {
+	case claimer == config.ClaimerPostgres:
+		// A full disk, as the server reports it (53100), on the run table.
+		set, err := backends.RefuseWrites(t.Context(), operator.DB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refuse = set
+	case claimer == config.ClaimerEtcd:
+		refuse = etcdNoSpace(t, ns.Servers())
+	case kind == config.ClaimerRedis || kind == config.ClaimerRedlock:
+		refuse = redisOOM(t, ns.Servers())
+	}
+	cfg.Refuse = refuse
 	if len(nodes) > 0 {
 		cfg.Nodes = len(nodes)
 		cfg.Restart = func(node int, down time.Duration) error {
@@ -217,20 +238,83 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 		if *realStalls && !slices.ContainsFunc(nodes, func(n server) bool { _, ok := n.(pauser); return !ok }) {
 			// Every server at once: the backend stops, as one Redis
 			// server in a long fork or GC would, or a quorum's nodes.
-			cfg.Stall = func(d time.Duration) error {
+			cfg.Stall = func(_ context.Context, on bool) error {
 				var errs []error
 				for _, n := range nodes {
-					errs = append(errs, n.(pauser).Pause())
-				}
-				time.Sleep(d) // the servers are stopped for the plan's time
-				for _, n := range nodes {
-					errs = append(errs, n.(pauser).Resume())
+					if on {
+						errs = append(errs, n.(pauser).Pause())
+					} else {
+						errs = append(errs, n.(pauser).Resume())
+					}
 				}
 				return errors.Join(errs...)
 			}
 		}
 	} else {
 		cfg.Classes = slices.DeleteFunc(slices.Clone(nemesis.Classes), func(c string) bool { return c == nemesis.Restart })
+		if cfg.Refuse != nil {
+			cfg.Classes = append(cfg.Classes, nemesis.Refuse)
+		}
 	}
 	return cfg
+}
+
+// etcdNoSpace switches the NOSPACE alarm of the cluster at endpoints on
+// and off, as its quota reached would raise it and an operator disarm
+// it: the cluster answers reads and refuses lease grants and writes.
+func etcdNoSpace(t *testing.T, endpoints []string) func(ctx context.Context, on bool) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return func(ctx context.Context, on bool) error {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if !on {
+			// Every alarm raised (the client lists them for an empty
+			// member and alarm).
+			_, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{})
+			return err
+		}
+		// Any member up answers (a restart may have one down); the alarm
+		// is the cluster's.
+		ms, err := cli.MemberList(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = pb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &pb.AlarmRequest{
+			Action: pb.AlarmRequest_ACTIVATE, MemberID: ms.Members[0].ID, Alarm: pb.AlarmType_NOSPACE})
+		return err
+	}
+}
+
+// redisOOM sets maxmemory on every server at addrs to a byte (under the
+// default noeviction policy: every write is refused, OOM) and back to
+// none, as a server whose memory filled and was then freed.
+func redisOOM(t *testing.T, addrs []string) func(ctx context.Context, on bool) error {
+	var clis []*goredis.Client
+	for _, a := range addrs {
+		cli := goredis.NewClient(&goredis.Options{Addr: a})
+		t.Cleanup(func() { _ = cli.Close() })
+		clis = append(clis, cli)
+	}
+	return func(ctx context.Context, on bool) error {
+		limit := "0"
+		if on {
+			limit = "1"
+		}
+		// A node restarting meanwhile takes no setting, and comes back
+		// with none: only every node failing is the harness's failure.
+		var errs []error
+		for _, cli := range clis {
+			if err := cli.ConfigSet(ctx, "maxmemory", limit).Err(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if len(errs) < len(clis) {
+			return nil
+		}
+		return errors.Join(errs...)
+	}
 }

@@ -64,12 +64,19 @@ type Config struct {
 	// loses is the backend's business (no persistence, a snapshot, an AOF).
 	Restart func(node int, down time.Duration) error
 	Nodes   int
-	// Stall, when set, stops the real backend's servers (SIGSTOP) for d
-	// and resumes them: the Stall class then reaches the real clients,
-	// whose own hold (claim.Unanswered, a bid that waited) is judged as
-	// in process. Nil: the harness's link holds the calls instead, which
-	// a real client does not see, so a stall excuses a run done again.
-	Stall func(d time.Duration) error
+	// Stall, when set, stops the real backend's servers (SIGSTOP, on
+	// true) and resumes them (false): the Stall class then reaches the
+	// real clients, whose own hold (claim.Unanswered, a bid that waited)
+	// is judged as in process. Nil: the harness's link holds the calls
+	// instead, which a real client does not see, so a stall excuses a
+	// run done again.
+	Stall func(ctx context.Context, on bool) error
+	// Refuse, when set, makes the real backend refuse every write (on
+	// true; false ends it): a full disk, a database gone read-only, out
+	// of memory, while it answers the rest. It adds the Refuse class to
+	// those drawn by default. Its runs done again are judged, never
+	// excused: the claimers hold takeovers back after refused writes.
+	Refuse func(ctx context.Context, on bool) error
 	// Classes limits the fault classes drawn (default: all that apply).
 	Classes []string
 	// Controls is the backend's register of operator state: during the
@@ -239,6 +246,9 @@ type world struct {
 	mu          sync.Mutex
 	outageUntil time.Time
 	stallUntil  time.Time
+	// switches are the real backend's states the faults hold it in
+	// (switched), by fault kind.
+	switches map[string]*switchState
 	// broken is what kept the plan from being applied (a server that did
 	// not come back): Run fails with it, since the history then did not
 	// see the faults it was meant to.
@@ -339,6 +349,9 @@ func Run(cfg Config) (*Result, error) {
 				if c != nemesis.Restart || cfg.Restart != nil {
 					classes = append(classes, c)
 				}
+			}
+			if cfg.Refuse != nil {
+				classes = append(classes, nemesis.Refuse)
 			}
 		}
 		w.plan = nemesis.New(cfg.Seed, nemesis.Params{Replicas: cfg.Replicas, Lease: cfg.Lease, MaxSkew: cfg.MaxSkew,
@@ -566,9 +579,18 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 
 // nemesis applies the plan's faults at their times.
 func (w *world) nemesis(ctx context.Context) {
-	for _, op := range w.plan.Ops {
+	for i, op := range w.plan.Ops {
 		if !sleepUntil(ctx, w.t0.Add(op.At)) {
 			return
+		}
+		if late := time.Since(w.t0.Add(op.At)); late > 10*time.Millisecond {
+			// A fault waited out before it (a stall, a restart) held it
+			// up: the judge reads when it came (a 4s refusal waited out
+			// moved an outage drawn for 4.00s to 7.21s, and a run that
+			// outage kept from releasing was judged as if nothing had).
+			// Read after the history, once this goroutine is done.
+			op.At += late
+			w.plan.Ops[i].At = op.At
 		}
 		w.log.Add(history.Event{Kind: history.Fault, Note: op.String()})
 		until := time.Now().Add(op.For)
@@ -583,13 +605,15 @@ func (w *world) nemesis(ctx context.Context) {
 		}
 		if op.Kind == nemesis.Stall && w.cfg.Stall != nil {
 			// On the servers themselves; the nemesis waits it out, as a
-			// restart (a stopped server must resume before it can stop).
-			if err := w.cfg.Stall(op.For); err != nil {
-				w.log.Add(history.Event{Kind: history.Fault, Note: "stall failed: " + err.Error()})
-				w.mu.Lock()
-				w.broken = errors.Join(w.broken, fmt.Errorf("%s: %w", op, err))
-				w.mu.Unlock()
-			}
+			// restart (a stopped server must resume before it can stop,
+			// or restart).
+			w.set(op, w.cfg.Stall, true)
+			time.Sleep(time.Until(until))
+			w.set(op, w.cfg.Stall, false)
+			continue
+		}
+		if op.Kind == nemesis.Refuse {
+			w.switched(op, until, w.cfg.Refuse)
 			continue
 		}
 		if op.Kind == nemesis.Outage || op.Kind == nemesis.Stall {
@@ -604,6 +628,64 @@ func (w *world) nemesis(ctx context.Context) {
 		}
 		w.reps[op.Replica].apply(op, until)
 	}
+}
+
+// switched holds the real backend in op's state (refusing writes) until
+// until, by set, on a goroutine of its own: the faults after it come at
+// their times. Ops of one kind that overlap nest: the state ends with the
+// last of them. It always ends, even once the history is over.
+func (w *world) switched(op nemesis.Op, until time.Time, set func(ctx context.Context, on bool) error) {
+	w.mu.Lock()
+	sw := w.switches[op.Kind]
+	if sw == nil {
+		sw = &switchState{}
+		if w.switches == nil {
+			w.switches = map[string]*switchState{}
+		}
+		w.switches[op.Kind] = sw
+	}
+	w.mu.Unlock()
+	flip := func(delta int) {
+		sw.mu.Lock()
+		defer sw.mu.Unlock()
+		sw.depth += delta
+		if delta > 0 && sw.depth == 1 || delta < 0 && sw.depth == 0 {
+			w.set(op, set, sw.depth > 0)
+		}
+	}
+	flip(1)
+	w.wg.Go(func() {
+		time.Sleep(time.Until(until))
+		flip(-1)
+	})
+}
+
+// set switches op's state on the real backend on or off, trying again
+// for up to half a minute: a refusal that ends while the servers are
+// stopped (a stall) is switched off once they resume. A failure breaks
+// the history.
+func (w *world) set(op nemesis.Op, set func(ctx context.Context, on bool) error, on bool) {
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = set(ctx, on)
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		w.log.Add(history.Event{Kind: history.Fault, Note: op.Kind + " failed: " + err.Error()})
+		w.mu.Lock()
+		w.broken = errors.Join(w.broken, fmt.Errorf("%s: %w", op, err))
+		w.mu.Unlock()
+	}
+}
+
+// switchState counts the ops of one kind in force (world.switched).
+type switchState struct {
+	mu    sync.Mutex
+	depth int
 }
 
 func later(a, b time.Time) time.Time {
@@ -698,7 +780,9 @@ func (w *world) mustStop(name, job string, from, to time.Time) bool {
 //     with the hold off for its cap, its calls having gone unanswered
 //     now and then through ChronicAfter leases of answers (a slow or
 //     lossy link, then the stall). The hold is the client's
-//     (claim.Unanswered): these are its documented limits;
+//     (claim.Unanswered): these are its documented limits. Over a real
+//     backend, also when the harness cut that process off meanwhile:
+//     its client then never saw the backend's fault;
 //   - the holder crashed (see below for how soon);
 //   - over a claimer other than the memory store's (a real backend's,
 //     whose client does not see the harness's faults, or a mutant), the
@@ -750,7 +834,14 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	chronic := w.chronic[again.Token]
 	fresh := slices.ContainsFunc(w.began[again.Replica], func(t time.Time) bool { return t.After(returned) && !t.After(at) })
 	w.mu.Unlock()
-	return !ok || fresh || chronic || during(a, nemesis.Pause)
+	if !ok || fresh || chronic || during(a, nemesis.Pause) {
+		return true
+	}
+	// Over a real backend, the harness's link drops a cut-off replica's
+	// calls before its client sends them: that client never meets the
+	// backend's own stall or refusal meanwhile, as a real partition's
+	// timeouts would have it meet them, and does not know to hold back.
+	return !w.inProcess && during(a, nemesis.Partition, nemesis.OneWay, nemesis.Outage)
 }
 
 // begin records that the process named name starts now (excused).

@@ -233,7 +233,7 @@ func (r *replica) up(t0, from, to time.Time) bool {
 // healthy reports whether the replica could claim and run throughout
 // [from, to]: up, reachable, not paused, its clock within the skew.
 func (r *replica) healthy(t0, from, to time.Time) bool {
-	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock, nemesis.Restart, nemesis.Stall) {
+	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock, nemesis.Restart, nemesis.Stall, nemesis.Refuse) {
 		if overlaps(t0, op, from, to) {
 			return false
 		}

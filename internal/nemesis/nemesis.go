@@ -26,9 +26,13 @@ const (
 	Clock     = "clock"     // the replica's wall clock jumps by Shift (beyond max skew) for For
 	Restart   = "restart"   // the backend (or one node: Node) restarts, losing what it must
 	Stall     = "stall"     // the backend stops (SIGSTOP, a GC) for For: requests wait, then land, answered or not
+	Refuse    = "refuse"    // the backend answers but refuses every write for For (a full disk, read-only)
 )
 
-// Classes lists every fault class, in a fixed order.
+// Classes lists every fault class, in a fixed order. Refuse is not among
+// them: only a real backend can refuse writes, and a harness that can
+// make it names the class (drawing it among the others would change
+// every pinned seed's plan).
 var Classes = []string{Crash, Term, Pause, Partition, OneWay, Outage, Latency, Clock, Restart, Stall}
 
 // Op is one fault. Times are offsets from the start of the history.
@@ -150,6 +154,12 @@ func New(seed uint64, p Params) Plan {
 			// Past a claim's timeout, up to two leases.
 			op.Replica = -1
 			op.For = lease/4 + time.Duration(rng.Int64N(int64(7*lease/4)))
+		case Refuse:
+			// Past a lease, so that leases lapse while their holders
+			// cannot release, and past the hold's chronic cap (three
+			// leases) at times.
+			op.Replica = -1
+			op.For = lease + time.Duration(rng.Int64N(int64(4*lease)))
 		case Latency:
 			op.For = lease + time.Duration(rng.Int64N(int64(2*lease)))
 			op.Delay = time.Millisecond + time.Duration(rng.Int64N(int64(lease/4)))
