@@ -33,14 +33,32 @@ import (
 // none), the hold ends until a lease passes with every call answered. A
 // stall that starts inside such a streak gets no hold.
 //
+// A backend that refuses writes (a full disk, a database switched
+// read-only, a quota reached) answers, but no holder can release: the
+// claimer says so with Refused, and Landed once a write lands again.
+// Until then no other answer counts: the statements that write nothing
+// (a bid for a run held or done, a read) still succeed, and counted as
+// answers, they ended the hold by its cap while every write was still
+// refused, and a standby took over a finished run the moment writes
+// landed again, before its holder's retried release (outside reviews,
+// docs/hardening.md entries 36–38: SQLite on a full disk, PostgreSQL on
+// disk_full, etcd's NOSPACE alarm).
+//
 // The zero value is ready to use.
 type Unanswered struct {
-	last     atomic.Int64 // the latest unanswered call; 0: never
-	since    atomic.Int64 // the first answer after it; 0: none yet
-	answered atomic.Int64 // the streak's first answer; 0: none yet
-	counted  atomic.Int64 // the streak's latest answer counted in answers
-	answers  atomic.Int64 // the streak's answers at least a lease apart
-	lease    atomic.Int64 // the latest Hold's lease, which bounds a streak
+	last     atomic.Int64            // the latest unanswered call; 0: never
+	since    atomic.Int64            // the first answer after it; 0: none yet
+	answered atomic.Int64            // the streak's first answer; 0: none yet
+	counted  atomic.Int64            // the streak's latest answer counted in answers
+	answers  atomic.Int64            // the streak's answers at least a lease apart
+	lease    atomic.Int64            // the latest Hold's lease, which bounds a streak
+	refused  atomic.Pointer[refusal] // the latest refused write, until one lands
+}
+
+// refusal is a write the backend refused, and when.
+type refusal struct {
+	err error
+	at  time.Time
 }
 
 // ChronicAfter is how many leases of answers within one streak of
@@ -56,8 +74,28 @@ func sinceEpoch() int64 { return max(int64(time.Since(epoch)), 1) }
 // Note records that a call went unanswered now.
 func (u *Unanswered) Note() { u.noteAt(sinceEpoch()) }
 
-// Answered records that the backend answered a call now.
+// Answered records that the backend answered a call now, one that
+// wrote nothing or whose writes are unknown. While a refusal stands
+// (Refused, and no Landed since), it counts for nothing.
 func (u *Unanswered) Answered() { u.answeredAt(sinceEpoch()) }
+
+// Refused records that the backend refused a write now, with err: a call
+// unanswered, as Note, and no answer counts until a write lands.
+func (u *Unanswered) Refused(err error) { u.refusedAt(err, sinceEpoch()) }
+
+// Landed records that a write landed now: the backend answered, and a
+// refusal is over.
+func (u *Unanswered) Landed() { u.landedAt(sinceEpoch()) }
+
+// Refusal returns the error of the latest refused write if it came
+// within d and no write landed since. Readiness reports it: a probe that
+// writes nothing, or rewrites one row, passes on a full disk.
+func (u *Unanswered) Refusal(d time.Duration) error {
+	if r := u.refused.Load(); r != nil && time.Since(r.at) < d {
+		return r.err
+	}
+	return nil
+}
 
 // Hold reports whether a takeover of a lapsed lease is to be held back
 // now: a call went unanswered, and the backend has not answered for a
@@ -98,9 +136,19 @@ func (u *Unanswered) noteAt(t int64) {
 	}
 }
 
+func (u *Unanswered) refusedAt(err error, t int64) {
+	u.refused.Store(&refusal{err: err, at: time.Now()})
+	u.noteAt(t)
+}
+
+func (u *Unanswered) landedAt(t int64) {
+	u.refused.Store(nil)
+	u.answeredAt(t)
+}
+
 func (u *Unanswered) answeredAt(t int64) {
 	l := u.last.Load()
-	if l == 0 {
+	if l == 0 || u.refused.Load() != nil {
 		return
 	}
 	u.since.CompareAndSwap(0, t)

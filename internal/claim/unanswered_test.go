@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -92,5 +93,47 @@ func TestALongStallSoonAfterAShortOneIsHeldWhole(t *testing.T) {
 	}
 	if u.holdAt(lease, at(back+lease)) {
 		t.Fatal("still held a lease after the backend answered again")
+	}
+}
+
+// TestARefusalHoldsTakeoversUntilAWriteLands: a backend that refuses
+// writes answers everything else. Those answers (a bid for a run held or
+// done, which writes nothing) must not end the hold, by its lease nor by
+// its chronic cap, however long the refusal lasts: only a write that
+// lands does, and the hold then lasts a lease from it. Readiness sees the
+// refusal until then.
+func TestARefusalHoldsTakeoversUntilAWriteLands(t *testing.T) {
+	const lease = time.Second
+	var u Unanswered
+	at := func(d time.Duration) int64 { return int64(time.Hour + d) }
+	full := errors.New("disk full")
+	u.holdAt(lease, at(0))
+	u.refusedAt(full, at(0))
+	for d := lease / 4; d < 10*lease; d += lease / 4 { // answers that wrote nothing
+		u.answeredAt(at(d))
+		if !u.holdAt(lease, at(d)) {
+			t.Fatalf("not held %v into a refusal, answered but nothing written", d)
+		}
+		if d%(2*lease) == 0 {
+			u.refusedAt(full, at(d)) // a retried release, refused again
+		}
+	}
+	if err := u.Refusal(time.Minute); !errors.Is(err, full) {
+		t.Fatalf("readiness during the refusal: %v, want %v", err, full)
+	}
+	if err := u.Refusal(0); err != nil {
+		t.Fatalf("a refusal older than the window reported: %v", err)
+	}
+	landed := 10 * lease
+	u.landedAt(at(landed))
+	if err := u.Refusal(time.Minute); err != nil {
+		t.Fatalf("readiness after a write landed: %v", err)
+	}
+	if !u.holdAt(lease, at(landed+lease-1)) {
+		t.Fatal("not held within a lease after the first write landed")
+	}
+	u.answeredAt(at(landed + lease/2)) // answers count again
+	if u.holdAt(lease, at(landed+lease)) {
+		t.Fatal("still held a lease after writes landed again")
 	}
 }

@@ -59,7 +59,7 @@ type Claimer struct {
 	revs     revs
 	// unanswered holds takeovers of lapsed leases back after the cluster
 	// left calls of this claimer unanswered (claim.Unanswered, retry).
-	unanswered hold
+	unanswered claim.Unanswered
 }
 
 var (

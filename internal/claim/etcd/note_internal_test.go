@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scheduler-dev/scheduler/internal/claim"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -42,7 +44,7 @@ func TestOnlyATryThatRanOutHoldsTakeovers(t *testing.T) {
 		{"an answer that is an error", live, status.Error(codes.InvalidArgument, "bad request"), false, false},
 		{"writes refused (NOSPACE)", live, status.Error(codes.ResourceExhausted, "etcdserver: mvcc: database space exceeded"), false, true},
 	} {
-		var u hold
+		var u claim.Unanswered
 		noteTry(tc.ctx, &u, tc.err, tc.ranOut, false)
 		if got := u.Hold(lease); got != tc.held {
 			t.Errorf("%s: takeovers held %v, want %v", tc.name, got, tc.held)

@@ -205,7 +205,7 @@ func newDoneLease(ttl time.Duration) *doneLease {
 	return &doneLease{ttl: ttl, reuse: min(time.Hour, max(ttl/8, time.Second)), sem: make(chan struct{}, 1)}
 }
 
-func (d *doneLease) get(ctx context.Context, u *hold, attempt time.Duration, cli *clientv3.Client) (clientv3.LeaseID, error) {
+func (d *doneLease) get(ctx context.Context, u *claim.Unanswered, attempt time.Duration, cli *clientv3.Client) (clientv3.LeaseID, error) {
 	select {
 	case d.sem <- struct{}{}:
 	case <-ctx.Done():

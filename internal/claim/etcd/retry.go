@@ -3,7 +3,6 @@ package etcd
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -71,7 +70,7 @@ func timedOut(err error) bool {
 // lease (etcd's lessor promotion). Counted as unanswered, the calls that
 // met a killed member's endpoint now and then held takeovers back for
 // good (the failover test: an orphaned run not taken over in 30s).
-func retry[T any](ctx context.Context, h *hold, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
+func retry[T any](ctx context.Context, h *claim.Unanswered, attempt time.Duration, f func(context.Context) (T, error)) (T, error) {
 	_, bounded := ctx.Deadline()
 	for tries := 1; ; tries++ {
 		actx, cancel := context.WithTimeout(ctx, attempt)
@@ -87,32 +86,25 @@ func retry[T any](ctx context.Context, h *hold, attempt time.Duration, f func(co
 	}
 }
 
-// hold is the claimer's takeover hold (claim.Unanswered), and whether the
-// cluster refuses writes now: its NOSPACE alarm (the quota reached, or
-// raised by an operator) refuses every lease grant and every transaction
-// that may write, and answers the rest. Such a refusal holds takeovers
-// back: a holder cannot release then (a release needs a lease for its
-// done marker), its lease lapses, and once the alarm was disarmed a
-// standby's bid, sent more often than the holder's retry, ran a finished
-// run again (an outside review: 6 of 18 tries). Until a grant lands
-// again, which proves writes land, an answer to anything else counts
-// for nothing: etcd 3.4 lets some writes through the alarm (a nested
-// transaction's), and counted, their answers would end the hold by its
-// chronic cap while grants were still refused.
-type hold struct {
-	claim.Unanswered
-	refusing atomic.Bool
-}
-
 // noteTry tells h of a try that ended in err, ranOut if it ran out of
 // its time, sent under ctx, grant if it was a lease grant (see retry).
-func noteTry(ctx context.Context, h *hold, err error, ranOut, grant bool) {
+//
+// The cluster's NOSPACE alarm (the quota reached, or raised by an
+// operator) refuses every lease grant and every transaction that may
+// write, and answers the rest. Such a refusal holds takeovers back: a holder cannot release
+// then (a release needs a lease for its done marker), its lease lapses,
+// and once the alarm was disarmed a standby's bid, sent more often than
+// the holder's retry, ran a finished run again (an outside review: 6 of
+// 18 tries). The refusal stands until a grant lands again, which proves
+// writes land: etcd 3.4 lets some writes through the alarm (a nested
+// transaction's), and counted, their answers would end the hold by its
+// chronic cap while grants were still refused (claim.Unanswered.Refused).
+func noteTry(ctx context.Context, h *claim.Unanswered, err error, ranOut, grant bool) {
 	switch {
+	case err == nil && grant:
+		h.Landed()
 	case err == nil:
-		if grant {
-			h.refusing.Store(false)
-		}
-		h.answered()
+		h.Answered()
 	case ranOut && !errors.Is(ctx.Err(), context.Canceled):
 		h.Note()
 	case ranOut || ctx.Err() != nil:
@@ -120,19 +112,11 @@ func noteTry(ctx context.Context, h *hold, err error, ranOut, grant bool) {
 		switch grpcCode(err) {
 		case codes.ResourceExhausted:
 			// NOSPACE, or too many requests: writes refused.
-			h.refusing.Store(true)
-			h.Note()
+			h.Refused(err)
 		case codes.Unavailable:
 			// refused, not answered (a member down, no leader)
 		default:
-			h.answered() // the cluster's answer was an error
+			h.Answered() // the cluster's answer was an error
 		}
-	}
-}
-
-// answered counts an answer, unless the cluster refuses writes.
-func (h *hold) answered() {
-	if !h.refusing.Load() {
-		h.Answered()
 	}
 }

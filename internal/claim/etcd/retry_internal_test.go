@@ -5,6 +5,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
 // TestRetryEndsWithoutACallersDeadline: each try of a member that does
@@ -22,7 +24,7 @@ func TestRetryEndsWithoutACallersDeadline(t *testing.T) {
 			return 0, ctx.Err()
 		}
 		start := time.Now()
-		if _, err := retry(context.Background(), new(hold), attempt, silent); err == nil {
+		if _, err := retry(context.Background(), new(claim.Unanswered), attempt, silent); err == nil {
 			t.Fatal("retry against a member that never answers returned no error")
 		}
 		if tries != 6 || time.Since(start) != 6*attempt {
@@ -36,7 +38,7 @@ func TestRetryEndsWithoutACallersDeadline(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), deadline)
 		defer cancel()
 		start = time.Now()
-		_, _ = retry(ctx, new(hold), attempt, silent)
+		_, _ = retry(ctx, new(claim.Unanswered), attempt, silent)
 		if tries != 21 || time.Since(start) != deadline {
 			t.Fatalf("under a deadline of %v: %d tries in %v, want 21, until the deadline", deadline, tries, time.Since(start))
 		}

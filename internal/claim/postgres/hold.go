@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,63 +37,42 @@ import (
 // release to the same row can, so the hold ends once writes land again,
 // and never while a dead holder's run waits for a write that nothing
 // else sends.
-type hold struct {
-	unanswered claim.Unanswered
-
-	mu        sync.Mutex
-	refused   error     // the latest write the server refused, until a write lands
-	refusedAt time.Time // when
-}
+//
+// The Claimer keeps its hold in unanswered; wrote tells it what each write
+// statement's outcome says of the server.
 
 // wrote tells the hold what a write statement sent under ctx says of the
 // server: err is the statement's error, changed whether it wrote a row.
-func (h *hold) wrote(ctx context.Context, err error, changed bool) {
+func (c *Claimer) wrote(ctx context.Context, err error, changed bool) {
 	switch {
 	case err == nil && changed:
-		h.mu.Lock()
-		h.refused = nil
-		h.mu.Unlock()
-		h.unanswered.Answered()
+		c.unanswered.Landed()
 	case err == nil || errors.Is(err, pgx.ErrNoRows):
-		h.answeredUnlessRefusing()
+		c.unanswered.Answered() // wrote nothing: no answer while writes are refused
 	case errors.Is(err, context.DeadlineExceeded):
-		h.unanswered.Note()
+		c.unanswered.Note()
 	case errors.Is(err, context.Canceled) || ctx.Err() != nil:
 		// The caller left (a renewal stopped by its run's release): that
 		// says nothing of the server. Noted, it held takeovers back for a
 		// lease on a healthy one.
 	case errors.Is(translate(err), claim.ErrUnavailable):
-		h.mu.Lock()
-		h.refused, h.refusedAt = err, time.Now()
-		h.mu.Unlock()
-		h.unanswered.Note()
+		c.unanswered.Refused(err)
 	default:
-		h.answeredUnlessRefusing() // the server answered, with an error of another kind
-	}
-}
-
-func (h *hold) answeredUnlessRefusing() {
-	h.mu.Lock()
-	refusing := h.refused != nil
-	h.mu.Unlock()
-	if !refusing {
-		h.unanswered.Answered()
+		c.unanswered.Answered() // the server answered, with an error of another kind
 	}
 }
 
 // refusal is the server's latest refusal of a write, if it came within the
 // last minute and no write landed since: readiness reports it, as its
 // probe writes nothing and passes on a full disk.
-func (h *hold) refusal() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.refused == nil || time.Since(h.refusedAt) >= time.Minute {
-		return nil
+func (c *Claimer) refusal() error {
+	if err := c.unanswered.Refusal(time.Minute); err != nil {
+		return fmt.Errorf("the last write was refused, and none landed since: %w", translate(err))
 	}
-	return fmt.Errorf("the last write was refused, and none landed since: %w", translate(h.refused))
+	return nil
 }
 
 var _ claim.TakeoverHolder = (*Claimer)(nil)
 
 // TakeoversHeld implements claim.TakeoverHolder.
-func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.hold.unanswered.Hold(lease) }
+func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.unanswered.Hold(lease) }

@@ -265,16 +265,16 @@ func LeasePool(main *pgxpool.Config) *pgxpool.Config {
 // Claimer grants claims through rows of the scheduler_runs table. It is safe
 // for concurrent use.
 type Claimer struct {
-	pool     *pgxpool.Pool
-	leases   *pgxpool.Pool // Renew and Release: pool unless Options.Leases
-	instance string
-	owned    bool // Close closes pool and leases
-	parts    *partitions
-	undos    claim.Stragglers // abandonLater's, which Close waits for
-	closing  chan struct{}    // closed by Close: abandonLater waits no more
-	close    sync.Once
-	watch    *claim.FenceWatch
-	hold     hold // takeovers held back after unanswered writes (hold.go)
+	pool       *pgxpool.Pool
+	leases     *pgxpool.Pool // Renew and Release: pool unless Options.Leases
+	instance   string
+	owned      bool // Close closes pool and leases
+	parts      *partitions
+	undos      claim.Stragglers // abandonLater's, which Close waits for
+	closing    chan struct{}    // closed by Close: abandonLater waits no more
+	close      sync.Once
+	watch      *claim.FenceWatch
+	unanswered claim.Unanswered // takeovers held back after unanswered writes (hold.go)
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -337,7 +337,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	buckets := []int32{bucketOf(run.Job)}
 	err := c.pool.QueryRow(ctx, insertRun, id, run.Job, run.At, cl.Token, c.instance, lease.Microseconds(), buckets).
 		Scan(&cl.Fence, &cl.Attempt, &cl.Deadline)
-	c.hold.wrote(ctx, err, err == nil)
+	c.wrote(ctx, err, err == nil)
 	switch {
 	case err == nil:
 		cl.Deadline = cl.Deadline.UTC()
@@ -348,9 +348,9 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	}
 
 	cl.Requested = time.Now()
-	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, c.hold.unanswered.Hold(lease))
+	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, c.unanswered.Hold(lease))
 	got, wrote, err := takenOver(cl, row)
-	c.hold.wrote(ctx, unwrapAnswer(err), wrote)
+	c.wrote(ctx, unwrapAnswer(err), wrote)
 	if err != nil && !errors.Is(err, claim.ErrHeld) && !errors.Is(err, claim.ErrDone) {
 		c.abandonIfUnknown(err, []*claim.Claim{cl})
 	}
@@ -592,7 +592,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	requested := time.Now()
 	rows, err := c.pool.Query(ctx, insertRuns, ids, jobs, ats, tokens, c.instance, lease.Microseconds(), buckets)
 	if err != nil {
-		c.hold.wrote(ctx, err, false)
+		c.wrote(ctx, err, false)
 		c.abandonIfUnknown(err, sent)
 		clear(claims)
 		return failAll(pending, translate(err))
@@ -618,12 +618,12 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if err := cmp.Or(rows.Err(), scanErr); err != nil {
 		// The insert failed as a whole: nothing was granted, unless its
 		// reply was lost.
-		c.hold.wrote(ctx, err, false)
+		c.wrote(ctx, err, false)
 		c.abandonIfUnknown(err, sent)
 		clear(claims)
 		return failAll(pending, translate(err))
 	}
-	c.hold.wrote(ctx, nil, slices.Contains(won, true))
+	c.wrote(ctx, nil, slices.Contains(won, true))
 
 	var rest []int
 	for _, i := range pending {
@@ -640,7 +640,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		restBuckets[k] = bucketOf(claims[i].Run.Job)
 	}
 	b.Queue(lockJobs, restBuckets)
-	hold := c.hold.unanswered.Hold(lease)
+	hold := c.unanswered.Hold(lease)
 	for k, i := range rest {
 		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold)
 	}
@@ -666,7 +666,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 			err = e
 		}
 	}
-	c.hold.wrote(ctx, err, wrote)
+	c.wrote(ctx, err, wrote)
 	if err != nil {
 		// The round's transaction did not commit: none of its takeovers
 		// stand, whatever each statement said. Unless it did and the
@@ -689,7 +689,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 	requested := time.Now()
 	var deadline time.Time
 	err := c.leases.QueryRow(ctx, renewRun, cl.ID(), cl.Token, lease.Microseconds(), cl.Run.At).Scan(&deadline)
-	c.hold.wrote(ctx, err, err == nil)
+	c.wrote(ctx, err, err == nil)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrLeaseLost)
@@ -704,7 +704,7 @@ func (c *Claimer) Renew(ctx context.Context, cl *claim.Claim, lease time.Duratio
 // releaseOne is Release for a single claim, in one plain statement.
 func (c *Claimer) releaseOne(ctx context.Context, cl *claim.Claim, o claim.Status) error {
 	tag, err := c.leases.Exec(ctx, releaseRun, cl.ID(), cl.Token, string(o), o.Terminal(), cl.Run.At)
-	c.hold.wrote(ctx, err, err == nil && tag.RowsAffected() > 0)
+	c.wrote(ctx, err, err == nil && tag.RowsAffected() > 0)
 	switch {
 	case err != nil:
 		c.failed(err)
@@ -751,7 +751,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 		errs[i] = err
 	}
 	err := res.Close()
-	c.hold.wrote(ctx, cmp.Or(err, failed), changed && err == nil && failed == nil)
+	c.wrote(ctx, cmp.Or(err, failed), changed && err == nil && failed == nil)
 	if err != nil {
 		// The transaction did not commit: none of its releases stand.
 		c.failed(err)
@@ -774,7 +774,7 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 // Both pools must connect and take a write (probe): claims need the
 // one, renewals and releases the other.
 func (c *Claimer) Ping(ctx context.Context) error {
-	if err := c.hold.refusal(); err != nil {
+	if err := c.refusal(); err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
 	if _, err := c.pool.Exec(ctx, probe); err != nil {

@@ -141,16 +141,11 @@ type Claimer struct {
 	writer chan struct{}
 	// file is the file Open opened; nil for New, whose caller owns it.
 	file *file
-	// refused is the file's latest refusal of a claim, renewal or release
-	// (full, an I/O error, read-only, locked past the busy timeout), until
-	// one succeeds: readiness reports it for a minute. A probe that
-	// rewrites one row can fit where claims do not: on a full disk, in the
-	// space the log already has (found by an outside review). Guarded by
-	// writer.
-	refused   error
-	refusedAt time.Time
-	// unanswered holds takeovers back after a write went unanswered
-	// (claimRun).
+	// unanswered holds takeovers back after a write went unanswered or
+	// was refused (claimRun, write). Readiness reports its refusal of a
+	// claim, renewal or release for a minute: a probe that rewrites one
+	// row can fit where claims do not, on a full disk, in the space the
+	// log already has (found by an outside review).
 	unanswered claim.Unanswered
 }
 
@@ -314,34 +309,26 @@ func (c *Claimer) lostBid(ctx context.Context, id string, beforeBid bool) error 
 // and if the path still names the file c opened, and notes whether the
 // file refused it.
 func (c *Claimer) write(ctx context.Context, f func() error) error {
-	refusing := false
-	err := c.queue(ctx, func() error {
-		err := f()
-		switch {
-		case err == nil:
-			c.refused = nil
-		case errors.As(err, new(*sqlite.Error)) && errors.Is(translate(err), claim.ErrUnavailable):
-			c.refused, c.refusedAt = err, time.Now()
-		}
-		refusing = c.refused != nil
-		return err
-	})
+	err := c.queue(ctx, f)
 	switch {
-	case err != nil && (errors.Is(translate(err), claim.ErrUnavailable) || errors.Is(ctx.Err(), context.DeadlineExceeded)):
-		// Refused (a full disk, an I/O error, read-only), locked past the
-		// busy timeout, or the caller's time ran out waiting. A caller
-		// that cancelled (a renewal stopped by its run's release) says
-		// nothing of the file: noted, it held takeovers back for a lease
-		// on a healthy disk (an outside review).
+	case err == nil:
+		c.unanswered.Landed()
+	case errors.As(err, new(*sqlite.Error)) && errors.Is(translate(err), claim.ErrUnavailable):
+		// Refused: a full disk, an I/O error, read-only, or locked past
+		// the busy timeout. Until a write lands, a statement that wrote
+		// nothing (a takeover bid held back, sql.ErrNoRows) says nothing
+		// of whether a holder's release can: counted as answers, the held
+		// bids themselves ended the hold by its chronic cap on a disk full
+		// for three leases, and a standby took over a finished run the
+		// moment space came back, before its holder's retried release (an
+		// outside review: run twice, 4 times of 4).
+		c.unanswered.Refused(err)
+	case errors.Is(translate(err), claim.ErrUnavailable) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// Unanswered: the file moved away, or the caller's time ran out
+		// waiting. A caller that cancelled (a renewal stopped by its run's
+		// release) says nothing of the file: noted, it held takeovers back
+		// for a lease on a healthy disk (an outside review).
 		c.unanswered.Note()
-	case err != nil && refusing:
-		// A statement that wrote nothing (a takeover bid held back,
-		// sql.ErrNoRows) while the file refuses every write says nothing
-		// of whether a holder's release can land. Counted as an answer,
-		// the held bids themselves ended the hold by its chronic cap on a
-		// disk full for three leases, and a standby took over a finished
-		// run the moment space came back, before its holder's retried
-		// release (an outside review: run twice, 4 times of 4).
 	default:
 		c.unanswered.Answered()
 	}
@@ -563,8 +550,8 @@ func (c *Claimer) Release(ctx context.Context, cls []*claim.Claim, outcomes []cl
 // be made to the file c opened.
 func (c *Claimer) Ping(ctx context.Context) error {
 	err := c.queue(ctx, func() error {
-		if c.refused != nil && time.Since(c.refusedAt) < time.Minute {
-			return fmt.Errorf("the last write was refused, and none succeeded since: %w", c.refused)
+		if err := c.unanswered.Refusal(time.Minute); err != nil {
+			return fmt.Errorf("the last write was refused, and none succeeded since: %w", err)
 		}
 		_, err := c.stmts.exec(ctx, probe)
 		return err
