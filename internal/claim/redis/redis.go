@@ -299,9 +299,18 @@ func (c *Claimer) release(ctx context.Context, ends []claim.Ending) []error {
 			cl := sent[k]
 			f := redisnode.Finished{Run: cl.Run, Token: cl.Token, Holder: cl.Holder, Fence: cl.Fence,
 				Attempt: cl.Attempt, Status: outs[k], At: time.Now()}
-			if ok, rerr := c.node.RecordGone(ctx, f, c.node.DoneTTL(), time.Duration(c.done.lease.Load())); rerr != nil {
-				errs[k] = fmt.Errorf("%w; writing it down: %w", err, rerr)
-			} else if ok {
+			switch ok, rerr := c.node.RecordGone(ctx, f, c.node.DoneTTL(), time.Duration(c.done.lease.Load())); {
+			case errors.Is(rerr, claim.ErrUnavailable):
+				// The server refused the write (a node made a replica of
+				// an empty one: READONLY, its data wiped): unanswered, not
+				// lost, so the runner retries until it lands. As "lease
+				// lost" too, the release was given up, and the run ran
+				// again or was recorded missed though it ran (an outside
+				// review).
+				errs[k] = fmt.Errorf("%v; writing its end down: %w", err, rerr)
+			case rerr != nil:
+				errs[k] = fmt.Errorf("%w; writing its end down: %w", err, rerr)
+			case ok:
 				errs[k] = nil
 			}
 		}

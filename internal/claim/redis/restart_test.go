@@ -597,3 +597,56 @@ func TestAFinishedRunStaysDoneWhileAReplicaThatSawItIsUp(t *testing.T) {
 	newcomer := open("newcomer", node.Addr())
 	doneAfterGuard(t, newcomer, finished, lease, "newcomer's claim of a run finished before the restart")
 }
+
+// TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone:
+// the server was made a replica of an empty one (REPLICAOF: its data
+// wiped, and every write refused, READONLY) while a run's handler ran.
+// Its release found no record and could not write the run's end down.
+// Both were reported at once, "lease lost" among them, so the runner
+// gave the release up: the run ran again as attempt 1, or was recorded
+// missed though it ran (an outside review, through the binary: 6 of 6
+// tries). A refused write-down is unanswered: retried once the server
+// takes writes again, it lands, and the run stays done.
+func TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone(t *testing.T) {
+	const lease = time.Second
+	be, client := private(t)
+	empty := testenv.StartRedis(t)
+	emptyClient := newClient(empty.Addr())
+	t.Cleanup(func() { _ = emptyClient.Close() })
+	must(t, emptyClient.ConfigSet(ctxT(t), "repl-diskless-sync-delay", "0").Err())
+	holder, other := be.Open("holder"), be.Open("other")
+	run := claim.Run{Job: "job.wiped", At: base}
+	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	host, port, _ := strings.Cut(empty.Addr(), ":")
+	must(t, client.SlaveOf(ctxT(t), host, port).Err())
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		info, err := client.Info(ctxT(t), "replication").Result()
+		must(t, err)
+		if strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not in sync with the empty server after 30s:\n%s", info)
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for the full sync; no event to wait on
+	}
+	err = claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded)
+	if !errors.Is(err, claim.ErrUnavailable) || errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("release with the record wiped and writes refused: %v, want ErrUnavailable only (retried), not ErrLeaseLost", err)
+	}
+
+	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	if err := claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded); err != nil {
+		t.Fatalf("the retried release, writes taken again: %v, want the run's end written down", err)
+	}
+	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
+	recs, err := other.History(ctxT(t), run.Job, 1)
+	must(t, err)
+	if len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Holder != "holder" || recs[0].Fence != cl.Fence {
+		t.Fatalf("history of the run: %+v, want it succeeded on holder with fence %d", recs, cl.Fence)
+	}
+}
