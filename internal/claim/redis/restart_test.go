@@ -611,9 +611,6 @@ func TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone(t *test
 	const lease = time.Second
 	be, client := private(t)
 	empty := testenv.StartRedis(t)
-	emptyClient := newClient(empty.Addr())
-	t.Cleanup(func() { _ = emptyClient.Close() })
-	must(t, emptyClient.ConfigSet(ctxT(t), "repl-diskless-sync-delay", "0").Err())
 	holder, other := be.Open("holder"), be.Open("other")
 	run := claim.Run{Job: "job.wiped", At: base}
 	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
@@ -621,19 +618,7 @@ func TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone(t *test
 		t.Fatal(err)
 	}
 
-	host, port, _ := strings.Cut(empty.Addr(), ":")
-	must(t, client.SlaveOf(ctxT(t), host, port).Err())
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		info, err := client.Info(ctxT(t), "replication").Result()
-		must(t, err)
-		if strings.Contains(info, "master_link_status:up") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not in sync with the empty server after 30s:\n%s", info)
-		}
-		time.Sleep(20 * time.Millisecond) // waiting for the full sync; no event to wait on
-	}
+	replicate(t, client, empty.Addr())
 	err = claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded)
 	if !errors.Is(err, claim.ErrUnavailable) || errors.Is(err, claim.ErrLeaseLost) {
 		t.Fatalf("release with the record wiped and writes refused: %v, want ErrUnavailable only (retried), not ErrLeaseLost", err)
@@ -648,5 +633,63 @@ func TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone(t *test
 	must(t, err)
 	if len(recs) != 1 || recs[0].Status != claim.Succeeded || recs[0].Holder != "holder" || recs[0].Fence != cl.Fence {
 		t.Fatalf("history of the run: %+v, want it succeeded on holder with fence %d", recs, cl.Fence)
+	}
+}
+
+// TestAServerMadeAReplicaOfItsOwnEarlierCopyIsHeld: a copy of the server
+// was taken (a replica, detached), the server went on (a run released),
+// and then the server was made a replica of that copy and promoted again
+// (REPLICAOF, as a failover tool re-attaching an old master under a stale
+// replica does). Its data went back in time while its process, and so its
+// run_id, stayed: the marker in the copy named it, no guard began, and a
+// standby took over the finished run, which ran again (an outside review:
+// 2 of 2 tries, with no data loss reported). The marker now names the
+// server's replication history too, which a full sync replaces: the
+// guard begins, the loss is reported, and the holder's write-back keeps
+// the run done.
+func TestAServerMadeAReplicaOfItsOwnEarlierCopyIsHeld(t *testing.T) {
+	const lease = time.Second
+	be, client := private(t)
+	stale := testenv.StartRedis(t)
+	staleClient := newClient(stale.Addr())
+	t.Cleanup(func() { _ = staleClient.Close() })
+	holder, other := be.Open("holder"), be.Open("other")
+	run := claim.Run{Job: "job.rolledback", At: base}
+	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	replicate(t, staleClient, be.Servers()[0]) // the copy: the run running
+	must(t, staleClient.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	must(t, claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded))
+	replicate(t, client, stale.Addr()) // the server's data is the copy's now
+	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+
+	_, err = claim.ClaimOne(ctxT(t), other, run, lease)
+	heldForLoss(t, err, "another replica's claim after the server's data went back to the copy")
+	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
+}
+
+// replicate makes the server behind client a replica of the one at addr,
+// as REPLICAOF does (its data replaced by a full sync), and waits until
+// it is in sync.
+func replicate(t *testing.T, client *goredis.Client, addr string) {
+	t.Helper()
+	master := newClient(addr)
+	defer master.Close()
+	must(t, master.ConfigSet(ctxT(t), "repl-diskless-sync-delay", "0").Err())
+	host, port, _ := strings.Cut(addr, ":")
+	must(t, client.SlaveOf(ctxT(t), host, port).Err())
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		info, err := client.Info(ctxT(t), "replication").Result()
+		must(t, err)
+		if strings.Contains(info, "master_link_status:up") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not in sync with %s after 30s:\n%s", addr, info)
+		}
+		time.Sleep(20 * time.Millisecond) // waiting for the full sync; no event to wait on
 	}
 }

@@ -86,7 +86,7 @@ return written
 // KEYS: marker. Reply: 1 if written, 0 if the namespace had one.
 var markNewScript = goredis.NewScript(incarnationLua + `
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'run_id', server(), 'since', '0')
+redis.call('HSET', KEYS[1], 'run_id', server(), 'since', '0', 'replid', lineage())
 return 1
 `)
 

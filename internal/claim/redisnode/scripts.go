@@ -39,6 +39,20 @@ import goredis "github.com/redis/go-redis/v9"
 // is one per bucket, that is a bucket whose first claims were the last
 // ones the old master made.
 //
+// The marker also names the server's replication history (lineage(): its
+// master_replid), which a full sync from another server replaces and a
+// promotion renews. A server made a replica of its own earlier copy (a
+// replica detached, then the old master re-attached under it, as a
+// failover tool may) goes back in time with its process, and so its
+// run_id, unchanged: the copy's marker named it, no guard began, and a
+// standby took over a run its holder had finished, which ran again (an
+// outside review: 2 of 2 tries, and no loss reported). Another history
+// under the same run_id starts the guard now, as another run_id does. A
+// marker without one (written by an earlier version) is given it. The
+// function library keeps lineage() as it keeps server(): its Lua state is
+// made anew by a full sync, and a partial one, which keeps every write
+// this server had, may leave it stale harmlessly.
+//
 // emptied() closes most of what "a caller that saw a marker" leaves open:
 // a replica started, or a one-shot command run, just after a FLUSHALL on
 // a server up for longer than a lease, was the first to find the marker
@@ -61,6 +75,14 @@ local function server()
   run_id = string.sub(info, i + 7, i + 46)
   return run_id
 end
+local replid
+local function lineage()
+  if replid then return replid end
+  local info = redis.call('INFO', 'replication')
+  local i = string.find(info, 'master_replid:', 1, true)
+  replid = string.sub(info, i + 14, i + 53)
+  return replid
+end
 local function uptime()
   return tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) * 1000
 end
@@ -77,12 +99,19 @@ local function emptied()
 end
 local function incarnation(marker, seen, lease, now)
   local id = server()
-  local m = redis.call('HMGET', marker, 'run_id', 'since', 'hold')
-  if m[1] == id then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
+  local m = redis.call('HMGET', marker, 'run_id', 'since', 'hold', 'replid')
+  if m[1] == id then
+    if m[4] == lineage() then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
+    if not m[4] then
+      -- written by a version that did not name the history
+      redis.call('HSET', marker, 'replid', lineage())
+      return id, tonumber(m[2]) or now, tonumber(m[3]) or 0
+    end
+  end
   local since = now
   if not m[1] and seen == '' and uptime() >= lease and not promoted() and not emptied() then since = 0 end
   redis.call('DEL', marker)
-  redis.call('HSET', marker, 'run_id', id, 'since', s(since))
+  redis.call('HSET', marker, 'run_id', id, 'since', s(since), 'replid', lineage())
   return id, since, 0
 end
 `
