@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -198,6 +199,14 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 		claimer, opts.Servers = config.ClaimerRedis, seeds[:1]
 		opts.Tune = func(c *config.Claimer) { c.Redis.Cluster, c.Redis.Addrs = true, seeds[1:] }
 	}
+	// SQLite's file on a small disk of its own, which the refuse class
+	// fills.
+	var disk string
+	if kind == config.ClaimerSQLite {
+		if disk = smallDisk(t); disk != "" {
+			opts.Tune = func(c *config.Claimer) { c.SQLite.Path = filepath.Join(disk, "claims.db") }
+		}
+	}
 	ns := backends.Prepare(t, claimer, opts)
 	// Dial, not Open: replicas open their claimers on goroutines of
 	// their own, where a failure must come back as an error (Run's),
@@ -226,6 +235,8 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 		refuse = etcdNoSpace(t, ns.Servers())
 	case kind == config.ClaimerRedis || kind == config.ClaimerRedlock:
 		refuse = redisOOM(t, ns.Servers())
+	case disk != "":
+		refuse = fullDisk(disk, operator.DB)
 	}
 	cfg.Refuse = refuse
 	if len(nodes) > 0 {
