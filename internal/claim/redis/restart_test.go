@@ -648,7 +648,7 @@ func TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone(t *test
 // guard begins, the loss is reported, and the holder's write-back keeps
 // the run done.
 func TestAServerMadeAReplicaOfItsOwnEarlierCopyIsHeld(t *testing.T) {
-	const lease = time.Second
+	const lease = 3 * time.Second // the holder's watcher writes back within it, on a loaded machine too
 	be, client := private(t)
 	stale := testenv.StartRedis(t)
 	staleClient := newClient(stale.Addr())
@@ -691,5 +691,149 @@ func replicate(t *testing.T, client *goredis.Client, addr string) {
 			t.Fatalf("not in sync with %s after 30s:\n%s", addr, info)
 		}
 		time.Sleep(20 * time.Millisecond) // waiting for the full sync; no event to wait on
+	}
+}
+
+// TestAFailoverAndBackHoldsOnce: the server failed over to its replica
+// and was promoted back (FAILOVER TO, then REPLICAOF NO ONE): a partial
+// resync, nothing lost, but its replication history changed. The guard
+// begins once and ends a lease later; runs are granted again. When the
+// claim function kept the history in its Lua state (which neither sync
+// makes anew) while the done watcher's script read it fresh, each found
+// the other's in the marker and began the guard again, for good: no run
+// was granted for as long as an outside review watched (30 s), with a
+// loss reported every few milliseconds.
+func TestAFailoverAndBackHoldsOnce(t *testing.T) {
+	const lease = time.Second
+	be, client := private(t)
+	standby := testenv.StartRedis(t)
+	standbyClient := newClient(standby.Addr())
+	t.Cleanup(func() { _ = standbyClient.Close() })
+	holder, other := be.Open("holder"), be.Open("other")
+	cl, err := claim.ClaimOne(ctxT(t), holder, claim.Run{Job: "job.before", At: base}, lease)
+	must(t, err)
+	must(t, claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded)) // the done watcher runs from here on
+
+	replicate(t, standbyClient, be.Servers()[0])
+	for deadline := time.Now().Add(30 * time.Second); ; { // FAILOVER wants the replica online on the master's side too
+		info, err := client.Info(ctxT(t), "replication").Result()
+		must(t, err)
+		if strings.Contains(info, "state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica is not online after 30s:\n%s", info)
+		}
+		time.Sleep(20 * time.Millisecond) // no event to wait on
+	}
+	host, port, _ := strings.Cut(standby.Addr(), ":")
+	must(t, client.Do(ctxT(t), "FAILOVER", "TO", host, port).Err())
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		info, err := client.Info(ctxT(t), "replication").Result()
+		must(t, err)
+		if strings.Contains(info, "role:slave") && strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not failed over after 30s:\n%s", info)
+		}
+		time.Sleep(20 * time.Millisecond) // the failover ends when it ends; no event to wait on
+	}
+	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	// Until the done watcher has found the new history and named it in
+	// the marker: then the claims meet the marker it wrote.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		info, err := client.Info(ctxT(t), "replication").Result()
+		must(t, err)
+		_, replid, _ := strings.Cut(info, "master_replid:")
+		replid, _, _ = strings.Cut(replid, "\r")
+		markers, err := client.Keys(ctxT(t), "*server").Result()
+		must(t, err)
+		if len(markers) == 1 && client.HGet(ctxT(t), markers[0], "replid").Val() == replid {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the marker does not name the history %s after 30s (markers %v)", replid, markers)
+		}
+		time.Sleep(20 * time.Millisecond) // the watcher looks every lease/4; no event to wait on
+	}
+
+	run := claim.Run{Job: "job.after", At: base}
+	granted := grantAfterGuard(t, other, run, lease)
+	if granted.Holder != "other" {
+		t.Fatalf("granted to %q, want other", granted.Holder)
+	}
+}
+
+// TestARewindWhileWritesAreRefusedStaysDone: the server went back to an
+// earlier copy of its data while it refused writes (out of memory), and
+// took writes again only later. The marker's rewrite began the guard
+// while writes were refused (a DEL first, which an out-of-memory server
+// lets through, and then every later write of the script), the holder's
+// write-back was refused and never sent again, the guard ran out, and
+// the finished run was granted again (the explorer's rewind class). The
+// guard now begins when writes land, a write-back that did not land is
+// sent again, and the run stays done.
+func TestARewindWhileWritesAreRefusedStaysDone(t *testing.T) {
+	const lease = 3 * time.Second // the holder's watcher writes back within it, on a loaded machine too
+	be, client := private(t)
+	stale := testenv.StartRedis(t)
+	staleClient := newClient(stale.Addr())
+	t.Cleanup(func() { _ = staleClient.Close() })
+	holder, other := be.Open("holder"), be.Open("other")
+	run := claim.Run{Job: "job.rewound", At: base}
+	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
+	must(t, err)
+	replicate(t, staleClient, be.Servers()[0])
+	must(t, staleClient.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	must(t, claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded))
+
+	must(t, client.ConfigSet(ctxT(t), "maxmemory", "1").Err())
+	replicate(t, client, stale.Addr())
+	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	// Writes refused while the holder's watcher looks, several times,
+	// for longer than a guard begun then would last.
+	time.Sleep(lease + lease/2)
+	must(t, client.ConfigSet(ctxT(t), "maxmemory", "0").Err())
+	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
+}
+
+// TestAFirstReplicaIsNoLoss: a master given its first replica (with an
+// AOF, as production runs it) takes a new replication id with its
+// backlog, its data untouched. Read as another history, it began the
+// restart guard: every run held for a lease, and a data loss reported,
+// for adding a replica (the explorer's copy of the server showed it).
+// Only a server that has been a replica since it started is suspect.
+func TestAFirstReplicaIsNoLoss(t *testing.T) {
+	const lease = time.Second
+	node := testenv.StartRedis(t, "--appendonly", "yes")
+	be := backends.Prepare(t, "redis", backends.Options{Servers: []string{node.Addr()}})
+	client := newClient(node.Addr())
+	t.Cleanup(func() { _ = client.Close() })
+	replica := testenv.StartRedis(t)
+	replicaClient := newClient(replica.Addr())
+	t.Cleanup(func() { _ = replicaClient.Close() })
+	holder, other := be.Open("holder"), be.Open("other")
+	cl, err := claim.ClaimOne(ctxT(t), holder, claim.Run{Job: "job.held", At: base}, time.Minute)
+	must(t, err)
+
+	replid := func() string {
+		info, err := client.Info(ctxT(t), "replication").Result()
+		must(t, err)
+		_, id, _ := strings.Cut(info, "master_replid:")
+		id, _, _ = strings.Cut(id, "\r")
+		return id
+	}
+	before := replid()
+	replicate(t, replicaClient, node.Addr())
+	must(t, replicaClient.SlaveOf(ctxT(t), "NO", "ONE").Err()) // replicate leaves it promoted; the node is still a master
+	if replid() == before {
+		t.Fatalf("the master kept its replication id %s when given its first replica: this test's premise is gone", before)
+	}
+	if _, err := claim.ClaimOne(ctxT(t), other, claim.Run{Job: "job.new", At: base}, lease); err != nil {
+		t.Fatalf("a claim after the master was given a replica: %v, want granted", err)
+	}
+	if err := holder.Renew(ctxT(t), cl, time.Minute); err != nil {
+		t.Fatalf("a renewal after the master was given a replica: %v", err)
 	}
 }

@@ -200,6 +200,13 @@ func (d *doneLog) every() time.Duration {
 // write-back has most of a lease; it is bounded by one.
 func (d *doneLog) watch(ctx context.Context) {
 	epochs := map[int]string{} // by bucket
+	// The buckets whose write-back did not all land: sent again at the
+	// next look. A server that went back in time while it refused writes
+	// (out of memory, read-only) answered the marker's read, began the
+	// guard, and refused the write-back; sent once, it was never sent
+	// again, the guard ran out before writes were taken, and a finished
+	// run was granted again (the explorer's rewind class).
+	pending := map[int]bool{}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -248,6 +255,9 @@ func (d *doneLog) watch(ctx context.Context) {
 				}
 			}
 			epochs[b] = nows[i]
+			if pending[b] {
+				changed[b] = true
+			}
 		}
 		if len(changed) > 0 {
 			// Each script call extends the guard by a lease (Node.Restore),
@@ -262,7 +272,7 @@ func (d *doneLog) watch(ctx context.Context) {
 					back = append(back, f)
 				}
 			}
-			d.node.Restore(rctx, back, d.ttl, lease)
+			pending = d.node.Restore(rctx, back, d.ttl, lease)
 			stopKeeping()
 			cancel()
 		}

@@ -16,10 +16,11 @@ import (
 // claim's 15. On a server with Redis Functions (7.0+) they run as
 // functions of one library instead, where server() keeps the run_id in a
 // library-level local once read. That local lives as long as the
-// library's Lua state, which a restart, a FUNCTION LOAD or FLUSH, or a
-// replica's full sync creates anew, and a server keeps its run_id for the
-// life of its process: so the kept value is always the one INFO would
-// give. As EVAL scripts (servers without functions, or ACLs that forbid
+// library's Lua state, which a restart or a FUNCTION LOAD or FLUSH
+// creates anew (a replica's full sync does not), and a server keeps its
+// run_id for the life of its process: so the kept value is always the one
+// INFO would give. (Its replication history, which a full sync replaces,
+// is read on every call: incarnationLua's lineage().) As EVAL scripts (servers without functions, or ACLs that forbid
 // them), the same code reads it on every call: the local starts nil at
 // each call of a script.
 

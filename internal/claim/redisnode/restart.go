@@ -140,11 +140,12 @@ func (n *Node) Hold(ctx context.Context, buckets []int, lease time.Duration) err
 	}, func(int, *goredis.Cmd) error { return nil })...)
 }
 
-// Restore writes back the done markers of runs, best effort, restoreChunk
-// to a script call (each within one bucket), one call after another so
-// that each extends its bucket's guard as it lands; each marker lives what
-// is left of ttl since its release.
-func (n *Node) Restore(ctx context.Context, runs []Finished, ttl, lease time.Duration) {
+// Restore writes back the done markers of runs, restoreChunk to a script
+// call (each within one bucket), one call after another so that each
+// extends its bucket's guard as it lands; each marker lives what is left
+// of ttl since its release. It returns the buckets whose write-back did
+// not all land (refused, unanswered), for the caller to send again.
+func (n *Node) Restore(ctx context.Context, runs []Finished, ttl, lease time.Duration) (failed map[int]bool) {
 	now := time.Now()
 	byBucket := map[int][]Finished{}
 	var order []int
@@ -173,10 +174,22 @@ func (n *Node) Restore(ctx context.Context, runs []Finished, ttl, lease time.Dur
 					left.Milliseconds()+1, f.Run.At.UnixMilli(), id, f.Run.Job)
 			}
 			if len(args) > 1 {
-				_ = restoreScript.Run(ctx, n.client, keys, args...).Err() // what did not land is exposed as if unremembered
+				if err := restoreScript.Run(ctx, n.client, keys, args...).Err(); err != nil {
+					if failed == nil {
+						failed = map[int]bool{}
+					}
+					failed[b] = true
+				}
 			}
 		}
+		if ctx.Err() != nil && len(runs) > 0 {
+			if failed == nil {
+				failed = map[int]bool{}
+			}
+			failed[b] = true
+		}
 	}
+	return failed
 }
 
 // RecordGone writes the record of a run that finished but whose release

@@ -47,11 +47,19 @@ import goredis "github.com/redis/go-redis/v9"
 // run_id, unchanged: the copy's marker named it, no guard began, and a
 // standby took over a run its holder had finished, which ran again (an
 // outside review: 2 of 2 tries, and no loss reported). Another history
-// under the same run_id starts the guard now, as another run_id does. A
-// marker without one (written by an earlier version) is given it. The
-// function library keeps lineage() as it keeps server(): its Lua state is
-// made anew by a full sync, and a partial one, which keeps every write
-// this server had, may leave it stale harmlessly.
+// under the same run_id, on a server that has been a replica since it
+// started (promoted()), starts the guard now, as another run_id does. A
+// marker without one (written by an earlier version), or another history
+// on a server never a replica (a master given its first replica takes a
+// new replication id with its backlog: the explorer's copy of the server
+// began a guard, and so would adding a replica in production), is given
+// the current one. Unlike
+// server(), lineage() is read on every call (INFO replication, about 1 µs
+// of the server's time): a full sync does not make the function
+// library's Lua state anew (Redis 7.0: a local kept there survived
+// REPLICAOF and a promotion), so a kept value named the history before
+// the rewind, matched the copy's marker, and the explorer's rewind class
+// saw finished runs granted again at once.
 //
 // emptied() closes most of what "a caller that saw a marker" leaves open:
 // a replica started, or a one-shot command run, just after a FLUSHALL on
@@ -75,13 +83,10 @@ local function server()
   run_id = string.sub(info, i + 7, i + 46)
   return run_id
 end
-local replid
 local function lineage()
-  if replid then return replid end
   local info = redis.call('INFO', 'replication')
   local i = string.find(info, 'master_replid:', 1, true)
-  replid = string.sub(info, i + 14, i + 53)
-  return replid
+  return string.sub(info, i + 14, i + 53)
 end
 local function uptime()
   return tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)')) * 1000
@@ -101,17 +106,25 @@ local function incarnation(marker, seen, lease, now)
   local id = server()
   local m = redis.call('HMGET', marker, 'run_id', 'since', 'hold', 'replid')
   if m[1] == id then
-    if m[4] == lineage() then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
-    if not m[4] then
-      -- written by a version that did not name the history
-      redis.call('HSET', marker, 'replid', lineage())
+    local r = lineage()
+    if m[4] == r then return id, tonumber(m[2]) or now, tonumber(m[3]) or 0 end
+    if not m[4] or not promoted() then
+      -- Written by a version that did not name the history; or a new
+      -- history with no sync into this server (a master given its first
+      -- replica takes a new replication id with its backlog): the same
+      -- data.
+      redis.call('HSET', marker, 'replid', r)
       return id, tonumber(m[2]) or now, tonumber(m[3]) or 0
     end
   end
   local since = now
   if not m[1] and seen == '' and uptime() >= lease and not promoted() and not emptied() then since = 0 end
-  redis.call('DEL', marker)
-  redis.call('HSET', marker, 'run_id', id, 'since', s(since), 'replid', lineage())
+  -- One HSET, every field (no DEL first): a server out of memory refuses
+  -- it before the script has written anything, where after a DEL, which
+  -- it lets through, it allows every later write of the script. So the
+  -- guard begins when writes land, not while they are refused, when it
+  -- could run out before any write-back could land.
+  redis.call('HSET', marker, 'run_id', id, 'since', s(since), 'hold', '0', 'replid', lineage())
   return id, since, 0
 end
 `
