@@ -31,6 +31,7 @@ var realSeeds = []uint64{101, 102, 103, 104, 105}
 var (
 	realSeed   = flag.Uint64("explore.real-seed", 0, "TestNemesisOnRealBackends: replay this seed instead of the pinned ones")
 	realKinds  = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends, TestLongExploration: only these claimers (comma-separated)")
+	realRewind = flag.Bool("explore.rewind", false, "TestNemesisOnRealBackends, TestLongExploration: draw the rewind class on the redis claimer (its server made a replica of an older copy of itself); opt-in while its judge lacks the excuses data loss needs")
 	realStalls = flag.Bool("explore.real-stalls", true, "TestNemesisOnRealBackends, TestLongExploration: stall the private servers themselves (SIGSTOP); false: the harness's link, which the clients do not see")
 )
 
@@ -239,6 +240,13 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 		refuse = fullDisk(disk, operator.DB)
 	}
 	cfg.Refuse = refuse
+	if kind == config.ClaimerRedis && *realRewind {
+		// The one server goes back to a copy of its data (the class
+		// that would have found docs/hardening.md entry 39). Opt-in
+		// while its judge lacks the excuses data loss needs
+		// (docs/explore.md).
+		cfg.Rewind = redisRewind(t, nodes[0].Addr())
+	}
 	if len(nodes) > 0 {
 		cfg.Nodes = len(nodes)
 		cfg.Restart = func(node int, down time.Duration) error {
@@ -327,5 +335,47 @@ func redisOOM(t *testing.T, addrs []string) func(ctx context.Context, on bool) e
 			return nil
 		}
 		return errors.Join(errs...)
+	}
+}
+
+// redisRewind takes a copy of the data of the server at addr (on true: a
+// private server made its replica until in sync, then detached) and puts
+// the server back to it (false: made a replica of the copy until in sync,
+// then promoted), its process unchanged: its data goes back to when the
+// copy was taken, as a server a failover tool re-attaches under a stale
+// replica does.
+func redisRewind(t *testing.T, addr string) func(ctx context.Context, on bool) error {
+	copy := testenv.StartRedis(t)
+	server, stale := goredis.NewClient(&goredis.Options{Addr: addr}), goredis.NewClient(&goredis.Options{Addr: copy.Addr()})
+	t.Cleanup(func() { _ = server.Close(); _ = stale.Close() })
+	follow := func(ctx context.Context, replica *goredis.Client, master *goredis.Client, at string) error {
+		// No wait before a full sync: the copy is of now.
+		if err := master.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
+			return err
+		}
+		host, port, _ := strings.Cut(at, ":")
+		if err := replica.SlaveOf(ctx, host, port).Err(); err != nil {
+			return err
+		}
+		for {
+			info, err := replica.Info(ctx, "replication").Result()
+			if err != nil {
+				return err
+			}
+			if strings.Contains(info, "master_link_status:up") {
+				return replica.SlaveOf(ctx, "NO", "ONE").Err()
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("not in sync with %s: %w", at, ctx.Err())
+			case <-time.After(10 * time.Millisecond): // the sync ends when it ends; no event to wait on
+			}
+		}
+	}
+	return func(ctx context.Context, on bool) error {
+		if on {
+			return follow(ctx, stale, server, addr)
+		}
+		return follow(ctx, server, stale, copy.Addr())
 	}
 }

@@ -77,6 +77,14 @@ type Config struct {
 	// those drawn by default. Its runs done again are judged, never
 	// excused: the claimers hold takeovers back after refused writes.
 	Refuse func(ctx context.Context, on bool) error
+	// Rewind, when set, takes a copy of the real backend's data (on
+	// true) and puts the backend back to it (false), its process
+	// unchanged: a server made a replica of its own earlier copy, as a
+	// failover tool re-attaching an old master under a stale replica
+	// does. It adds the Rewind class to those drawn by default. Its runs
+	// done again are judged: the claimers' restart guard and write-back
+	// of finished runs must keep them done.
+	Rewind func(ctx context.Context, on bool) error
 	// Classes limits the fault classes drawn (default: all that apply).
 	Classes []string
 	// Controls is the backend's register of operator state: during the
@@ -353,6 +361,9 @@ func Run(cfg Config) (*Result, error) {
 			if cfg.Refuse != nil {
 				classes = append(classes, nemesis.Refuse)
 			}
+			if cfg.Rewind != nil {
+				classes = append(classes, nemesis.Rewind)
+			}
 		}
 		w.plan = nemesis.New(cfg.Seed, nemesis.Params{Replicas: cfg.Replicas, Lease: cfg.Lease, MaxSkew: cfg.MaxSkew,
 			From: cfg.Lease, To: cfg.Faults, Extra: cfg.Extra, Classes: classes, Nodes: cfg.Nodes})
@@ -614,6 +625,10 @@ func (w *world) nemesis(ctx context.Context) {
 		}
 		if op.Kind == nemesis.Refuse {
 			w.switched(op, until, w.cfg.Refuse)
+			continue
+		}
+		if op.Kind == nemesis.Rewind {
+			w.switched(op, until, w.cfg.Rewind)
 			continue
 		}
 		if op.Kind == nemesis.Outage || op.Kind == nemesis.Stall {

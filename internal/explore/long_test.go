@@ -87,7 +87,7 @@ func TestLongExploration(t *testing.T) {
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "Long exploration: %v per claimer, seeds from %d (claimer k: %d + k×1,000,000 + i), lease 1s, max_clock_skew 250ms (etcd: 2s and 500ms).\n\n", *long, *longSeed, *longSeed)
-	classes := append(slices.Clone(nemesis.Classes), nemesis.Refuse)
+	classes := append(slices.Clone(nemesis.Classes), nemesis.Refuse, nemesis.Rewind)
 	fmt.Fprintf(&b, "| claimer | seeds | %s | runs expected | executions | violations |\n|---|---:|%s---:|---:|---|\n",
 		strings.Join(classes, " | "), strings.Repeat("---:|", len(classes)))
 	for _, kind := range kinds {

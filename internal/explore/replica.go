@@ -209,8 +209,10 @@ func contains(xs []string, x string) bool {
 
 func overlaps(t0 time.Time, op nemesis.Op, from, to time.Time) bool {
 	end := op.End()
-	if op.Kind == nemesis.Restart {
-		end += restartSlack // the server takes a while to come back and load
+	if op.Kind == nemesis.Restart || op.Kind == nemesis.Rewind {
+		// The server takes a while to come back and load (a rewind: to
+		// sync from the copy), and its restart guard holds runs a lease.
+		end += restartSlack
 	}
 	return t0.Add(op.At).Before(to) && t0.Add(end).After(from)
 }
@@ -233,7 +235,7 @@ func (r *replica) up(t0, from, to time.Time) bool {
 // healthy reports whether the replica could claim and run throughout
 // [from, to]: up, reachable, not paused, its clock within the skew.
 func (r *replica) healthy(t0, from, to time.Time) bool {
-	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock, nemesis.Restart, nemesis.Stall, nemesis.Refuse) {
+	for _, op := range r.ops(nemesis.Crash, nemesis.Term, nemesis.Pause, nemesis.Partition, nemesis.OneWay, nemesis.Outage, nemesis.Clock, nemesis.Restart, nemesis.Stall, nemesis.Refuse, nemesis.Rewind) {
 		if overlaps(t0, op, from, to) {
 			return false
 		}

@@ -27,12 +27,13 @@ const (
 	Restart   = "restart"   // the backend (or one node: Node) restarts, losing what it must
 	Stall     = "stall"     // the backend stops (SIGSTOP, a GC) for For: requests wait, then land, answered or not
 	Refuse    = "refuse"    // the backend answers but refuses every write for For (a full disk, read-only)
+	Rewind    = "rewind"    // the backend's data goes back For in time, its process unchanged (made a replica of an old copy)
 )
 
-// Classes lists every fault class, in a fixed order. Refuse is not among
-// them: only a real backend can refuse writes, and a harness that can
-// make it names the class (drawing it among the others would change
-// every pinned seed's plan).
+// Classes lists every fault class, in a fixed order. Refuse and Rewind are
+// not among them: only a real backend can refuse writes or go back in
+// time, and a harness that can make it names the class (drawing it among
+// the others would change every pinned seed's plan).
 var Classes = []string{Crash, Term, Pause, Partition, OneWay, Outage, Latency, Clock, Restart, Stall}
 
 // Op is one fault. Times are offsets from the start of the history.
@@ -160,6 +161,11 @@ func New(seed uint64, p Params) Plan {
 			// leases) at times.
 			op.Replica = -1
 			op.For = lease + time.Duration(rng.Int64N(int64(4*lease)))
+		case Rewind:
+			// A copy taken up to three leases before: runs finished,
+			// granted and taken over since are gone from the data.
+			op.Replica = -1
+			op.For = lease/2 + time.Duration(rng.Int64N(int64(5*lease/2)))
 		case Latency:
 			op.For = lease + time.Duration(rng.Int64N(int64(2*lease)))
 			op.Delay = time.Millisecond + time.Duration(rng.Int64N(int64(lease/4)))
