@@ -837,3 +837,35 @@ func TestAFirstReplicaIsNoLoss(t *testing.T) {
 		t.Fatalf("a renewal after the master was given a replica: %v", err)
 	}
 }
+
+// TestAnEarlierAttemptBackFromACopyIsWrittenOver: the server went back
+// to a copy taken between a run's first attempt (handed back,
+// interrupted) and its second (finished). The copy's record is the first
+// attempt's, of this server's run_id, another token: the write-back took
+// it for a newer grant and left it, and after the guard the run was
+// granted again (the explorer's rewind class). A live record granted
+// before the guard began is written over now.
+func TestAnEarlierAttemptBackFromACopyIsWrittenOver(t *testing.T) {
+	const lease = 3 * time.Second // the holder's watcher writes back within it, on a loaded machine too
+	be, client := private(t)
+	stale := testenv.StartRedis(t)
+	staleClient := newClient(stale.Addr())
+	t.Cleanup(func() { _ = staleClient.Close() })
+	holder, other := be.Open("holder"), be.Open("other")
+	run := claim.Run{Job: "job.again", At: base}
+	first, err := claim.ClaimOne(ctxT(t), holder, run, lease)
+	must(t, err)
+	must(t, claim.ReleaseOne(ctxT(t), holder, first, claim.Interrupted))
+	replicate(t, staleClient, be.Servers()[0]) // the copy: the first attempt, handed back
+	must(t, staleClient.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	second, err := claim.ClaimOne(ctxT(t), holder, run, lease)
+	must(t, err)
+	if second.Attempt != 2 {
+		t.Fatalf("second claim: attempt %d, want 2", second.Attempt)
+	}
+	must(t, claim.ReleaseOne(ctxT(t), holder, second, claim.Succeeded))
+
+	replicate(t, client, stale.Addr())
+	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
+}

@@ -41,8 +41,9 @@ return id .. ' ' .. s(since)
 
 // restoreScript writes finished runs' done markers back. It overwrites no
 // record of a run but one the restart left behind: none, or a live one
-// that is this replica's own grant or from an earlier incarnation of the
-// server (a snapshot taken before the release). A run granted again since
+// that is this replica's own grant, from an earlier incarnation of the
+// server (a snapshot taken before the release), or granted before the
+// guard began (an earlier attempt's, back from an older copy). A run granted again since
 // the restart keeps its new record. While the restart guard holds, each
 // call extends it to a lease from now, so that a write-back that has
 // begun lands before anyone can claim: a large one on a loaded server
@@ -65,8 +66,15 @@ end
 local written = 0
 for i = 0, (#KEYS - 2) / 2 - 1 do
   local run, a = KEYS[3 + 2 * i], 1 + 10 * i
-  local h = redis.call('HMGET', run, 'token', 'status', 'server')
-  local stale = (h[2] == 'running' or h[2] == 'interrupted') and (h[1] == ARGV[a + 1] or h[3] ~= id)
+  local h = redis.call('HMGET', run, 'token', 'status', 'server', 'started_at')
+  -- A live record is stale if it is this replica's own grant, from an
+  -- earlier incarnation, or granted before the guard began: the loss
+  -- came between, and a run known done was granted no more after it
+  -- (an earlier attempt's record, back from a copy of the server's data
+  -- under the same run_id, kept the done marker out: the explorer's
+  -- rewind class).
+  local stale = (h[2] == 'running' or h[2] == 'interrupted') and
+    (h[1] == ARGV[a + 1] or h[3] ~= id or (since > 0 and (tonumber(h[4]) or 0) < since))
   if not h[2] or stale then
     redis.call('DEL', run)
     redis.call('HSET', run, 'token', ARGV[a + 1], 'holder', ARGV[a + 2], 'fence', ARGV[a + 3],
