@@ -354,7 +354,7 @@ func redisRewind(t *testing.T, addr string) func(ctx context.Context, on bool) e
 			return err
 		}
 		host, port, _ := strings.Cut(at, ":")
-		if err := replica.SlaveOf(ctx, host, port).Err(); err != nil {
+		if err := replica.ReplicaOf(ctx, host, port).Err(); err != nil {
 			return err
 		}
 		for {
@@ -363,7 +363,7 @@ func redisRewind(t *testing.T, addr string) func(ctx context.Context, on bool) e
 				return err
 			}
 			if strings.Contains(info, "master_link_status:up") {
-				return replica.SlaveOf(ctx, "NO", "ONE").Err()
+				return replica.ReplicaOf(ctx, "NO", "ONE").Err()
 			}
 			select {
 			case <-ctx.Done():

@@ -844,6 +844,19 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	if during(h, kinds...) {
 		return true
 	}
+	// The backend went back in time past the grant itself (a rewind:
+	// granted after its copy was taken, before the server went back to
+	// it), and the handler returned before its holder could learn so at
+	// a renewal: the grant is gone with the data, as a restart's lost
+	// last second takes it.
+	if g, ok := w.grantedAt(done.Token); ok {
+		for _, op := range w.plan.Ops {
+			copied, back := w.t0.Add(op.At), w.t0.Add(op.End())
+			if op.Kind == nemesis.Rewind && g.After(copied) && g.Before(back) && returned.Before(back.Add(w.cfg.Lease)) {
+				return true
+			}
+		}
+	}
 	a, ok := w.host(again.Replica)
 	w.mu.Lock()
 	chronic := w.chronic[again.Token]
@@ -857,6 +870,16 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	// backend's own stall or refusal meanwhile, as a real partition's
 	// timeouts would have it meet them, and does not know to hold back.
 	return !w.inProcess && during(a, nemesis.Partition, nemesis.OneWay, nemesis.Outage)
+}
+
+// grantedAt is when the grant of token was logged.
+func (w *world) grantedAt(token string) (time.Time, bool) {
+	for _, e := range w.log.Events() {
+		if e.Kind == history.Grant && e.Token == token {
+			return e.At, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // begin records that the process named name starts now (excused).

@@ -624,7 +624,7 @@ func TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone(t *test
 		t.Fatalf("release with the record wiped and writes refused: %v, want ErrUnavailable only (retried), not ErrLeaseLost", err)
 	}
 
-	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	must(t, client.ReplicaOf(ctxT(t), "NO", "ONE").Err())
 	if err := claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded); err != nil {
 		t.Fatalf("the retried release, writes taken again: %v, want the run's end written down", err)
 	}
@@ -649,10 +649,7 @@ func TestARunThatFinishedWhileItsRecordWasWipedAndWritesRefusedStaysDone(t *test
 // the run done.
 func TestAServerMadeAReplicaOfItsOwnEarlierCopyIsHeld(t *testing.T) {
 	const lease = 3 * time.Second // the holder's watcher writes back within it, on a loaded machine too
-	be, client := private(t)
-	stale := testenv.StartRedis(t)
-	staleClient := newClient(stale.Addr())
-	t.Cleanup(func() { _ = staleClient.Close() })
+	be, client, staleClient, staleAddr := privatePair(t)
 	holder, other := be.Open("holder"), be.Open("other")
 	run := claim.Run{Job: "job.rolledback", At: base}
 	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
@@ -660,11 +657,9 @@ func TestAServerMadeAReplicaOfItsOwnEarlierCopyIsHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	replicate(t, staleClient, be.Servers()[0]) // the copy: the run running
-	must(t, staleClient.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	copyOf(t, staleClient, be.Servers()[0]) // the copy: the run running
 	must(t, claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded))
-	replicate(t, client, stale.Addr()) // the server's data is the copy's now
-	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	copyOf(t, client, staleAddr) // the server's data is the copy's now
 
 	_, err = claim.ClaimOne(ctxT(t), other, run, lease)
 	heldForLoss(t, err, "another replica's claim after the server's data went back to the copy")
@@ -680,7 +675,7 @@ func replicate(t *testing.T, client *goredis.Client, addr string) {
 	defer master.Close()
 	must(t, master.ConfigSet(ctxT(t), "repl-diskless-sync-delay", "0").Err())
 	host, port, _ := strings.Cut(addr, ":")
-	must(t, client.SlaveOf(ctxT(t), host, port).Err())
+	must(t, client.ReplicaOf(ctxT(t), host, port).Err())
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		info, err := client.Info(ctxT(t), "replication").Result()
 		must(t, err)
@@ -705,10 +700,7 @@ func replicate(t *testing.T, client *goredis.Client, addr string) {
 // loss reported every few milliseconds.
 func TestAFailoverAndBackHoldsOnce(t *testing.T) {
 	const lease = time.Second
-	be, client := private(t)
-	standby := testenv.StartRedis(t)
-	standbyClient := newClient(standby.Addr())
-	t.Cleanup(func() { _ = standbyClient.Close() })
+	be, client, standbyClient, standbyAddr := privatePair(t)
 	holder, other := be.Open("holder"), be.Open("other")
 	cl, err := claim.ClaimOne(ctxT(t), holder, claim.Run{Job: "job.before", At: base}, lease)
 	must(t, err)
@@ -726,7 +718,7 @@ func TestAFailoverAndBackHoldsOnce(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // no event to wait on
 	}
-	host, port, _ := strings.Cut(standby.Addr(), ":")
+	host, port, _ := strings.Cut(standbyAddr, ":")
 	must(t, client.Do(ctxT(t), "FAILOVER", "TO", host, port).Err())
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		info, err := client.Info(ctxT(t), "replication").Result()
@@ -739,7 +731,7 @@ func TestAFailoverAndBackHoldsOnce(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // the failover ends when it ends; no event to wait on
 	}
-	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	must(t, client.ReplicaOf(ctxT(t), "NO", "ONE").Err())
 	// Until the done watcher has found the new history and named it in
 	// the marker: then the claims meet the marker it wrote.
 	for deadline := time.Now().Add(30 * time.Second); ; {
@@ -776,21 +768,16 @@ func TestAFailoverAndBackHoldsOnce(t *testing.T) {
 // sent again, and the run stays done.
 func TestARewindWhileWritesAreRefusedStaysDone(t *testing.T) {
 	const lease = 3 * time.Second // the holder's watcher writes back within it, on a loaded machine too
-	be, client := private(t)
-	stale := testenv.StartRedis(t)
-	staleClient := newClient(stale.Addr())
-	t.Cleanup(func() { _ = staleClient.Close() })
+	be, client, staleClient, staleAddr := privatePair(t)
 	holder, other := be.Open("holder"), be.Open("other")
 	run := claim.Run{Job: "job.rewound", At: base}
 	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
 	must(t, err)
-	replicate(t, staleClient, be.Servers()[0])
-	must(t, staleClient.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	copyOf(t, staleClient, be.Servers()[0])
 	must(t, claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded))
 
 	must(t, client.ConfigSet(ctxT(t), "maxmemory", "1").Err())
-	replicate(t, client, stale.Addr())
-	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	copyOf(t, client, staleAddr)
 	// Writes refused while the holder's watcher looks, several times,
 	// for longer than a guard begun then would last.
 	time.Sleep(lease + lease/2)
@@ -825,8 +812,7 @@ func TestAFirstReplicaIsNoLoss(t *testing.T) {
 		return id
 	}
 	before := replid()
-	replicate(t, replicaClient, node.Addr())
-	must(t, replicaClient.SlaveOf(ctxT(t), "NO", "ONE").Err()) // replicate leaves it promoted; the node is still a master
+	copyOf(t, replicaClient, node.Addr()) // the node is still a master
 	if replid() == before {
 		t.Fatalf("the master kept its replication id %s when given its first replica: this test's premise is gone", before)
 	}
@@ -847,17 +833,13 @@ func TestAFirstReplicaIsNoLoss(t *testing.T) {
 // before the guard began is written over now.
 func TestAnEarlierAttemptBackFromACopyIsWrittenOver(t *testing.T) {
 	const lease = 3 * time.Second // the holder's watcher writes back within it, on a loaded machine too
-	be, client := private(t)
-	stale := testenv.StartRedis(t)
-	staleClient := newClient(stale.Addr())
-	t.Cleanup(func() { _ = staleClient.Close() })
+	be, client, staleClient, staleAddr := privatePair(t)
 	holder, other := be.Open("holder"), be.Open("other")
 	run := claim.Run{Job: "job.again", At: base}
 	first, err := claim.ClaimOne(ctxT(t), holder, run, lease)
 	must(t, err)
 	must(t, claim.ReleaseOne(ctxT(t), holder, first, claim.Interrupted))
-	replicate(t, staleClient, be.Servers()[0]) // the copy: the first attempt, handed back
-	must(t, staleClient.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	copyOf(t, staleClient, be.Servers()[0]) // the copy: the first attempt, handed back
 	second, err := claim.ClaimOne(ctxT(t), holder, run, lease)
 	must(t, err)
 	if second.Attempt != 2 {
@@ -865,7 +847,25 @@ func TestAnEarlierAttemptBackFromACopyIsWrittenOver(t *testing.T) {
 	}
 	must(t, claim.ReleaseOne(ctxT(t), holder, second, claim.Succeeded))
 
-	replicate(t, client, stale.Addr())
-	must(t, client.SlaveOf(ctxT(t), "NO", "ONE").Err())
+	copyOf(t, client, staleAddr)
 	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
+}
+
+// privatePair is private, with a second server of t's own, empty: a
+// client that reaches it directly, and its address.
+func privatePair(t *testing.T) (*backends.Namespace, *goredis.Client, *goredis.Client, string) {
+	t.Helper()
+	be, client := private(t)
+	second := testenv.StartRedis(t)
+	secondClient := newClient(second.Addr())
+	t.Cleanup(func() { _ = secondClient.Close() })
+	return be, client, secondClient, second.Addr()
+}
+
+// copyOf makes the server behind client a copy of the one at addr, as it
+// is now: its replica until in sync (replicate), then promoted.
+func copyOf(t *testing.T, client *goredis.Client, addr string) {
+	t.Helper()
+	replicate(t, client, addr)
+	must(t, client.ReplicaOf(ctxT(t), "NO", "ONE").Err())
 }
