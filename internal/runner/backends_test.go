@@ -119,6 +119,7 @@ func TestReplicasOnRealBackends(t *testing.T) {
 						s := led.starts(id)
 						if len(s) != 1 {
 							t.Errorf("%s started %d times, want once", id, len(s))
+							led.explain(t, id)
 							continue
 						}
 						if f := led.finishes(id); len(f) != 1 || f[0].Status != claim.Succeeded {

@@ -313,9 +313,33 @@ func ranAndEnded(rec claim.Record) bool {
 	return rec.Status == claim.Succeeded || rec.Status == claim.Failed
 }
 
-// overlaps reports whether an earlier run of j still holds a claim.
+// overlaps reports whether an earlier run of j still holds a claim at
+// at's instant (see liveAtInstant).
 func (d *dispatcher) overlaps(ctx, execCtx context.Context, j *jobState, at time.Time) bool {
-	return d.liveBefore(ctx, execCtx, j, at, 1) >= 1
+	return d.liveAtInstant(ctx, execCtx, j, at, 1)
+}
+
+// liveAtInstant reports whether at least enough earlier runs of j still
+// hold a claim (liveBefore) once at's instant has come on every clock.
+// A replica whose clock runs ahead reaches the instant early, by up to
+// MaxClockSkew: an earlier run it finds live then may end before the
+// instant comes on the backend's clock, and is no overlap. Decided at
+// once, it was: the instant was skipped for a run that ended before it
+// (CI, TestReplicasOnRealBackends on PostgreSQL: a clock 400ms ahead and
+// a release that landed late). So a run found live is asked after again
+// until MaxClockSkew past the instant on this clock. Only a verdict of
+// live waits: the common case, nothing live, bids at once.
+func (d *dispatcher) liveAtInstant(ctx, execCtx context.Context, j *jobState, at time.Time, enough int) bool {
+	until := j.fire(at).Add(d.r.opts.MaxClockSkew)
+	for {
+		if d.liveBefore(ctx, execCtx, j, at, enough) < enough {
+			return false
+		}
+		wait := until.Sub(d.r.opts.Now())
+		if wait <= 0 || !sleep(ctx, min(wait, jitter(100*time.Millisecond))) {
+			return true
+		}
+	}
 }
 
 // liveBefore counts the earlier runs of j that still hold a claim, up to

@@ -61,7 +61,7 @@ func (e errReplaced) Unwrap() error { return claim.ErrLeaseLost }
 // every instant, so each reaches the same verdict on the same facts; the
 // replica that wins at applies its own.
 func (d *dispatcher) bufferFull(ctx, execCtx context.Context, j *jobState, at time.Time) bool {
-	return d.liveBefore(ctx, execCtx, j, at, 2) >= 2
+	return d.liveAtInstant(ctx, execCtx, j, at, 2)
 }
 
 // awaitTurn holds cl, kept alive, until no earlier live run of j owns the

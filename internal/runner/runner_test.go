@@ -803,3 +803,55 @@ func countOverlaps(overlaps *atomic.Int32, d time.Duration) job.Handler {
 		return nil
 	}
 }
+
+// slowRelease is a claimer whose releases land late: a loaded backend's
+// commit, a reply retried.
+type slowRelease struct {
+	claim.Claimer
+	delay time.Duration
+}
+
+func (s *slowRelease) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	time.Sleep(s.delay)
+	return s.Claimer.Release(ctx, cls, outs)
+}
+
+// A replica whose clock runs ahead reaches an instant early. An earlier
+// run still releasing then (its release slow, though done well before the
+// instant) is no overlap: the instant has not come on the backend's clock,
+// and by then nothing keeps it out. Skipped for overlap, it was lost.
+func TestAnInstantReachedEarlyIsNotSkippedForARunThatEndsBeforeIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.NewStore(nil)
+		led := newLedger()
+		jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "* * * * * *"),
+			Handler: func(ctx context.Context, run job.Run) error {
+				time.Sleep(200 * time.Millisecond)
+				return nil
+			}}}
+		slow := func(c claim.Claimer) claim.Claimer { return &slowRelease{Claimer: c, delay: 500 * time.Millisecond} }
+		var reps []*replica
+		for i, sk := range []time.Duration{0, 700 * time.Millisecond} {
+			rp := &replica{name: fmt.Sprintf("r%d", i), skew: sk, store: store, jobs: jobs, led: led, wrap: slow}
+			rp.start(t)
+			reps = append(reps, rp)
+		}
+		first := time.Now().Add(2 * time.Second)
+		time.Sleep(20 * time.Second)
+		last := time.Now().Add(-3 * time.Second)
+		for _, rp := range reps {
+			rp.stop()
+		}
+		sched := mustSchedule(t, "* * * * * *")
+		var expected []claim.Run
+		for at := sched.Next(first); at.Before(last); at = sched.Next(at) {
+			expected = append(expected, claim.Run{Job: "tick", At: at})
+			id := claim.Run{Job: "tick", At: at}.ID()
+			if s := led.starts(id); len(s) != 1 {
+				led.explain(t, id)
+				t.Fatalf("run %s started %d times, want once", id, len(s))
+			}
+		}
+		led.check(t, history.Spec{Forbid: map[string]bool{"tick": true}, Expected: expected})
+	})
+}
