@@ -31,7 +31,7 @@ var realSeeds = []uint64{101, 102, 103, 104, 105}
 var (
 	realSeed   = flag.Uint64("explore.real-seed", 0, "TestNemesisOnRealBackends: replay this seed instead of the pinned ones")
 	realKinds  = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends, TestLongExploration: only these claimers (comma-separated)")
-	realRewind = flag.Bool("explore.rewind", false, "TestNemesisOnRealBackends, TestLongExploration: draw the rewind class on the redis claimer (its server made a replica of an older copy of itself); opt-in while its judge lacks the excuses data loss needs")
+	realRewind = flag.Bool("explore.rewind", true, "TestNemesisOnRealBackends, TestLongExploration: draw the rewind class on the redis claimer (its server made a replica of an older copy of itself)")
 	realStalls = flag.Bool("explore.real-stalls", true, "TestNemesisOnRealBackends, TestLongExploration: stall the private servers themselves (SIGSTOP); false: the harness's link, which the clients do not see")
 )
 
@@ -242,9 +242,8 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 	cfg.Refuse = refuse
 	if kind == config.ClaimerRedis && *realRewind {
 		// The one server goes back to a copy of its data (the class
-		// that would have found docs/hardening.md entry 39). Opt-in
-		// while its judge lacks the excuses data loss needs
-		// (docs/explore.md).
+		// that would have found docs/hardening.md entry 39; its judge's
+		// excuses for the data lost: docs/explore.md).
 		cfg.Rewind = redisRewind(t, nodes[0].Addr())
 	}
 	if len(nodes) > 0 {

@@ -430,7 +430,7 @@ func Run(cfg Config) (*Result, error) {
 	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled,
 		Backfills: w.backfillNames, Alongside: w.alongside,
 		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
-		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(), Excused: w.excused,
+		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(), Excused: w.excused, Forgotten: w.forgotten,
 		Recorded: func(id string, n int) bool { return w.recorded[fmt.Sprintf("%s#%d", id, n)] }}
 	for _, j := range w.jobs {
 		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
@@ -814,6 +814,22 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	if !ok {
 		return true // not a process of the harness's: not judged
 	}
+	// A release that landed (accepted, terminal) before the run was
+	// granted again was kept from nothing: only the backend losing it
+	// since excuses the rerun (a restart that came back without its last
+	// writes, or empty; a rewind). The checker then lets the rerun's
+	// second success and release pass (history.Check, successes).
+	if rel, ok := w.releasedAt(done.Token); ok && rel.Before(at) {
+		return slices.ContainsFunc(w.plan.Ops, func(op nemesis.Op) bool {
+			switch op.Kind {
+			case nemesis.Restart:
+				return overlaps(w.t0, op, rel, at)
+			case nemesis.Rewind: // its copy taken before the release landed
+				return w.t0.Add(op.At).Before(rel) && overlaps(w.t0, op, rel, at)
+			}
+			return false
+		})
+	}
 	if !crashed.IsZero() {
 		// A release not yet sent dies with its process. In process, the
 		// runner sends it within a lease of the return, into a stalled
@@ -870,6 +886,32 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	// backend's own stall or refusal meanwhile, as a real partition's
 	// timeouts would have it meet them, and does not know to hold back.
 	return !w.inProcess && during(a, nemesis.Partition, nemesis.OneWay, nemesis.Outage)
+}
+
+// forgotten reports whether a rewind took grant with the data: it was
+// made after the rewind's copy and before the server went back to it.
+// From the moment the server went back (it syncs from the copy within
+// restartSlack), the grant's holder may learn so only at its next
+// renewal, within a lease.
+func (w *world) forgotten(grant history.Event) (from, until time.Time, ok bool) {
+	for _, op := range w.plan.Ops {
+		copied, back := w.t0.Add(op.At), w.t0.Add(op.End())
+		if op.Kind == nemesis.Rewind && grant.At.After(copied) && grant.At.Before(back) {
+			return back, back.Add(restartSlack + w.cfg.Lease), true
+		}
+	}
+	return time.Time{}, time.Time{}, false
+}
+
+// releasedAt is when a terminal release of token was first logged
+// accepted.
+func (w *world) releasedAt(token string) (time.Time, bool) {
+	for _, e := range w.log.Events() {
+		if e.Kind == history.Release && e.Token == token && e.Status.Terminal() {
+			return e.At, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // grantedAt is when the grant of token was logged.

@@ -103,6 +103,15 @@ type Spec struct {
 	// lands when it resumes. The billing run whose handler returned nil
 	// must not bill again.
 	Excused func(done, again Event, leaseEnd, crashed time.Time) bool
+	// Forgotten, when set, reports whether the backend lost grant with
+	// its data after it was made (a server gone back to an older copy):
+	// from then, other runs of its job are granted and started as if it
+	// had never been, until its holder learns so at a renewal or ends
+	// it, by until. An execution started in that window beside the lost
+	// grant's is no overlap, and a lost grant whose holder died with it
+	// is no abandoned run: the grant is gone, as a restart's lost last
+	// second takes one.
+	Forgotten func(grant Event) (from, until time.Time, ok bool)
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -148,7 +157,6 @@ type holding struct {
 func Check(events []Event, spec Spec) []Violation {
 	c := &checker{spec: spec, byRun: map[string][]Event{}, holds: map[string]*holding{}}
 	c.index(events)
-	c.successes()
 	c.grants()
 	c.fences()
 	c.executions(events)
@@ -158,6 +166,7 @@ func Check(events []Event, spec Spec) []Violation {
 	c.unscheduled(events)
 	c.retries(events)
 	c.redone(events)
+	c.successes() // after redone: its excuses cover their consequences
 	slices.SortStableFunc(c.out, func(a, b Violation) int {
 		return cmp.Or(cmp.Compare(a.Invariant, b.Invariant), cmp.Compare(a.Run, b.Run))
 	})
@@ -170,6 +179,9 @@ type checker struct {
 	holds map[string]*holding // by token
 	order []*holding          // in grant order (reply time)
 	out   []Violation
+	// rerun: the runs redone found executed again after a success, each
+	// time with a fault to excuse it (spec.Excused)
+	rerun map[string]bool
 }
 
 func (c *checker) add(inv, run, detail string) {
@@ -248,9 +260,17 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// successes: one run, one success, whoever reports it.
+// successes: one run, one success, whoever reports it. A run executed
+// again after a success that spec.Excused excused (redone) reports its
+// second success, and has its second terminal release accepted, as a
+// consequence of that excuse (a holder gone with its memory of the
+// release, a backend gone back in time past it): judged there, not
+// here.
 func (c *checker) successes() {
 	for id, evs := range c.byRun {
+		if c.rerun[id] {
+			continue
+		}
 		var ended, released []string
 		for _, e := range evs {
 			if e.Kind == End && e.Status == claim.Succeeded {
@@ -430,7 +450,7 @@ func (c *checker) overlaps(xs []*execution, key func(*execution) string, inv str
 	for _, x := range xs {
 		k := key(x)
 		p := last[k]
-		if p != nil && x.start.Before(p.stop) && p.token != x.token && (inv == RunOverlap || p.run != x.run) {
+		if p != nil && x.start.Before(p.stop) && p.token != x.token && (inv == RunOverlap || p.run != x.run) && !c.forgotten(p, x) {
 			c.add(inv, x.run.ID(), fmt.Sprintf("%s (%s) started %v before %s (%s, %s) stopped",
 				x.replica, x.token[:min(6, len(x.token))], p.stop.Sub(x.start).Round(time.Millisecond),
 				p.replica, p.token[:min(6, len(p.token))], p.run.ID()))
@@ -443,6 +463,18 @@ func (c *checker) overlaps(xs []*execution, key func(*execution) string, inv str
 			last[k] = x
 		}
 	}
+}
+
+// forgotten reports whether x started beside p only because the backend
+// had lost p's grant (spec.Forgotten), and p stopped within the window
+// its holder had to learn so.
+func (c *checker) forgotten(p, x *execution) bool {
+	h := c.holds[p.token]
+	if c.spec.Forgotten == nil || h == nil {
+		return false
+	}
+	from, until, ok := c.spec.Forgotten(h.grant)
+	return ok && !x.start.Before(from) && !p.stop.After(until)
 }
 
 // lost: every expected run ends in an accepted terminal release (executed,
@@ -468,6 +500,11 @@ func (c *checker) settled() {
 			continue
 		}
 		seen[id] = true
+		if c.spec.Forgotten != nil {
+			if _, _, lost := c.spec.Forgotten(h.grant); lost {
+				continue
+			}
+		}
 		if !c.ended(id) {
 			c.add(Abandoned, id, "granted, but no terminal release was accepted by the end, though replicas stayed up")
 		}
@@ -619,6 +656,10 @@ func (c *checker) redone(events []Event) {
 				taken = *d.taken
 			}
 			if c.spec.Excused(r, taken, d.until, crash) {
+				if c.rerun == nil {
+					c.rerun = map[string]bool{}
+				}
+				c.rerun[id] = true
 				continue
 			}
 			c.add(Redone, id, fmt.Sprintf("executed again on %s (attempt %d) %v after its handler on %s (%s) returned nil inside its lease",

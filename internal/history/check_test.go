@@ -33,6 +33,7 @@ func (b *builder) add(e Event) *builder {
 var (
 	runA  = claim.Run{Job: "j", At: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	runA2 = claim.Run{Job: "j", At: time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC)}
+	runA3 = claim.Run{Job: "j", At: time.Date(2026, 1, 1, 0, 0, 2, 0, time.UTC)}
 )
 
 const lease = time.Second
@@ -207,6 +208,36 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		}),
 		spec: Spec{Excused: func(_, _ Event, _, crashed time.Time) bool { return !crashed.IsZero() }},
 	}, {
+		// r1's run succeeded and its release landed; then the backend lost
+		// it (a server gone back to an older copy of its data), and r2 ran
+		// the run again. The second success and release follow from the
+		// rerun: judged once, by the excuse, or reported with it.
+		name:  "DoneAndReleasedThenRunAgain",
+		build: releasedThenRunAgain,
+		spec:  Spec{Excused: func(_, _ Event, _, crashed time.Time) bool { return !crashed.IsZero() }},
+		want:  []string{Redone, SucceededTwice, ReleasedTwice},
+	}, {
+		name:  "DoneAndReleasedThenRunAgainUnderAFault",
+		build: releasedThenRunAgain,
+		spec:  Spec{Excused: func(Event, Event, time.Time, time.Time) bool { return true }},
+	}, {
+		// r1's grant of runA was lost with the backend's data at 500ms;
+		// r2 started runA2 of the same forbid job then, while r1 ran on
+		// until its renewal told it, and r3's grant of runA2 was lost
+		// too, its holder gone with it.
+		name:  "BesideAGrantTheBackendForgot",
+		build: besideAForgottenGrant,
+		spec: Spec{Forbid: forbid.Forbid, Settled: time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC),
+			Forgotten: func(g Event) (time.Time, time.Time, bool) {
+				t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+				return t0.Add(500 * time.Millisecond), t0.Add(1500 * time.Millisecond), g.Token != "b"
+			}},
+	}, {
+		name:  "BesideAGrantTheBackendKept",
+		build: besideAForgottenGrant,
+		spec:  Spec{Forbid: forbid.Forbid, Settled: time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC)},
+		want:  []string{JobOverlap, Abandoned},
+	}, {
 		name: "DoneOnlyAfterItsLeaseRunAgain", // a stubborn handler, cut at its lease
 		build: func(b *builder) {
 			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
@@ -244,6 +275,28 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// besideAForgottenGrant writes r1 running runA from 0 to 900ms, r2
+// running runA2 of the same job from 600ms, and r3 granted runA3 and
+// never heard of again.
+func besideAForgottenGrant(b *builder) {
+	b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
+	b.at(600*time.Millisecond).grant("r2", "b", runA2, 2, 1).event(Start, "r2", "b", runA2, nil)
+	b.at(900*time.Millisecond).event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Interrupted })
+	b.event(End, "r1", "a", runA, func(e *Event) { e.Status = claim.LeaseLost })
+	b.at(950*time.Millisecond).event(Return, "r2", "b", runA2, func(e *Event) { e.Status = claim.Succeeded })
+	b.event(Release, "r2", "b", runA2, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+	b.event(End, "r2", "b", runA2, func(e *Event) { e.Status = claim.Succeeded })
+	b.at(time.Second).grant("r3", "c", runA3, 3, 1)
+}
+
+// releasedThenRunAgain writes a run that r1 ran and released succeeded,
+// and that r2 was granted and ran again after.
+func releasedThenRunAgain(b *builder) {
+	b.grant("r1", "a", runA, 1, 1)
+	b.at(100*time.Millisecond).finish("r1", "a", runA, claim.Succeeded)
+	b.at(1200*time.Millisecond).grant("r2", "b", runA, 2, 2).finish("r2", "b", runA, claim.Succeeded)
 }
 
 // redoneAfter writes a run whose handler on r1 returned nil inside its
