@@ -257,6 +257,7 @@ type world struct {
 	// switches are the real backend's states the faults hold it in
 	// (switched), by fault kind.
 	switches map[string]*switchState
+	rewinds  []rewound // as they happened on the backend
 	// broken is what kept the plan from being applied (a server that did
 	// not come back): Run fails with it, since the history then did not
 	// see the faults it was meant to.
@@ -431,6 +432,9 @@ func Run(cfg Config) (*Result, error) {
 		Backfills: w.backfillNames, Alongside: w.alongside,
 		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
 		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(), Excused: w.excused, Forgotten: w.forgotten,
+		Unwritten: func(rel history.Event) bool {
+			return slices.ContainsFunc(w.rewound(), func(r rewound) bool { return r.lostIn(rel.At) })
+		},
 		Recorded: func(id string, n int) bool { return w.recorded[fmt.Sprintf("%s#%d", id, n)] }}
 	for _, j := range w.jobs {
 		if j.overlap != runner.OverlapAllow { // buffer-one and replace never overlap either
@@ -681,6 +685,19 @@ func (w *world) switched(op nemesis.Op, until time.Time, set func(ctx context.Co
 // the history.
 func (w *world) set(op nemesis.Op, set func(ctx context.Context, on bool) error, on bool) {
 	var err error
+	began := time.Now()
+	defer func() {
+		if op.Kind != nemesis.Rewind || err != nil {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if on {
+			w.rewinds = append(w.rewinds, rewound{copyFrom: began, copied: time.Now()})
+		} else if n := len(w.rewinds); n > 0 {
+			w.rewinds[n-1].backFrom, w.rewinds[n-1].back = began, time.Now()
+		}
+	}()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = set(ctx, on)
@@ -695,6 +712,26 @@ func (w *world) set(op nemesis.Op, set func(ctx context.Context, on bool) error,
 		w.broken = errors.Join(w.broken, fmt.Errorf("%s: %w", op, err))
 		w.mu.Unlock()
 	}
+}
+
+// rewound is one rewind as it happened on the backend: its copy was taken
+// between copyFrom and copied, and the server went back to it between
+// backFrom and back. A stall of the server delays both past the plan's
+// times (the commands wait for it to resume), so the judge goes by
+// these. Zero back: not gone back (yet).
+type rewound struct{ copyFrom, copied, backFrom, back time.Time }
+
+// lostIn reports whether a write that landed at t may be one the rewind
+// took: after its copy began, before the server was back on it.
+func (r rewound) lostIn(t time.Time) bool {
+	return !r.back.IsZero() && t.After(r.copyFrom) && t.Before(r.back)
+}
+
+// rewound returns the rewinds so far.
+func (w *world) rewound() []rewound {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.rewinds)
 }
 
 // switchState counts the ops of one kind in force (world.switched).
@@ -821,14 +858,8 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	// second success and release pass (history.Check, successes).
 	if rel, ok := w.releasedAt(done.Token); ok && rel.Before(at) {
 		return slices.ContainsFunc(w.plan.Ops, func(op nemesis.Op) bool {
-			switch op.Kind {
-			case nemesis.Restart:
-				return overlaps(w.t0, op, rel, at)
-			case nemesis.Rewind: // its copy taken before the release landed
-				return w.t0.Add(op.At).Before(rel) && overlaps(w.t0, op, rel, at)
-			}
-			return false
-		})
+			return op.Kind == nemesis.Restart && overlaps(w.t0, op, rel, at)
+		}) || slices.ContainsFunc(w.rewound(), func(r rewound) bool { return r.lostIn(rel) && r.backFrom.Before(at) })
 	}
 	if !crashed.IsZero() {
 		// A release not yet sent dies with its process. In process, the
@@ -866,9 +897,8 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	// a renewal: the grant is gone with the data, as a restart's lost
 	// last second takes it.
 	if g, ok := w.grantedAt(done.Token); ok {
-		for _, op := range w.plan.Ops {
-			copied, back := w.t0.Add(op.At), w.t0.Add(op.End())
-			if op.Kind == nemesis.Rewind && g.After(copied) && g.Before(back) && returned.Before(back.Add(w.cfg.Lease)) {
+		for _, r := range w.rewound() {
+			if r.lostIn(g) && returned.Before(r.back.Add(w.cfg.Lease)) {
 				return true
 			}
 		}
@@ -894,10 +924,9 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 // restartSlack), the grant's holder may learn so only at its next
 // renewal, within a lease.
 func (w *world) forgotten(grant history.Event) (from, until time.Time, ok bool) {
-	for _, op := range w.plan.Ops {
-		copied, back := w.t0.Add(op.At), w.t0.Add(op.End())
-		if op.Kind == nemesis.Rewind && grant.At.After(copied) && grant.At.Before(back) {
-			return back, back.Add(restartSlack + w.cfg.Lease), true
+	for _, r := range w.rewound() {
+		if r.lostIn(grant.At) {
+			return r.backFrom, r.back.Add(w.cfg.Lease), true
 		}
 	}
 	return time.Time{}, time.Time{}, false

@@ -112,6 +112,11 @@ type Spec struct {
 	// is no abandoned run: the grant is gone, as a restart's lost last
 	// second takes one.
 	Forgotten func(grant Event) (from, until time.Time, ok bool)
+	// Unwritten, when set, reports whether the backend lost release, an
+	// accepted terminal release, with its data since (the same server
+	// gone back): a later grant's terminal release is then the run's
+	// first the backend kept, not a second.
+	Unwritten func(release Event) bool
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -276,7 +281,8 @@ func (c *checker) successes() {
 			if e.Kind == End && e.Status == claim.Succeeded {
 				ended = append(ended, e.Replica)
 			}
-			if e.Kind == Release && e.Status.Terminal() && !slices.Contains(released, e.Token) {
+			if e.Kind == Release && e.Status.Terminal() && !slices.Contains(released, e.Token) &&
+				(c.spec.Unwritten == nil || !c.spec.Unwritten(e)) {
 				released = append(released, e.Token)
 			}
 		}

@@ -238,6 +238,16 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		spec:  Spec{Forbid: forbid.Forbid, Settled: time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC)},
 		want:  []string{JobOverlap, Abandoned},
 	}, {
+		// r1's release of runA landed; the backend lost it, and r2 was
+		// granted runA afresh and skipped it (paused).
+		name:  "ReleasedThenReleasedAgain",
+		build: releasedThenReleasedAgain,
+		want:  []string{ReleasedTwice},
+	}, {
+		name:  "ReleasedThenReleasedAgainAfterTheBackendLostIt",
+		build: releasedThenReleasedAgain,
+		spec:  Spec{Unwritten: func(rel Event) bool { return rel.Token == "a" }},
+	}, {
 		name: "DoneOnlyAfterItsLeaseRunAgain", // a stubborn handler, cut at its lease
 		build: func(b *builder) {
 			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
@@ -289,6 +299,15 @@ func besideAForgottenGrant(b *builder) {
 	b.event(Release, "r2", "b", runA2, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
 	b.event(End, "r2", "b", runA2, func(e *Event) { e.Status = claim.Succeeded })
 	b.at(time.Second).grant("r3", "c", runA3, 3, 1)
+}
+
+// releasedThenReleasedAgain writes a run that r1 ran and released
+// succeeded, and that r2 was granted afresh after and released skipped.
+func releasedThenReleasedAgain(b *builder) {
+	b.grant("r1", "a", runA, 1, 1)
+	b.at(100*time.Millisecond).finish("r1", "a", runA, claim.Succeeded)
+	b.at(1200*time.Millisecond).grant("r2", "b", runA, 2, 1)
+	b.event(Release, "r2", "b", runA, func(e *Event) { e.Status = claim.Skipped; e.Sent = b.now })
 }
 
 // releasedThenRunAgain writes a run that r1 ran and released succeeded,
