@@ -511,7 +511,18 @@ func (w *world) operate(ctx context.Context) {
 				req.Overlap, what = runner.OverlapAllow, "request (overlap allow)"
 			}
 			w.control(fmt.Sprintf("%s %s of %s", what, a.id, a.job), func(c context.Context) error {
-				_, _, err := ctl.Request(c, req)
+				got, _, err := ctl.Request(c, req)
+				if err == nil && got.Overlap == runner.OverlapAllow {
+					// Answered: the replicas that read it run the run
+					// alongside, even if the register loses it later (a
+					// rewind) and the read-back (noteAlongside) misses it.
+					w.mu.Lock()
+					if w.alongside == nil {
+						w.alongside = map[string]bool{}
+					}
+					w.alongside[got.Run().ID()] = true
+					w.mu.Unlock()
+				}
 				return err
 			})
 		}
