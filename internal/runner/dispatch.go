@@ -322,24 +322,27 @@ func (d *dispatcher) overlaps(ctx, execCtx context.Context, j *jobState, at time
 // liveAtInstant reports whether at least enough earlier runs of j still
 // hold a claim (liveBefore) once at's instant has come on every clock.
 // A replica whose clock runs ahead reaches the instant early, by up to
-// MaxClockSkew: an earlier run it finds live then may end before the
-// instant comes on the backend's clock, and is no overlap. Decided at
-// once, it was: the instant was skipped for a run that ended before it
-// (CI, TestReplicasOnRealBackends on PostgreSQL: a clock 400ms ahead and
-// a release that landed late). So a run found live is asked after again
-// until MaxClockSkew past the instant on this clock. Only a verdict of
-// live waits: the common case, nothing live, bids at once.
+// MaxClockSkew: a run of its own it finds executing then may end before
+// the instant comes on the backend's clock, and is no overlap. Decided
+// at once, it was: the instant was skipped for a run that ended before
+// it (CI, TestReplicasOnRealBackends on PostgreSQL: a clock 400ms ahead
+// and a release that landed late). So while the runs executing here
+// make enough, the verdict waits for them, up to MaxClockSkew past the
+// instant on this clock. The wait reads nothing: runs held elsewhere
+// are probed once, after it, as before (liveBefore gives them most of a
+// second). The common case, nothing live, bids at once.
 func (d *dispatcher) liveAtInstant(ctx, execCtx context.Context, j *jobState, at time.Time, enough int) bool {
 	until := j.fire(at).Add(d.r.opts.MaxClockSkew)
 	for {
-		if d.liveBefore(ctx, execCtx, j, at, enough) < enough {
-			return false
+		if here, _ := j.earlierLive(at); here < enough {
+			break
 		}
 		wait := until.Sub(d.r.opts.Now())
 		if wait <= 0 || !sleep(ctx, min(wait, jitter(100*time.Millisecond))) {
-			return true
+			break
 		}
 	}
+	return d.liveBefore(ctx, execCtx, j, at, enough) >= enough
 }
 
 // liveBefore counts the earlier runs of j that still hold a claim, up to
