@@ -433,7 +433,14 @@ func Run(cfg Config) (*Result, error) {
 		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
 		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(), Excused: w.excused, Forgotten: w.forgotten,
 		Unwritten: func(rel history.Event) bool {
-			return slices.ContainsFunc(w.rewound(), func(r rewound) bool { return r.lostIn(rel.At) })
+			return slices.ContainsFunc(w.rewound(), func(r rewound) bool { return r.lostIn(rel.At) }) ||
+				slices.ContainsFunc(w.plan.Ops, func(op nemesis.Op) bool {
+					// A server restarted from an AOF written every second
+					// comes back without up to its last second's writes
+					// (CI, redis-cluster seed 102: a release 20ms before).
+					began := w.t0.Add(op.At)
+					return op.Kind == nemesis.Restart && !rel.At.After(began) && began.Sub(rel.At) < aofLoss
+				})
 		},
 		Recorded: func(id string, n int) bool { return w.recorded[fmt.Sprintf("%s#%d", id, n)] }}
 	for _, j := range w.jobs {
@@ -724,6 +731,11 @@ func (w *world) set(op nemesis.Op, set func(ctx context.Context, on bool) error,
 		w.mu.Unlock()
 	}
 }
+
+// aofLoss bounds the acknowledged writes a server restarted from an
+// AOF with appendfsync everysec may come back without: its last second,
+// and the fsync's own time on a loaded disk.
+const aofLoss = 2 * time.Second
 
 // rewound is one rewind as it happened on the backend: its copy was taken
 // between copyFrom and copied, and the server went back to it between
