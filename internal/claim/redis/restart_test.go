@@ -785,6 +785,30 @@ func TestARewindWhileWritesAreRefusedStaysDone(t *testing.T) {
 	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
 }
 
+// TestAWatcherFirstLookingAfterARewindWritesBack: the holder's done
+// watcher first read the marker only after the server had gone back to
+// an earlier copy of its data, under the same run_id (a rewind keeps the
+// process). Its first look had been refused (writes refused, out of
+// memory) or came late (a loaded machine). The first reading was taken
+// for the baseline, nothing was written back, and once the guard ran out
+// the finished run was granted again (CI, 1 in 5 runs of
+// TestARewindWhileWritesAreRefusedStaysDone; 2 in 25 here beside two busy
+// loops). A first reading that names a guard writes back.
+func TestAWatcherFirstLookingAfterARewindWritesBack(t *testing.T) {
+	const lease = 3 * time.Second // the holder's watcher writes back within it, on a loaded machine too
+	be, client, staleClient, staleAddr := privatePair(t)
+	holder, other := be.Open("holder"), be.Open("other")
+	launch := redis.DeferWatch(holder.Claimer)
+	run := claim.Run{Job: "job.rewound", At: base}
+	cl, err := claim.ClaimOne(ctxT(t), holder, run, lease)
+	must(t, err)
+	copyOf(t, staleClient, be.Servers()[0])
+	must(t, claim.ReleaseOne(ctxT(t), holder, cl, claim.Succeeded))
+	copyOf(t, client, staleAddr)
+	launch() // the watcher's first look: after the rewind
+	doneAfterGuard(t, other, run, lease, "another replica's claim of the finished run")
+}
+
 // TestAFirstReplicaIsNoLoss: a master given its first replica (with an
 // AOF, as production runs it) takes a new replication id with its
 // backlog, its data untouched. Read as another history, it began the
