@@ -430,7 +430,7 @@ func Run(cfg Config) (*Result, error) {
 	settled := w.t0.Add(w.plan.Heal() + cfg.Lease)
 	spec := history.Spec{Forbid: map[string]bool{}, Expected: w.expected(end), Settled: settled, Scheduled: w.scheduled,
 		Backfills: w.backfillNames, Alongside: w.alongside,
-		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
+		Backoff: map[string]time.Duration{}, Slack: 2 * cfg.MaxSkew, OverlapSlack: 2 * cfg.MaxSkew, ClockOK: w.clockOK,
 		MustStop: w.mustStop, OverrunSlack: w.overrunSlack(), Excused: w.excused, Forgotten: w.forgotten,
 		Unwritten: func(rel history.Event) bool {
 			return slices.ContainsFunc(w.rewound(), func(r rewound) bool { return r.lostIn(rel.At) }) ||

@@ -29,6 +29,7 @@ const (
 	AlongsideHeld   = "alongside-held"   // a run requested with overlap allow, or a backfill's, was skipped for overlap
 	Overran         = "overran"          // a handler ran on past its lease: its holder did not stop it when it stopped trusting the lease
 	Redone          = "redone"           // a run executed again after a handler of it returned nil inside its lease, with no fault to excuse it
+	SkippedIdle     = "skipped-idle"     // a run of an overlap-forbidden job was skipped for overlap, though no other run of the job was live
 )
 
 // Spec is what a history is checked against.
@@ -117,6 +118,21 @@ type Spec struct {
 	// gone back): a later grant's terminal release is then the run's
 	// first the backend kept, not a second.
 	Unwritten func(release Event) bool
+	// OverlapSlack, when set, judges every skip for overlap that its
+	// replica recorded in the backend, of a job in Forbid: another run of
+	// the job was live at some time from the run's instant, less
+	// OverlapSlack (the replicas' clocks' bound: a replica whose clock
+	// runs ahead reaches an instant early), to the skip. A run is live
+	// from a grant's request until the backend kept a terminal release
+	// of it (a release Unwritten does not end it; nor does one let go),
+	// and the grant's holder settled it (its end). A skip
+	// with nothing live is a run lost: the runner found an overlap that
+	// was not there (stop 61: a clock ahead, a release late, and an
+	// instant skipped for a run that ended before it came), and the lost
+	// invariant cannot see it, since the skip was an accepted terminal
+	// release. Where ClockOK is set, only skips by a replica whose clock
+	// kept within the bound meanwhile are judged.
+	OverlapSlack time.Duration
 }
 
 // Violation is one broken invariant, with the events that show it.
@@ -168,6 +184,7 @@ func Check(events []Event, spec Spec) []Violation {
 	c.lost()
 	c.settled()
 	c.policy(events)
+	c.idleSkips(events)
 	c.unscheduled(events)
 	c.retries(events)
 	c.redone(events)
@@ -545,6 +562,66 @@ func (c *checker) policy(events []Event) {
 			completed[e.Token] = true
 		case (e.Kind == Release || e.Kind == LetGo) && e.Status == claim.Interrupted && completed[e.Token]:
 			c.add(HandedBackDone, e.Run.ID(), fmt.Sprintf("%s's handler returned nil, then the run was released as interrupted", e.Replica))
+		}
+	}
+}
+
+// idleSkips: a run skipped for overlap had another run of its job live
+// at some time from its instant, less spec.OverlapSlack, to the skip.
+// A grant is live from its request until its holder settled it (its end)
+// and the backend kept a terminal release of the run: a holder whose
+// reply was lost, or whose stale handler returned into an outage, still
+// counts its run as executing there, as the runner does; a holder that
+// died with it leaves it live until a terminal release is kept.
+func (c *checker) idleSkips(events []Event) {
+	if c.spec.OverlapSlack <= 0 {
+		return
+	}
+	type grant struct {
+		id, token string
+		from      time.Time
+	}
+	byJob := map[string][]grant{}
+	ended := map[string]time.Time{}  // a holder's end, by token
+	kept := map[string][]time.Time{} // the kept terminal releases, by run id
+	for _, e := range events {
+		switch {
+		case e.Kind == Grant:
+			byJob[e.Run.Job] = append(byJob[e.Run.Job], grant{id: e.Run.ID(), token: e.Token, from: e.Sent})
+		case e.Kind == End:
+			if _, ok := ended[e.Token]; !ok {
+				ended[e.Token] = e.At
+			}
+		case e.Kind == Release && e.Status.Terminal() && (c.spec.Unwritten == nil || !c.spec.Unwritten(e)):
+			kept[e.Run.ID()] = append(kept[e.Run.ID()], e.At)
+		}
+	}
+	liveFrom := func(g grant, from, to time.Time) bool {
+		if g.from.After(to) {
+			return false
+		}
+		i := slices.IndexFunc(kept[g.id], func(at time.Time) bool { return !at.Before(g.from) })
+		if i < 0 {
+			return true // no end kept: live to the end of the history
+		}
+		end := kept[g.id][i]
+		if at, ok := ended[g.token]; ok && at.After(end) {
+			end = at
+		}
+		return !end.Before(from)
+	}
+	for _, e := range events {
+		if e.Kind != Skip || e.Reason != "overlap" || e.Token == "" || !c.spec.Forbid[e.Run.Job] {
+			continue
+		}
+		from, id := e.Run.At.Add(-c.spec.OverlapSlack), e.Run.ID()
+		if c.spec.ClockOK != nil && !c.spec.ClockOK(e.Replica, from.Add(-c.spec.OverlapSlack), e.At) {
+			continue // a clock beyond the bound: the replica reached the instant as early as it ran ahead
+		}
+		busy := slices.ContainsFunc(byJob[e.Run.Job], func(g grant) bool { return g.id != id && liveFrom(g, from, e.At) })
+		if !busy {
+			c.add(SkippedIdle, id, fmt.Sprintf("%s skipped attempt %d for overlap, though no other run of %s was live from %v before its instant on",
+				e.Replica, e.Attempt, e.Run.Job, c.spec.OverlapSlack))
 		}
 	}
 }

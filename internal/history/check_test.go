@@ -248,6 +248,54 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		build: releasedThenReleasedAgain,
 		spec:  Spec{Unwritten: func(rel Event) bool { return rel.Token == "a" }},
 	}, {
+		// r1 finished runA at 3ms; runA2 falls due at 1s and r2 skips it
+		// for overlap at 1.2s: nothing of the job was live from 800ms on.
+		name:  "SkippedForOverlapWithNothingLive",
+		build: skippedForOverlap(nil),
+		spec:  Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
+		want:  []string{SkippedIdle},
+	}, {
+		name:  "SkippedForOverlapWithNothingLiveUnjudged", // no slack given
+		build: skippedForOverlap(nil),
+		spec:  Spec{Forbid: forbid.Forbid},
+	}, {
+		name:  "SkippedForOverlapOfAJobThatAllowsIt", // not the runner's skip to judge
+		build: skippedForOverlap(nil),
+		spec:  Spec{OverlapSlack: 200 * time.Millisecond},
+	}, {
+		// runA's release landed at 850ms, within the slack before runA2's
+		// instant: r2's clock may run that far ahead.
+		name: "SkippedForOverlapOfARunThatEndedWithinTheSlack",
+		build: skippedForOverlap(func(b *builder) {
+			b.at(850 * time.Millisecond).event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+		}),
+		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
+	}, {
+		// runA's release landed at once, but its reply was lost: r1 sent
+		// it again and settled the run only at 1.1s. Until then runA
+		// executed on r1, as its runner counts it.
+		name: "SkippedForOverlapOfARunItsHolderSettledLate",
+		build: skippedForOverlap(func(b *builder) {
+			b.event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+			b.at(1100*time.Millisecond).event(End, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+		}),
+		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
+	}, {
+		// runA ended at once; r3 holds runA3 from 1.1s, while r2 decides.
+		name: "SkippedForOverlapOfALiveRun",
+		build: skippedForOverlap(func(b *builder) {
+			b.event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+			b.at(1100*time.Millisecond).grant("r3", "c", runA3, 3, 1)
+		}),
+		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
+	}, {
+		// runA's release landed at 3ms, and the backend lost it (a server
+		// gone back to an older copy): its record is live again.
+		name:  "SkippedForOverlapOfARunWhoseReleaseTheBackendLost",
+		build: skippedForOverlap(nil),
+		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond,
+			Unwritten: func(rel Event) bool { return rel.Run == runA }},
+	}, {
 		name: "DoneOnlyAfterItsLeaseRunAgain", // a stubborn handler, cut at its lease
 		build: func(b *builder) {
 			b.grant("r1", "a", runA, 1, 1).event(Start, "r1", "a", runA, nil)
@@ -284,6 +332,25 @@ func TestCheckFindsEachViolation(t *testing.T) {
 				t.Errorf("violations %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// skippedForOverlap writes r1 finishing runA at once (a released, or,
+// when between writes its release, only let go), between, then r2
+// granted runA2 (due at 1s) at 1.2s and skipping it for overlap.
+func skippedForOverlap(between func(b *builder)) func(b *builder) {
+	return func(b *builder) {
+		b.grant("r1", "a", runA, 1, 1)
+		if between == nil {
+			b.finish("r1", "a", runA, claim.Succeeded)
+		} else {
+			b.event(Start, "r1", "a", runA, nil)
+			b.event(Return, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded })
+			between(b)
+		}
+		b.at(1200*time.Millisecond).grant("r2", "b", runA2, 5, 1)
+		b.event(Skip, "r2", "b", runA2, func(e *Event) { e.Reason = "overlap"; e.Attempt = 1 })
+		b.event(Release, "r2", "b", runA2, func(e *Event) { e.Status = claim.Skipped; e.Sent = b.now })
 	}
 }
 
