@@ -426,3 +426,52 @@ scheduler_claimer_data_loss_total{claimer=%q} %d
 		t.Error(err)
 	}
 }
+
+// TestAnEarlierRunHeldOnlyByARestartGuardIsNoOverlap: a replica watched
+// an earlier run held elsewhere; the run ended, and the backend, having
+// lost its data, held every run for a while (the redis claimer's restart
+// guard). The next instant came during the guard. Its overlap probe of
+// the earlier run heard "held", by the guard, not by a holder, and
+// counted it live: the instant was skipped for good, for a run that had
+// ended (the explorer's skipped-idle invariant, on a Redis Cluster). A
+// guard says nothing of the run; the probe asks again once it is over.
+func TestAnEarlierRunHeldOnlyByARestartGuardIsNoOverlap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lease = 3 * time.Second
+		store := memory.NewStore(nil)
+		led := newLedger()
+		other := memory.New(store, "x") // a holder outside this test's runner
+		a := &forgetful{Claimer: memory.New(store, "a")}
+		jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/2 * * * * *"),
+			Handler: func(context.Context, job.Run) error { return nil }}}
+		r, err := runner.New(runner.Options{Claimer: led.claimer("a", a), Instance: "a", Lease: lease,
+			Observe: led.observer("a")}, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now().Truncate(2 * time.Second)
+		r0, r1 := claim.Run{Job: "tick", At: t0.Add(2 * time.Second)}, claim.Run{Job: "tick", At: t0.Add(4 * time.Second)}
+		held, err := claim.ClaimOne(t.Context(), other, r0, 3*lease) // live until released
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		time.Sleep(time.Until(t0.Add(3500 * time.Millisecond))) // r0 held elsewhere, watched here
+		if err := claim.ReleaseOne(t.Context(), other, held, claim.Succeeded); err != nil {
+			t.Fatal(err)
+		}
+		a.lose(t0.Add(5500 * time.Millisecond)) // the guard: over 1.5s after r1's instant
+		time.Sleep(time.Until(t0.Add(10 * time.Second)))
+		cancel()
+		<-done
+		if s := led.starts(r1.ID()); len(s) != 1 {
+			led.explain(t, r1.ID())
+			t.Fatalf("%s, due during the guard after %s ended, started %d times, want once", r1.ID(), r0.ID(), len(s))
+		}
+		if s := led.starts(r0.ID()); len(s) != 0 {
+			t.Fatalf("%s, run elsewhere, started %d times here", r0.ID(), len(s))
+		}
+	})
+}

@@ -368,6 +368,19 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 			}
 			cl, err = d.probeClaim(ctx, run)
 		}
+		// Held by a restart guard, not by a holder: the backend lost data
+		// and holds every run until the replicas have written back what
+		// they know, which says nothing of this run. Counted live, it
+		// cost the later instant a skip, for good, for a run that had
+		// ended (the explorer's skipped-idle, on a Redis Cluster). Asked
+		// again once the guard is over; a write-back may extend it.
+		for tries := 0; tries < 3; tries++ {
+			left, ok := guardLeft(err, d.r.opts.Now())
+			if !ok || !sleep(ctx, min(left+jitter(50*time.Millisecond), d.r.opts.Lease)) {
+				break
+			}
+			cl, err = d.probeClaim(ctx, run)
+		}
 		switch {
 		case err == nil:
 			// Its holder died: granted() hands it back as a missed run
@@ -390,6 +403,17 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		}
 	}
 	return n
+}
+
+// guardLeft reports whether err is a claim held by the backend's
+// restart guard (a claim.DataLossError), and how long it has left by
+// now on this replica's clock.
+func guardLeft(err error, now time.Time) (time.Duration, bool) {
+	var loss *claim.DataLossError
+	if !errors.Is(err, claim.ErrHeld) || !errors.As(err, &loss) {
+		return 0, false
+	}
+	return max(loss.Until.Sub(now), 0), true
 }
 
 // probeClaim bids for run, an earlier instant an overlap probe asks
