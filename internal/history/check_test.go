@@ -267,7 +267,7 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		// instant: r2's clock may run that far ahead.
 		name: "SkippedForOverlapOfARunThatEndedWithinTheSlack",
 		build: skippedForOverlap(func(b *builder) {
-			b.at(850 * time.Millisecond).event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+			b.at(850*time.Millisecond).event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
 		}),
 		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
 	}, {
