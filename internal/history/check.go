@@ -582,15 +582,15 @@ func (c *checker) idleSkips(events []Event) {
 		from      time.Time
 	}
 	byJob := map[string][]grant{}
-	ended := map[string]time.Time{}  // a holder's end, by token
+	endedAt := map[string]time.Time{} // a holder's end, by token (not c.ended: that asks of a run)
 	kept := map[string][]time.Time{} // the kept terminal releases, by run id
 	for _, e := range events {
 		switch {
 		case e.Kind == Grant:
 			byJob[e.Run.Job] = append(byJob[e.Run.Job], grant{id: e.Run.ID(), token: e.Token, from: e.Sent})
 		case e.Kind == End:
-			if _, ok := ended[e.Token]; !ok {
-				ended[e.Token] = e.At
+			if _, ok := endedAt[e.Token]; !ok {
+				endedAt[e.Token] = e.At
 			}
 		case e.Kind == Release && e.Status.Terminal() && (c.spec.Unwritten == nil || !c.spec.Unwritten(e)):
 			kept[e.Run.ID()] = append(kept[e.Run.ID()], e.At)
@@ -605,7 +605,7 @@ func (c *checker) idleSkips(events []Event) {
 			return true // no end kept: live to the end of the history
 		}
 		end := kept[g.id][i]
-		if at, ok := ended[g.token]; ok && at.After(end) {
+		if at, ok := endedAt[g.token]; ok && at.After(end) {
 			end = at
 		}
 		return !end.Before(from)

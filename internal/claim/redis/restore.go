@@ -274,9 +274,10 @@ func (d *doneLog) watch(ctx context.Context) {
 				// or late (a loaded machine) left a finished run to be
 				// granted again once the guard ended (CI, 1 in 5 runs of
 				// TestARewindWhileWritesAreRefusedStaysDone). Writing
-				// back where nothing was lost writes nothing; a guard
-				// that began a lease or more before the first release is
-				// not reported again.
+				// back where nothing was lost writes no marker (though,
+				// as any write-back, it holds a guard still on for up to
+				// a lease more); a guard that began a lease or more
+				// before the first release is not reported again.
 				changed[b] = true
 				if at := time.UnixMilli(ms); at.After(o.at.Add(-lease)) && d.guard != nil {
 					d.guard(at, lease)
