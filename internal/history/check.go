@@ -583,7 +583,7 @@ func (c *checker) idleSkips(events []Event) {
 	}
 	byJob := map[string][]grant{}
 	endedAt := map[string]time.Time{} // a holder's end, by token (not c.ended: that asks of a run)
-	kept := map[string][]time.Time{} // the kept terminal releases, by run id
+	kept := map[string][]time.Time{}  // the kept terminal releases, by run id
 	for _, e := range events {
 		switch {
 		case e.Kind == Grant:
