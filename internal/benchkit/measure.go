@@ -46,6 +46,12 @@ type Row struct {
 	// PerOp is how many runs one operation claims and releases, on a
 	// batch row; Ops and OpsPerSec then count runs, p50/p99 batches.
 	PerOp int `json:"per_op,omitempty"`
+	// CPUus is this process's CPU time (user and system, every goroutine
+	// and the garbage collector) per operation (per run on a batch row)
+	// while the row was measured: the client's cost, beside the server's
+	// and the round trips. Zero for the raw tools measured as processes
+	// of their own (redis-benchmark, pgbench).
+	CPUus float64 `json:"cpu_us,omitempty"`
 }
 
 // Op is one operation under measurement; i numbers operations from 0, so
@@ -86,6 +92,9 @@ func Interleave(ctx context.Context, conc int, d time.Duration, rounds int, rows
 			row.Ops, row.Seconds = int64(len(m.lat)), m.took.Seconds()
 			row.OpsPerSec = float64(len(m.lat)) / m.took.Seconds()
 			row.P50us, row.P99us = Percentile(m.lat, 0.50), Percentile(m.lat, 0.99)
+			if len(m.lat) > 0 {
+				row.CPUus = float64(m.cpu) / float64(len(m.lat)) / float64(time.Microsecond)
+			}
 		}
 		row.Unavailable = m.unavailable.Load()
 		out[i] = row
@@ -100,6 +109,7 @@ type meter struct {
 	seq  atomic.Int64
 	lat  []time.Duration
 	took time.Duration
+	cpu  time.Duration // the process's CPU time over the kept spans
 	err  error
 	// unavailable counts claim.ErrUnavailable failures, which do not stop
 	// the measurement.
@@ -115,7 +125,7 @@ func (m *meter) run(ctx context.Context, d time.Duration, keep bool) {
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	end := start.Add(d)
 	for range m.conc {
 		wg.Go(func() {
@@ -148,6 +158,7 @@ func (m *meter) run(ctx context.Context, d time.Duration, keep bool) {
 	wg.Wait()
 	if keep {
 		m.took += time.Since(start)
+		m.cpu += cpuTime() - cpu0
 	}
 }
 

@@ -198,10 +198,10 @@ func (r *Report) Sorted() []Row {
 // WriteTable prints the rows, the targets and the scale scenarios.
 func (r *Report) WriteTable(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "row\top\tc\tops/s\tp50\tp99\tRT\t×ref\treference\t")
+	fmt.Fprintln(tw, "row\top\tc\tops/s\tp50\tp99\tCPU/op\tRT\t×ref\treference\t")
 	for _, x := range r.Sorted() {
 		if x.Error != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t—\t—\t—\t\t\terror: %s\t\n", x.Name, x.Op, x.Concurrency, clip(x.Error, 70))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t—\t—\t—\t—\t\t\terror: %s\t\n", x.Name, x.Op, x.Concurrency, clip(x.Error, 70))
 			continue
 		}
 		ratio := ""
@@ -211,11 +211,16 @@ func (r *Report) WriteTable(w io.Writer) {
 		if x.Unavailable > 0 {
 			x.Ref += fmt.Sprintf(" (%d ops unavailable: node timeouts)", x.Unavailable)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t\n", x.Name, x.Op, x.Concurrency, count(x.OpsPerSec),
-			micros(x.P50us), micros(x.P99us), x.RoundTrips, ratio, x.Ref)
+		cpu := "—"
+		if x.CPUus > 0 {
+			cpu = micros(x.CPUus)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t\n", x.Name, x.Op, x.Concurrency, count(x.OpsPerSec),
+			micros(x.P50us), micros(x.P99us), cpu, x.RoundTrips, ratio, x.Ref)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "×ref = (ops/s × RT) / (reference ops/s × reference RT) at the same concurrency: throughput per round trip.")
+	fmt.Fprintln(w, "CPU/op = this process's CPU time (all goroutines, GC) per operation while the row ran: the client's cost, not the server's.")
 	if len(r.Targets) > 0 {
 		fmt.Fprintln(w, "\ntargets (ops/s ratio at the same concurrency; across processes through the shared reference, direct ratio in brackets):")
 		for _, t := range r.Targets {
