@@ -668,7 +668,11 @@ func (c *checker) retries(events []Event) {
 		}
 		x := c.holds[e.Token]
 		for _, prev := range retrying[e.Run.ID()] {
-			if x == nil || prev.grant.Attempt >= x.grant.Attempt {
+			// An attempt granted after this start is not one it retries,
+			// whatever its number: a backend that lost the run's record
+			// grants it again from attempt 1 (the rerun is redone's to
+			// judge).
+			if x == nil || prev.grant.Attempt >= x.grant.Attempt || !prev.grant.At.Before(e.At) {
 				continue
 			}
 			ret, ok := returned[prev.grant.Token]
