@@ -199,9 +199,15 @@ func (c *Coalescer[In, Out]) handOn() {
 // send sends the inputs of the waiters going as one batch and hands each
 // its outputs, or, if it left meanwhile, hands them to its abandon.
 func (c *Coalescer[In, Out]) send(going []*waiter[In, Out], send func(ctx context.Context, in []In) []Out) {
-	var all []In
-	for _, w := range going {
-		all = append(all, w.in...)
+	if len(going) == 0 {
+		return
+	}
+	all := going[0].in
+	if len(going) > 1 {
+		all = nil
+		for _, w := range going {
+			all = append(all, w.in...)
+		}
 	}
 	defer func() {
 		for _, w := range going {
@@ -212,9 +218,33 @@ func (c *Coalescer[In, Out]) send(going []*waiter[In, Out], send func(ctx contex
 			}
 		}
 	}()
-	if len(going) == 0 {
-		return
+	ctx := going[0].ctx // one caller: its own context is the merged one
+	if len(going) > 1 {
+		var cancel context.CancelFunc
+		ctx, cancel = mergedContext(going)
+		defer cancel()
 	}
+	out := send(ctx, all)
+	var gone []*waiter[In, Out]
+	for _, w := range going {
+		w.out, out = out[:len(w.in):len(w.in)], out[len(w.in):]
+		if !w.state.CompareAndSwap(waiting, delivered) {
+			gone = append(gone, w)
+		}
+		close(w.done)
+	}
+	// After every caller still waiting has its share.
+	for _, w := range gone {
+		if w.abandon != nil {
+			w.abandon(w.out)
+		}
+	}
+}
+
+// mergedContext is the context a batch of several callers is sent
+// under (see Do): the first one's values, the latest deadline, and
+// cancelled once every caller's ctx is done.
+func mergedContext[In, Out any](going []*waiter[In, Out]) (context.Context, context.CancelFunc) {
 	var latest time.Time
 	for _, w := range going {
 		d, ok := w.ctx.Deadline()
@@ -231,31 +261,21 @@ func (c *Coalescer[In, Out]) send(going []*waiter[In, Out], send func(ctx contex
 	if !latest.IsZero() {
 		ctx, cancel = context.WithDeadline(base, latest)
 	}
-	defer cancel()
 	left := atomic.Int64{}
 	left.Store(int64(len(going)))
-	for _, w := range going {
-		stop := context.AfterFunc(w.ctx, func() {
+	stops := make([]func() bool, len(going))
+	for i, w := range going {
+		stops[i] = context.AfterFunc(w.ctx, func() {
 			if left.Add(-1) == 0 {
 				cancel()
 			}
 		})
-		defer stop()
 	}
-	out := send(ctx, all)
-	var gone []*waiter[In, Out]
-	for _, w := range going {
-		w.out, out = out[:len(w.in):len(w.in)], out[len(w.in):]
-		if !w.state.CompareAndSwap(waiting, delivered) {
-			gone = append(gone, w)
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
 		}
-		close(w.done)
-	}
-	// After every caller still waiting has its share.
-	for _, w := range gone {
-		if w.abandon != nil {
-			w.abandon(w.out)
-		}
+		cancel()
 	}
 }
 
