@@ -413,6 +413,18 @@ type batchReply struct {
 	errs []error
 }
 
+// TakeoversHeld implements claim.TakeoverHolder, as the claimers that
+// hold takeovers do, so that the runner sees the hold (its log, its
+// gauge, its overlap probe): the inner claimer's own, or over the memory
+// store the harness's (Claim).
+func (f *faulty) TakeoversHeld(lease time.Duration) bool {
+	if th, ok := f.inner.(claim.TakeoverHolder); ok {
+		return th.TakeoversHeld(lease)
+	}
+	_, mem := f.inner.(*memory.Claimer)
+	return mem && !f.r.w.cfg.NoHold && f.unanswered.HoldAt(lease, time.Now())
+}
+
 // Claim is one call, faulted as a whole, whatever the batch holds.
 func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	// A real client stamps Requested when the request leaves, before the

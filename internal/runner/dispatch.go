@@ -357,27 +357,52 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		}
 		run := claim.Run{Job: j.Name, At: prev}
 		cl, err := d.probeClaim(ctx, run)
-		for wait := 100 * time.Millisecond; errors.Is(err, claim.ErrHeld) && wait <= 400*time.Millisecond; wait *= 2 {
-			// A claim may hold it a moment only to record it missed or
-			// skipped (replicas starting together after an outage, a
-			// record a restarted Redis lost): asked again over most of a
-			// second before it is called live, or this instant would be
-			// skipped for good for a run that never ran (outside review).
-			if !sleep(ctx, jitter(wait)) {
-				break
-			}
-			cl, err = d.probeClaim(ctx, run)
-		}
-		// Held by a restart guard, not by a holder: the backend lost data
-		// and holds every run until the replicas have written back what
-		// they know, which says nothing of this run. Counted live, it
-		// cost the later instant a skip, for good, for a run that had
-		// ended (the explorer's skipped-idle, on a Redis Cluster). Asked
-		// again once the guard is over; a write-back may extend it.
-		for tries := 0; tries < 3; tries++ {
-			left, ok := guardLeft(err, d.r.opts.Now())
-			if !ok || !sleep(ctx, min(left+jitter(50*time.Millisecond), d.r.opts.Lease)) {
-				break
+		// Held, asked again:
+		//   - by a holder: a claim may hold the run a moment only to
+		//     record it missed or skipped (replicas starting together
+		//     after an outage, a record a restarted Redis lost), so it is
+		//     asked again over most of a second before it is called live,
+		//     or this instant would be skipped for good for a run that
+		//     never ran (outside review);
+		//   - by a restart guard, not by a holder: the backend lost data
+		//     and holds every run until the replicas have written back
+		//     what they know, which says nothing of this run. Counted
+		//     live, it cost the later instant a skip, for good, for a run
+		//     that had ended (the explorer's skipped-idle, on a Redis
+		//     Cluster). Asked again once the guard is over (a write-back
+		//     may extend it), not within it: those answers were known;
+		//   - while the claimer holds takeovers back (a stall, an outage
+		//     or refused writes just ended: claim.TakeoverHolder), a
+		//     lapsed lease reads as held too, so that its holder's
+		//     release lands first: the run may have ended, or its holder
+		//     died, or it was a grant nobody heard of (a Redlock bid that
+		//     won no majority, its abort refused). Counted live, it cost
+		//     the later instant a skip, for good, though nothing ran (the
+		//     explorer's skipped-idle on Redlock, seed 34000023: a stall,
+		//     then refused writes). Asked again once the hold is over,
+		//     up to 4 leases: the run is then done, taken over here (and
+		//     live if it runs), or held by a live holder.
+		wait, guarded, heldBack := 100*time.Millisecond, 0, time.Duration(0)
+	asking:
+		for errors.Is(err, claim.ErrHeld) {
+			left, byGuard := guardLeft(err, d.r.opts.Now())
+			switch {
+			case byGuard:
+				guarded++
+				if guarded > 3 || !sleep(ctx, min(left+jitter(50*time.Millisecond), d.r.opts.Lease)) {
+					break asking
+				}
+			case heldBack < 4*d.r.opts.Lease && d.r.takeoversHeld():
+				step := jitter(d.r.opts.Lease / 4)
+				if !sleep(ctx, step) {
+					break asking
+				}
+				heldBack += step
+			default:
+				if wait > 400*time.Millisecond || !sleep(ctx, jitter(wait)) {
+					break asking
+				}
+				wait *= 2
 			}
 			cl, err = d.probeClaim(ctx, run)
 		}

@@ -140,6 +140,14 @@ func (r *Runner) dataLost(ctx context.Context, loss *claim.DataLossError) {
 		"held_until", loss.Until.UTC().Format(time.RFC3339Nano), "error", loss.Error())
 }
 
+// takeoversHeld reports whether the claimer holds takeovers of lapsed
+// leases back now (claim.TakeoverHolder): a lapsed lease then reads as
+// held.
+func (r *Runner) takeoversHeld() bool {
+	th, ok := r.opts.Claimer.(claim.TakeoverHolder)
+	return ok && th.TakeoversHeld(r.opts.Lease)
+}
+
 // watchHold says when the claimer starts and stops holding takeovers of
 // lapsed leases back (claim.TakeoverHolder), in the log and as a gauge,
 // until ctx ends. A dead holder's runs wait meanwhile; without a word an
