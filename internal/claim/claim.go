@@ -66,6 +66,22 @@ type TakeoverHolder interface {
 	TakeoversHeld(lease time.Duration) bool
 }
 
+// HeldBy is c's TakeoversHeld, false for a claimer that holds none: what
+// a wrapper of a claimer (a fault injector, a recorder) passes on, since
+// embedding the Claimer interface alone hides the method.
+func HeldBy(c Claimer, lease time.Duration) bool {
+	th, ok := c.(TakeoverHolder)
+	return ok && th.TakeoversHeld(lease)
+}
+
+// WatchLossOf is c's WatchLoss, nothing for a claimer that watches none
+// (see HeldBy).
+func WatchLossOf(c Claimer, report func(*DataLossError)) {
+	if lw, ok := c.(LossWatcher); ok {
+		lw.WatchLoss(report)
+	}
+}
+
 func (e *DataLossError) Error() string {
 	s := fmt.Sprintf("claim: %s lost its data; every run is held until %s",
 		e.Backend, e.Until.UTC().Format(time.RFC3339Nano))

@@ -187,17 +187,10 @@ type faulty struct {
 // runner over the wrapper does what it does over the claimer in
 // production: it says when takeovers are held and waits the hold out in
 // its overlap probe, and it warns of a data loss no claim met.
-func (f *faulty) TakeoversHeld(lease time.Duration) bool {
-	th, ok := f.inner.(claim.TakeoverHolder)
-	return ok && th.TakeoversHeld(lease)
-}
+func (f *faulty) TakeoversHeld(lease time.Duration) bool { return claim.HeldBy(f.inner, lease) }
 
 // WatchLoss implements claim.LossWatcher (see TakeoversHeld).
-func (f *faulty) WatchLoss(report func(*claim.DataLossError)) {
-	if lw, ok := f.inner.(claim.LossWatcher); ok {
-		lw.WatchLoss(report)
-	}
-}
+func (f *faulty) WatchLoss(report func(*claim.DataLossError)) { claim.WatchLossOf(f.inner, report) }
 
 // Claim is one call, faulted as a whole, whatever the batch holds.
 func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {

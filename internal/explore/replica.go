@@ -418,12 +418,15 @@ type batchReply struct {
 // gauge, its overlap probe): the inner claimer's own, or over the memory
 // store the harness's (Claim).
 func (f *faulty) TakeoversHeld(lease time.Duration) bool {
-	if th, ok := f.inner.(claim.TakeoverHolder); ok {
-		return th.TakeoversHeld(lease)
+	if _, mem := f.inner.(*memory.Claimer); mem {
+		return !f.r.w.cfg.NoHold && f.unanswered.HoldAt(lease, time.Now())
 	}
-	_, mem := f.inner.(*memory.Claimer)
-	return mem && !f.r.w.cfg.NoHold && f.unanswered.HoldAt(lease, time.Now())
+	return claim.HeldBy(f.inner, lease)
 }
+
+// WatchLoss implements claim.LossWatcher with the inner claimer's watch,
+// if it has one (the redis claimer's done watcher), as TakeoversHeld.
+func (f *faulty) WatchLoss(report func(*claim.DataLossError)) { claim.WatchLossOf(f.inner, report) }
 
 // Claim is one call, faulted as a whole, whatever the batch holds.
 func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {

@@ -143,10 +143,7 @@ func (r *Runner) dataLost(ctx context.Context, loss *claim.DataLossError) {
 // takeoversHeld reports whether the claimer holds takeovers of lapsed
 // leases back now (claim.TakeoverHolder): a lapsed lease then reads as
 // held.
-func (r *Runner) takeoversHeld() bool {
-	th, ok := r.opts.Claimer.(claim.TakeoverHolder)
-	return ok && th.TakeoversHeld(r.opts.Lease)
-}
+func (r *Runner) takeoversHeld() bool { return claim.HeldBy(r.opts.Claimer, r.opts.Lease) }
 
 // watchHold says when the claimer starts and stops holding takeovers of
 // lapsed leases back (claim.TakeoverHolder), in the log and as a gauge,

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
@@ -50,6 +51,16 @@ type Backend struct {
 func (b *Backend) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]claim.Record, error) {
 	return claim.Histories(ctx, b.Claimer, qs)
 }
+
+// TakeoversHeld forwards to the claimer (claim.TakeoverHolder), which
+// embedding alone would hide: false for one that holds none. A runner
+// over a Backend (the explorer's, compare's) then sees the hold as one
+// over the claimer itself does.
+func (b *Backend) TakeoversHeld(lease time.Duration) bool { return claim.HeldBy(b.Claimer, lease) }
+
+// WatchLoss forwards to the claimer (claim.LossWatcher), which embedding
+// alone would hide; nothing for one that watches none.
+func (b *Backend) WatchLoss(report func(*claim.DataLossError)) { claim.WatchLossOf(b.Claimer, report) }
 
 // Close closes the claimer and everything opened beside it.
 func (b *Backend) Close() error {
