@@ -99,6 +99,12 @@ type counting struct {
 	calls *atomic.Int64
 }
 
+// TakeoversHeld and WatchLoss pass the claimer's on, so that the runner
+// over the counter runs as it does over the claimer in production.
+func (c counting) TakeoversHeld(lease time.Duration) bool { return claim.HeldBy(c.Claimer, lease) }
+
+func (c counting) WatchLoss(report func(*claim.DataLossError)) { claim.WatchLossOf(c.Claimer, report) }
+
 func (c counting) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
 	c.calls.Add(1)
 	return c.Claimer.Claim(ctx, runs, lease)

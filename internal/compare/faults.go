@@ -182,6 +182,11 @@ type faulty struct {
 	rec   *recorder
 }
 
+var (
+	_ claim.TakeoverHolder = (*faulty)(nil)
+	_ claim.LossWatcher    = (*faulty)(nil)
+)
+
 // TakeoversHeld implements claim.TakeoverHolder with the real claimer's
 // hold, and WatchLoss claim.LossWatcher with its watch, so that the
 // runner over the wrapper does what it does over the claimer in

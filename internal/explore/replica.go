@@ -413,6 +413,13 @@ type batchReply struct {
 	errs []error
 }
 
+// The runner reads the hold and the loss watch through these: a wrapper
+// without them hid both from it (stop 65).
+var (
+	_ claim.TakeoverHolder = (*faulty)(nil)
+	_ claim.LossWatcher    = (*faulty)(nil)
+)
+
 // TakeoversHeld implements claim.TakeoverHolder, as the claimers that
 // hold takeovers do, so that the runner sees the hold (its log, its
 // gauge, its overlap probe): the inner claimer's own, or over the memory

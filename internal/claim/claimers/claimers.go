@@ -52,6 +52,11 @@ func (b *Backend) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]c
 	return claim.Histories(ctx, b.Claimer, qs)
 }
 
+var (
+	_ claim.TakeoverHolder = (*Backend)(nil)
+	_ claim.LossWatcher    = (*Backend)(nil)
+)
+
 // TakeoversHeld forwards to the claimer (claim.TakeoverHolder), which
 // embedding alone would hide: false for one that holds none. A runner
 // over a Backend (the explorer's, compare's) then sees the hold as one
