@@ -441,6 +441,50 @@ scheduler_claimer_data_loss_total{claimer=%q} %d
 	}
 }
 
+// earlierRunEndsElsewhere runs replica "a" over c (which logs to led)
+// with a job ticking every 2s, in a synctest bubble: its run r0 (at
+// t0+2s) is held elsewhere from t0+1.9s, so that the replica watches it,
+// and released as succeeded at t0+releaseAt; then ends() is called, and
+// the replica stops at t0+stopAt. The next run, r1 (t0+4s), must have
+// started once, as due while r0's end was unknown to c's answers (why),
+// and r0 never here.
+func earlierRunEndsElsewhere(t *testing.T, store *memory.Store, led *ledger, c claim.Claimer, lease time.Duration,
+	t0 time.Time, releaseAt, stopAt time.Duration, ended func(), why string) (r0, r1 claim.Run) {
+	t.Helper()
+	other := memory.New(store, "x") // r0's holder, outside the runner
+	jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/2 * * * * *"),
+		Handler: func(context.Context, job.Run) error { return nil }}}
+	r, err := runner.New(runner.Options{Claimer: c, Instance: "a", Lease: lease, Observe: led.observer("a")}, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0, r1 = claim.Run{Job: "tick", At: t0.Add(2 * time.Second)}, claim.Run{Job: "tick", At: t0.Add(4 * time.Second)}
+	time.Sleep(time.Until(t0.Add(1900 * time.Millisecond)))
+	held, err := claim.ClaimOne(t.Context(), other, r0, stopAt) // live until released
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	time.Sleep(time.Until(t0.Add(releaseAt)))
+	if err := claim.ReleaseOne(t.Context(), other, held, claim.Succeeded); err != nil {
+		t.Fatal(err)
+	}
+	ended()
+	time.Sleep(time.Until(t0.Add(stopAt)))
+	cancel()
+	<-done
+	if s := led.starts(r1.ID()); len(s) != 1 {
+		led.explain(t, r1.ID())
+		t.Fatalf("%s, due %s, started %d times, want once", r1.ID(), why, len(s))
+	}
+	if s := led.starts(r0.ID()); len(s) != 0 {
+		t.Fatalf("%s, run elsewhere, started %d times here", r0.ID(), len(s))
+	}
+	return r0, r1
+}
+
 // TestAnEarlierRunHeldOnlyByARestartGuardIsNoOverlap: a replica watched
 // an earlier run held elsewhere; the run ended, and the backend, having
 // lost its data, held every run for a while (the redis claimer's restart
@@ -452,42 +496,13 @@ scheduler_claimer_data_loss_total{claimer=%q} %d
 // and not within it.
 func TestAnEarlierRunHeldOnlyByARestartGuardIsNoOverlap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const lease = 3 * time.Second
-		store := memory.NewStore(nil)
-		led := newLedger()
-		other := memory.New(store, "x") // a holder outside this test's runner
+		store, led := memory.NewStore(nil), newLedger()
 		a := &forgetful{Claimer: memory.New(store, "a")}
-		jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/2 * * * * *"),
-			Handler: func(context.Context, job.Run) error { return nil }}}
-		r, err := runner.New(runner.Options{Claimer: led.claimer("a", a), Instance: "a", Lease: lease,
-			Observe: led.observer("a")}, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
 		t0 := time.Now().Truncate(2 * time.Second)
-		r0, r1 := claim.Run{Job: "tick", At: t0.Add(2 * time.Second)}, claim.Run{Job: "tick", At: t0.Add(4 * time.Second)}
-		held, err := claim.ClaimOne(t.Context(), other, r0, 3*lease) // live until released
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = r.Run(ctx) }()
-		time.Sleep(time.Until(t0.Add(3500 * time.Millisecond))) // r0 held elsewhere, watched here
-		if err := claim.ReleaseOne(t.Context(), other, held, claim.Succeeded); err != nil {
-			t.Fatal(err)
-		}
-		a.lose(t0.Add(5500 * time.Millisecond)) // the guard: over 1.5s after r1's instant
-		time.Sleep(time.Until(t0.Add(10 * time.Second)))
-		cancel()
-		<-done
-		if s := led.starts(r1.ID()); len(s) != 1 {
-			led.explain(t, r1.ID())
-			t.Fatalf("%s, due during the guard after %s ended, started %d times, want once", r1.ID(), r0.ID(), len(s))
-		}
-		if s := led.starts(r0.ID()); len(s) != 0 {
-			t.Fatalf("%s, run elsewhere, started %d times here", r0.ID(), len(s))
-		}
+		r0, _ := earlierRunEndsElsewhere(t, store, led, led.claimer("a", a), 3*time.Second, t0,
+			3500*time.Millisecond, 10*time.Second,
+			func() { a.lose(t0.Add(5500 * time.Millisecond)) }, // the guard: over 1.5s after r1's instant
+			"during the guard after the earlier run ended")
 		// Within the guard the probe asked once, then waited it out: the
 		// answers a held-by-a-holder retry would get there were known (it
 		// asked 3 times more, 6 answers in all with the watcher's here).
@@ -519,43 +534,11 @@ func (h *holdingBack) TakeoversHeld(time.Duration) bool { return time.Now().Befo
 // the hold is over.
 func TestAnEarlierRunHeldDuringATakeoverHoldIsAskedAgainAfterIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		const lease = time.Second
-		store := memory.NewStore(nil)
-		led := newLedger()
-		other := memory.New(store, "x") // the earlier run's holder, outside this test's runner
+		store, led := memory.NewStore(nil), newLedger()
 		t0 := time.Now().Truncate(2 * time.Second)
 		a := &holdingBack{Claimer: led.claimer("a", memory.New(store, "a")), until: t0.Add(5500 * time.Millisecond)}
-		jobs := []runner.Job{{Name: "tick", Schedule: mustSchedule(t, "*/2 * * * * *"),
-			Handler: func(context.Context, job.Run) error { return nil }}}
-		r, err := runner.New(runner.Options{Claimer: a, Instance: "a", Lease: lease,
-			Observe: led.observer("a")}, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r0, r1 := claim.Run{Job: "tick", At: t0.Add(2 * time.Second)}, claim.Run{Job: "tick", At: t0.Add(4 * time.Second)}
-		time.Sleep(time.Until(t0.Add(1900 * time.Millisecond)))
-		held, err := claim.ClaimOne(t.Context(), other, r0, 10*lease)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = r.Run(ctx) }()
-		// r0 held elsewhere, watched here; its release lands 1.2s after
-		// r1's instant, within the hold.
-		time.Sleep(time.Until(t0.Add(5200 * time.Millisecond)))
-		if err := claim.ReleaseOne(t.Context(), other, held, claim.Succeeded); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Until(t0.Add(9 * time.Second)))
-		cancel()
-		<-done
-		if s := led.starts(r1.ID()); len(s) != 1 {
-			led.explain(t, r1.ID())
-			t.Fatalf("%s, due during the hold while %s's release was on its way, started %d times, want once", r1.ID(), r0.ID(), len(s))
-		}
-		if s := led.starts(r0.ID()); len(s) != 0 {
-			t.Fatalf("%s, run elsewhere, started %d times here", r0.ID(), len(s))
-		}
+		// r0's release lands 1.2s after r1's instant, within the hold.
+		earlierRunEndsElsewhere(t, store, led, a, time.Second, t0, 5200*time.Millisecond, 9*time.Second, func() {},
+			"during the hold while the earlier run's release was on its way")
 	})
 }
