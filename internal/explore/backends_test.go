@@ -85,7 +85,9 @@ func TestNemesisOnRealBackends(t *testing.T) {
 		wg.Go(func() {
 			for _, seed := range kindSeeds(kind) {
 				t.Run(fmt.Sprintf("%s/%d", kind, seed), func(t *testing.T) {
-					res, err := Run(realConfig(t, kind, seed, nemesisScale))
+					cfg := realConfig(t, kind, seed, nemesisScale)
+					runnerLog := logRunners(&cfg)
+					res, err := Run(cfg)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -94,7 +96,7 @@ func TestNemesisOnRealBackends(t *testing.T) {
 					}
 					if len(res.Violations) > 0 {
 						t.Errorf("%s seed %d: %d violations\n%s", kind, res.Seed, len(res.Violations), res.Report())
-						writeTrace(t, kind, res)
+						writeTrace(t, kind, res, runnerLog)
 					} else {
 						t.Logf("%s: %d runs expected, %d events, 0 violations", res.Plan, res.Expected, len(res.Events))
 					}

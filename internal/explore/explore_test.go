@@ -24,33 +24,35 @@ var (
 	first = flag.Uint64("explore.first", 1, "the first seed TestExplore sweeps (replay one: -explore.first=N -explore.seeds=1)")
 	show  = flag.Bool("explore.show", false, "log every seed's plan and verdict")
 	trace = flag.String("explore.trace", "", "write every event of a seed with violations to this directory, one file per claimer and seed (a violation's report shows only the tail of each run)")
-	logs  = flag.Bool("explore.logs", false, "with -explore.trace: also write the replicas' runner logs of a seed with violations, beside its events (TestExplore)")
+	logs  = flag.Bool("explore.logs", false, "with -explore.trace: also write the replicas' runner logs of a seed with violations, beside its events")
 )
 
 // explored runs cfg (in the caller's synctest bubble) and fails t with
 // the seed and trace of each violation.
 func explored(t *testing.T, cfg Config) *Result {
 	t.Helper()
-	var runnerLog testenv.Logs
-	if *trace != "" && *logs && cfg.Log == nil {
-		cfg.Log = &runnerLog
-	}
+	runnerLog := logRunners(&cfg)
 	res, err := Run(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Violations) > 0 {
 		t.Errorf("seed %d: %d violations\n%s", cfg.Seed, len(res.Violations), res.Report())
-		writeTrace(t, "memory", res)
-		if cfg.Log == &runnerLog {
-			name := filepath.Join(*trace, fmt.Sprintf("memory-%d.log", res.Seed))
-			if err := os.WriteFile(name, []byte(runnerLog.String()), 0o644); err != nil {
-				t.Errorf("runner log: %v", err)
-			}
-			t.Logf("runner log: %s", name)
-		}
+		writeTrace(t, "memory", res, runnerLog)
 	}
 	return res
+}
+
+// logRunners gives cfg a runner log when -explore.trace and
+// -explore.logs ask for one, and returns it (nil otherwise): writeTrace
+// writes it beside the events of a seed with violations.
+func logRunners(cfg *Config) *testenv.Logs {
+	if *trace == "" || !*logs || cfg.Log != nil {
+		return nil
+	}
+	l := &testenv.Logs{}
+	cfg.Log = l
+	return l
 }
 
 // sampled holds the histories of seeds 1 to sampledSeeds explored with
@@ -80,7 +82,7 @@ func exploredSeed(t *testing.T, seed uint64) *Result {
 
 // writeTrace writes res's whole history to the -explore.trace directory,
 // if set, and logs where.
-func writeTrace(t *testing.T, kind string, res *Result) {
+func writeTrace(t *testing.T, kind string, res *Result, runnerLog *testenv.Logs) {
 	t.Helper()
 	if *trace == "" {
 		return
@@ -97,6 +99,15 @@ func writeTrace(t *testing.T, kind string, res *Result) {
 		return
 	}
 	t.Logf("every event: %s", name)
+	if runnerLog == nil {
+		return
+	}
+	name = filepath.Join(*trace, fmt.Sprintf("%s-%d.log", kind, res.Seed))
+	if err := os.WriteFile(name, []byte(runnerLog.String()), 0o644); err != nil {
+		t.Errorf("runner log: %v", err)
+		return
+	}
+	t.Logf("runner log: %s", name)
 }
 
 // TestExplore sweeps seeds of composed faults over the runner and fails

@@ -53,8 +53,11 @@ func TestLongExploration(t *testing.T) {
 				seed := *longSeed + uint64(k)*1_000_000 + i
 				var res *Result
 				var err error
+				var runnerLog *testenv.Logs
 				t.Run(fmt.Sprintf("%s/%d", kind, seed), func(t *testing.T) {
-					res, err = Run(realConfig(t, kind, seed, 1))
+					cfg := realConfig(t, kind, seed, 1)
+					runnerLog = logRunners(&cfg)
+					res, err = Run(cfg)
 				})
 				if res == nil && err == nil {
 					// The subtest stopped before a result: its backend is
@@ -86,7 +89,7 @@ func TestLongExploration(t *testing.T) {
 					}
 					if len(res.Violations) > 0 {
 						tl.failed = append(tl.failed, res.Report())
-						writeTrace(t, kind, res)
+						writeTrace(t, kind, res, runnerLog)
 					}
 				}
 				mu.Unlock()

@@ -369,8 +369,15 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		//     what they know, which says nothing of this run. Counted
 		//     live, it cost the later instant a skip, for good, for a run
 		//     that had ended (the explorer's skipped-idle, on a Redis
-		//     Cluster). Asked again once the guard is over (a write-back
-		//     may extend it), not within it: those answers were known;
+		//     Cluster). Asked again once the guard is over, not within
+		//     it: those answers were known. A write-back extends the
+		//     guard, again and again while replicas come back from a
+		//     pause or a cut and write back in turn: waited out three
+		//     times, each as long as its answer said, it still held
+		//     the run, which was counted live and its later instant
+		//     skipped for good (the explorer's skipped-idle on Redis,
+		//     seed 50000029). So guards are waited out for up to 4
+		//     leases, as holds are, not for a number of answers;
 		//   - while the claimer holds takeovers back (a stall, an outage
 		//     or refused writes just ended: claim.TakeoverHolder), a
 		//     lapsed lease reads as held too, so that its holder's
@@ -382,16 +389,20 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 		//     then refused writes). Asked again once the hold is over,
 		//     up to 4 leases: the run is then done, taken over here (and
 		//     live if it runs), or held by a live holder.
-		wait, guarded, heldBack := 100*time.Millisecond, 0, time.Duration(0)
+		wait, guarded, heldBack := 100*time.Millisecond, time.Duration(0), time.Duration(0)
 	asking:
 		for errors.Is(err, claim.ErrHeld) {
 			left, byGuard := guardLeft(err, d.r.opts.Now())
 			switch {
 			case byGuard:
-				guarded++
-				if guarded > 3 || !sleep(ctx, min(left+jitter(50*time.Millisecond), d.r.opts.Lease)) {
+				// Not less than lease/8: the guard's end is on the
+				// backend's clock, and on a clock running ahead it reads
+				// as passed while the guard still holds.
+				step := min(max(left, d.r.opts.Lease/8)+jitter(50*time.Millisecond), d.r.opts.Lease)
+				if guarded >= 4*d.r.opts.Lease || !sleep(ctx, step) {
 					break asking
 				}
+				guarded += step
 			case heldBack < 4*d.r.opts.Lease && d.r.takeoversHeld():
 				step := jitter(d.r.opts.Lease / 4)
 				if !sleep(ctx, step) {
@@ -425,6 +436,13 @@ func (d *dispatcher) liveBefore(ctx, execCtx context.Context, j *jobState, at ti
 				d.r.unreachableAt.Store(d.r.opts.Now().UnixNano())
 			}
 			n++
+			if l := d.r.opts.Logger; ctx.Err() == nil && l.Enabled(ctx, slog.LevelDebug) {
+				// Why a later instant may be skipped for overlap: the
+				// answer that kept the earlier run live, and how long
+				// it was asked about.
+				l.DebugContext(ctx, "earlier run counted live", append(runAttrs(d.r, claim.Run{Job: j.Name, At: at.UTC()}, nil),
+					"previous_run_id", run.ID(), "answer", fmt.Sprint(err), "guarded", guarded, "held_back", heldBack)...)
+			}
 		}
 	}
 	return n
