@@ -540,27 +540,44 @@ var errMissedWaiting = errors.New("runner: the job's history could not be read b
 // and found where it is watched (watchedBeyond). Its record is the
 // grant's: live until it ends here (a lost lease ends it soon after),
 // placed by its grant.
+//
+// A run the page lists as this replica's grant, still running, is live
+// until it ends here too, whatever lease the page shows: a server gone
+// back to an older copy of its data shows the lease as of the copy,
+// lapsed, while its holder renewed it since and executes on. Believing
+// the page, a replica started the job's next run beside the one it
+// executed itself (the explorer's job-overlap on Redis, seed 50000029,
+// under a rewind). Its holder learns of the loss at its next renewal,
+// and the run then ends.
 func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Record {
 	held := j.heldHere(cl.ID())
 	if len(held) == 0 {
 		return recs
 	}
-	listed := make(map[string]bool, len(recs))
-	for _, rec := range recs {
-		listed[rec.RunID] = true
+	listed := make(map[string]int, len(recs))
+	for i, rec := range recs {
+		listed[rec.RunID] = i
 	}
 	// The page is shared: the reader answers the probes of one job that
 	// were queued together with one read (found by the race detector, two
-	// probes appending to one page at once). Appended to, it is copied.
-	recs = slices.Clip(recs)
+	// probes appending to one page at once). Changed, it is copied.
+	recs = slices.Clone(recs)
 	for _, rec := range held {
-		if !listed[rec.RunID] {
-			rec.LeaseUntil = time.Unix(1<<40, 0) // held: renewed until it ends here
+		i, ok := listed[rec.RunID]
+		switch {
+		case !ok:
+			rec.LeaseUntil = liveHere
 			recs = append(recs, rec)
+		case recs[i].Fence == rec.Fence && recs[i].Status == claim.Running:
+			recs[i].LeaseUntil = liveHere
 		}
 	}
 	return recs
 }
+
+// liveHere is the lease withHeldHere gives a run this replica executes:
+// renewed until it ends here.
+var liveHere = time.Unix(1<<40, 0)
 
 // watchedBeyond reports whether this replica stands by for a run of j
 // before cl's that is older than oldest, the oldest run of the page the
