@@ -25,24 +25,10 @@ func TestForbidHoldsBehindManyRecordedSkips(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memory.NewStore(nil)
 		led := newLedger()
-		var running, overlaps atomic.Int32
+		var counted overlapping
 		var first atomic.Bool
 		jobs := []runner.Job{{Name: "marathon", Schedule: mustSchedule(t, "@every 1s"), Overlap: runner.OverlapForbid,
-			Handler: func(ctx context.Context, run job.Run) error {
-				if running.Add(1) > 1 {
-					overlaps.Add(1)
-				}
-				defer running.Add(-1)
-				d := 100 * time.Millisecond
-				if first.CompareAndSwap(false, true) {
-					d = 60 * time.Second // the marathon
-				}
-				select {
-				case <-time.After(d):
-				case <-ctx.Done():
-				}
-				return nil
-			}}}
+			Handler: counted.handler(func(job.Run) bool { return first.CompareAndSwap(false, true) }, 60*time.Second)}} // the marathon
 		a := &replica{name: "a", store: store, jobs: jobs, led: led, lease: 3 * time.Second}
 		b := &replica{name: "b", store: store, jobs: jobs, led: led, lease: 3 * time.Second}
 		a.start(t)
@@ -56,7 +42,7 @@ func TestForbidHoldsBehindManyRecordedSkips(t *testing.T) {
 		for _, rp := range []*replica{a, b, c} {
 			rp.stop()
 		}
-		if n := overlaps.Load(); n != 0 {
+		if n := counted.overlaps.Load(); n != 0 {
 			t.Errorf("%d runs of the forbidden job started while another executed", n)
 		}
 		if !first.Load() {
@@ -64,6 +50,30 @@ func TestForbidHoldsBehindManyRecordedSkips(t *testing.T) {
 		}
 		led.check(t, history.Spec{Forbid: map[string]bool{"marathon": true}})
 	})
+}
+
+// overlapping counts the handlers of a job that started while another
+// of them ran.
+type overlapping struct{ running, overlaps atomic.Int32 }
+
+// handler runs for longFor where long says so, else for 100ms, or until
+// cancelled.
+func (o *overlapping) handler(long func(job.Run) bool, longFor time.Duration) job.Handler {
+	return func(ctx context.Context, run job.Run) error {
+		if o.running.Add(1) > 1 {
+			o.overlaps.Add(1)
+		}
+		defer o.running.Add(-1)
+		d := 100 * time.Millisecond
+		if long(run) {
+			d = longFor
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+		return nil
+	}
 }
 
 // failWhile passes claims on, but answers each claim of run made while
@@ -285,26 +295,12 @@ func TestARunExecutingHereIsLiveWhateverItsRecordSays(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store, led := memory.NewStore(nil), newLedger()
 		var stale atomic.Bool
-		var running, overlaps atomic.Int32
+		var counted overlapping
 		t0 := time.Now().Truncate(2 * time.Second)
 		first := t0.Add(2 * time.Second)
 		jobs := []runner.Job{{Name: "q", Schedule: mustSchedule(t, "*/2 * * * * *"), Overlap: runner.OverlapBufferOne,
-			Handler: func(ctx context.Context, run job.Run) error {
-				if running.Add(1) > 1 {
-					overlaps.Add(1)
-				}
-				defer running.Add(-1)
-				d := 100 * time.Millisecond
-				if run.ScheduledAt.Equal(first) {
-					d = 3 * time.Second // still running at the next instant
-				}
-				select {
-				case <-time.After(d):
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}}}
+			// The first run still runs at the next instant.
+			Handler: counted.handler(func(run job.Run) bool { return run.ScheduledAt.Equal(first) }, 3*time.Second)}}
 		rp := &replica{name: "a", store: store, jobs: jobs, led: led, lease: time.Second,
 			wrap: func(c claim.Claimer) claim.Claimer { return rewoundLeases{c, &stale} }}
 		time.Sleep(time.Until(t0.Add(time.Second)))
@@ -313,7 +309,7 @@ func TestARunExecutingHereIsLiveWhateverItsRecordSays(t *testing.T) {
 		stale.Store(true)
 		time.Sleep(time.Until(t0.Add(8 * time.Second)))
 		rp.stop()
-		if n := overlaps.Load(); n != 0 {
+		if n := counted.overlaps.Load(); n != 0 {
 			t.Errorf("%d runs of the buffer-one job started while another executed on the same replica", n)
 		}
 		next := claim.Run{Job: "q", At: t0.Add(4 * time.Second)}
