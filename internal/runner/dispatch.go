@@ -973,33 +973,78 @@ func (j *jobState) watchedOrigin(at time.Time) origin {
 
 // earlierLive counts the runs of j before at executing here, and lists
 // the earlier runs this replica only watches.
+//
+// A run executing here whose lease this replica no longer trusts is not
+// counted: it is ending (its handler cancelled, or its outcome decided
+// and its release not yet landed), and the other replicas, reading its
+// lapsed lease, count it no more. Counted, it skipped a later instant
+// for good on this replica alone (the explorer's skipped-idle, in-process
+// seed 60000450: a run granted before a long pause of its replica,
+// recorded missed after it, its release held up by an outage, kept the
+// job's instants due meanwhile from running).
 func (j *jobState) earlierLive(at time.Time) (n int, watched []time.Time) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for k, e := range j.live {
 		switch {
 		case k >= at.UnixNano():
-		case e[executing] > 0:
+		case e[executing] > 0 && !j.lapsedHereLocked(k):
 			n++
-		default:
+		case e[watching] > 0:
 			watched = append(watched, time.Unix(0, k).UTC())
 		}
 	}
 	return n, watched
 }
 
+// lapsedHereLocked reports whether every run of j at instant k (unix ns)
+// this replica holds (hold) has a lease it no longer trusts; false where
+// it holds none (between its grant and hold).
+func (j *jobState) lapsedHereLocked(k int64) bool {
+	found := false
+	for _, h := range j.held {
+		if h.rec.At.UnixNano() != k {
+			continue
+		}
+		if h.isTrusted() {
+			return false
+		}
+		found = true
+	}
+	return found
+}
+
+// heldRun is a run this replica executes (jobState.hold): its record, as
+// granted, and until when this replica trusts its lease (the keep-alive
+// moves it on at each renewal; nil once the lease is lost).
+type heldRun struct {
+	rec     claim.Record
+	trusted *atomic.Pointer[time.Time]
+}
+
+// isTrusted reports whether this replica still trusts h's lease.
+func (h heldRun) isTrusted() bool {
+	t := h.trusted.Load()
+	return t != nil && time.Now().Before(*t)
+}
+
 // hold records cl, granted at grantedAt on the backend's clock, as
-// executed here until the function it returns is called.
-func (j *jobState) hold(cl *claim.Claim, grantedAt time.Time) (drop func()) {
+// executed here until the function it returns is called, its lease
+// trusted until margin before cl's trust window closes; the keep-alive
+// moves that on (trusted).
+func (j *jobState) hold(cl *claim.Claim, grantedAt time.Time, margin time.Duration) (trusted *atomic.Pointer[time.Time], drop func()) {
 	id := cl.ID()
+	trusted = new(atomic.Pointer[time.Time])
+	until := cl.TrustedUntil(margin)
+	trusted.Store(&until)
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.held[id] = claim.Record{RunID: id, Job: cl.Run.Job, At: cl.Run.At, Status: claim.Running, Holder: cl.Holder,
-		Fence: cl.Fence, Attempt: cl.Attempt, StartedAt: grantedAt}
-	return func() {
+	j.held[id] = heldRun{rec: claim.Record{RunID: id, Job: cl.Run.Job, At: cl.Run.At, Status: claim.Running, Holder: cl.Holder,
+		Fence: cl.Fence, Attempt: cl.Attempt, StartedAt: grantedAt}, trusted: trusted}
+	return trusted, func() {
 		j.mu.Lock()
 		defer j.mu.Unlock()
-		if j.held[id].Fence == cl.Fence {
+		if j.held[id].rec.Fence == cl.Fence {
 			delete(j.held, id)
 		}
 	}
@@ -1008,13 +1053,13 @@ func (j *jobState) hold(cl *claim.Claim, grantedAt time.Time) (drop func()) {
 // heldHere returns the runs of j this replica executes (see hold) but
 // the one whose id is except; nil, without allocating, when there are
 // none (every probe asks, and most runs are their job's only one here).
-func (j *jobState) heldHere(except string) []claim.Record {
+func (j *jobState) heldHere(except string) []heldRun {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	var out []claim.Record
-	for id, rec := range j.held {
+	var out []heldRun
+	for id, h := range j.held {
 		if id != except {
-			out = append(out, rec)
+			out = append(out, h)
 		}
 	}
 	return out

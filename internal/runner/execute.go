@@ -53,7 +53,8 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	// claim does not keep it.
 	page := cl.Page
 	cl.Page = nil
-	defer j.hold(cl, grantedAt)() // counted by this replica's overlap probes until it ends
+	trusted, drop := j.hold(cl, grantedAt, r.trustMargin()) // counted by this replica's overlap probes until it ends
+	defer drop()
 	replied := time.Now()
 	backendNow := func() time.Time { return grantedAt.Add(time.Since(replied)) }
 
@@ -79,7 +80,7 @@ func (d *dispatcher) execute(ctx, execCtx context.Context, j *jobState, cl *clai
 	keepDone := make(chan struct{})
 	go func() {
 		defer close(keepDone)
-		d.keepAlive(keepCtx, ectx, cl, cancel)
+		d.keepAlive(keepCtx, ectx, cl, cancel, trusted)
 	}()
 	settle := func(status, o claim.Status, elapsed time.Duration, err error) claim.Status {
 		status, err = d.settle(ctx, cl, status, o, err, elapsed)
@@ -542,9 +543,9 @@ var errMissedWaiting = errors.New("runner: the job's history could not be read b
 // placed by its grant.
 //
 // A run the page lists as this replica's grant, still running, is live
-// until it ends here too, whatever lease the page shows: a server gone
-// back to an older copy of its data shows the lease as of the copy,
-// lapsed, while its holder renewed it since and executes on. Believing
+// while this replica trusts its lease, whatever lease the page shows: a
+// server gone back to an older copy of its data shows the lease as of
+// the copy, lapsed, while its holder renewed it since and executes on. Believing
 // the page, a replica started the job's next run beside the one it
 // executed itself (the explorer's job-overlap on Redis, seed 50000029,
 // under a rewind). Its holder learns of the loss at its next renewal,
@@ -562,13 +563,14 @@ func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Rec
 	// were queued together with one read (found by the race detector, two
 	// probes appending to one page at once). Changed, it is copied.
 	recs = slices.Clone(recs)
-	for _, rec := range held {
+	for _, h := range held {
+		rec := h.rec
 		i, ok := listed[rec.RunID]
 		switch {
 		case !ok:
 			rec.LeaseUntil = liveHere
 			recs = append(recs, rec)
-		case recs[i].Fence == rec.Fence && recs[i].Status == claim.Running:
+		case recs[i].Fence == rec.Fence && recs[i].Status == claim.Running && h.isTrusted():
 			recs[i].LeaseUntil = liveHere
 		}
 	}

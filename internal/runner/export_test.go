@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -47,9 +48,9 @@ const ScheduleReadEvery = scheduleReadEvery
 // WithHeldHere is withHeldHere for a job that executes held here, for the
 // tests.
 func WithHeldHere(page []claim.Record, held []claim.Record, self *claim.Claim) []claim.Record {
-	j := &jobState{Job: Job{Name: self.Run.Job}, held: map[string]claim.Record{}}
+	j := &jobState{Job: Job{Name: self.Run.Job}, held: map[string]heldRun{}}
 	for _, rec := range held {
-		j.held[rec.RunID] = rec
+		j.held[rec.RunID] = heldRun{rec: rec, trusted: new(atomic.Pointer[time.Time])}
 	}
 	return withHeldHere(page, j, self)
 }

@@ -7,6 +7,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
@@ -25,12 +26,13 @@ import (
 //
 // keepAlive is the only reader and writer of cl's lease fields (Deadline,
 // Requested, Lease) while it runs; Release reads only the immutable ones.
-func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel context.CancelCauseFunc) {
+func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel context.CancelCauseFunc, trust *atomic.Pointer[time.Time]) {
 	r := d.r
 	margin := r.trustMargin()
 	next := time.NewTimer(r.renewIn(cl))
 	defer next.Stop()
 	lost := func(msg string, attrs ...any) {
+		trust.Store(nil)
 		if run.Err() == nil {
 			r.opts.Logger.WarnContext(ctx, msg, append(runAttrs(r, cl.Run, cl), attrs...)...)
 			cancel(claim.ErrLeaseLost)
@@ -38,6 +40,7 @@ func (d *dispatcher) keepAlive(ctx, run context.Context, cl *claim.Claim, cancel
 	}
 	for {
 		trusted := cl.TrustedUntil(margin)
+		trust.Store(&trusted)
 		expire := time.NewTimer(time.Until(trusted))
 		select {
 		case <-ctx.Done():

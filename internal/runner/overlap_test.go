@@ -319,3 +319,64 @@ func TestARunExecutingHereIsLiveWhateverItsRecordSays(t *testing.T) {
 		}
 	})
 }
+
+// renewalsCut fails every renewal of run from cut on (the backend out of
+// reach), and holds every release of it until then plus hold: as a
+// replica paused past its lease, whose release then waits out an outage.
+type renewalsCut struct {
+	claim.Claimer
+	run       claim.Run
+	cut, hold time.Time
+}
+
+func (c *renewalsCut) Renew(ctx context.Context, cl *claim.Claim, lease time.Duration) error {
+	if cl.ID() == c.run.ID() && !time.Now().Before(c.cut) {
+		return fmt.Errorf("renew %s: %w", cl.ID(), claim.ErrUnavailable)
+	}
+	return c.Claimer.Renew(ctx, cl, lease)
+}
+
+func (c *renewalsCut) Release(ctx context.Context, cls []*claim.Claim, outs []claim.Status) []error {
+	for _, cl := range cls {
+		if cl.ID() == c.run.ID() {
+			time.Sleep(time.Until(c.hold))
+		}
+	}
+	return c.Claimer.Release(ctx, cls, outs)
+}
+
+// TestARunWhoseLeaseIsNoLongerTrustedHereIsNoOverlap: a forbid job's run
+// could not renew its lease (its replica cut off, or paused past it), so
+// its holder stopped trusting the lease and ended it, and its release
+// waits for the backend. The job's next instant comes meanwhile: the
+// run still counted as executing on its replica, which skipped the
+// instant for good, though the run's lease had lapsed and every other
+// replica counted it ended (the explorer's skipped-idle, in-process seed
+// 60000450). A run whose lease its replica no longer trusts is no
+// overlap.
+func TestARunWhoseLeaseIsNoLongerTrustedHereIsNoOverlap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store, led := memory.NewStore(nil), newLedger()
+		t0 := time.Now().Truncate(2 * time.Second)
+		r0, r1 := claim.Run{Job: "f", At: t0.Add(2 * time.Second)}, claim.Run{Job: "f", At: t0.Add(4 * time.Second)}
+		var counted overlapping
+		jobs := []runner.Job{{Name: "f", Schedule: mustSchedule(t, "*/2 * * * * *"), Overlap: runner.OverlapForbid,
+			Handler: counted.handler(func(run job.Run) bool { return run.ScheduledAt.Equal(r0.At) }, time.Minute)}}
+		rp := &replica{name: "a", store: store, jobs: jobs, led: led, lease: time.Second,
+			wrap: func(c claim.Claimer) claim.Claimer {
+				// Cut off 300ms into r0; its release lands 4.5s later.
+				return &renewalsCut{Claimer: c, run: r0, cut: r0.At.Add(300 * time.Millisecond), hold: r0.At.Add(4800 * time.Millisecond)}
+			}}
+		time.Sleep(time.Until(t0.Add(time.Second)))
+		rp.start(t)
+		time.Sleep(time.Until(t0.Add(8 * time.Second)))
+		rp.stop()
+		if s := led.starts(r1.ID()); len(s) != 1 {
+			led.explain(t, r1.ID())
+			t.Errorf("%s started %d times, want once: %s's lease had lapsed, and its holder ended it", r1.ID(), len(s), r0.ID())
+		}
+		if n := counted.overlaps.Load(); n != 0 {
+			t.Errorf("%d runs of the forbid job started while another executed", n)
+		}
+	})
+}

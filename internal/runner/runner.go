@@ -238,7 +238,7 @@ type jobState struct {
 	// held records, by run id, the runs of j this replica executes (won,
 	// waiting for their turn or running), as the overlap probe must count
 	// them (see owners).
-	held map[string]claim.Record
+	held map[string]heldRun
 	// recording counts, per instant (unix ns), the claims this replica
 	// holds on it only to record it missed (recordChunk): no run an
 	// overlap probe should yield to (waitsOut).
@@ -282,7 +282,7 @@ func New(opts Options, jobs []Job) (*Runner, error) {
 		if j.Backoff > 0 {
 			j.MaxBackoff = max(cmp.Or(j.MaxBackoff, 10*time.Minute), j.Backoff)
 		}
-		js := &jobState{Job: j, live: map[int64][2]int{}, held: map[string]claim.Record{}}
+		js := &jobState{Job: j, live: map[int64][2]int{}, held: map[string]heldRun{}}
 		r.jobs = append(r.jobs, js)
 		r.byName[j.Name] = js
 	}
