@@ -545,11 +545,12 @@ var errMissedWaiting = errors.New("runner: the job's history could not be read b
 // A run the page lists as this replica's grant, still running, is live
 // while this replica trusts its lease, whatever lease the page shows: a
 // server gone back to an older copy of its data shows the lease as of
-// the copy, lapsed, while its holder renewed it since and executes on. Believing
-// the page, a replica started the job's next run beside the one it
-// executed itself (the explorer's job-overlap on Redis, seed 50000029,
-// under a rewind). Its holder learns of the loss at its next renewal,
-// and the run then ends.
+// the copy, lapsed, while its holder renewed it since and executes on.
+// Believing the page, a replica started the job's next run beside the
+// one it executed itself (the explorer's job-overlap on Redis, seed
+// 50000029, under a rewind). Its holder learns of the loss at its next
+// renewal, and the run then ends. Once this replica no longer trusts
+// the lease (earlierLive), the page is believed.
 func withHeldHere(recs []claim.Record, j *jobState, cl *claim.Claim) []claim.Record {
 	held := j.heldHere(cl.ID())
 	if len(held) == 0 {
