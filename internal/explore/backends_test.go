@@ -20,6 +20,7 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/config"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
+	"github.com/scheduler-dev/scheduler/internal/procs"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -130,6 +131,12 @@ var privateServers = map[string]func(t *testing.T) []server{
 	"redis": func(t *testing.T) []server {
 		return []server{testenv.StartRedis(t, "--appendonly", "yes", "--appendfsync", "everysec").Redis}
 	},
+	// One cluster: a restart is a crash (an immediate shutdown), and the
+	// start after it replays the WAL, so nothing acknowledged is lost
+	// (realConfig makes the judge say so: Config.Durable).
+	"postgres": func(t *testing.T) []server {
+		return []server{crashingPostgres{testenv.StartPostgres(t)}}
+	},
 	// Five nodes without persistence: a restarted node comes back empty.
 	"redlock": func(t *testing.T) []server {
 		var nodes []server
@@ -154,7 +161,9 @@ var privateServers = map[string]func(t *testing.T) []server{
 		return nodes
 	},
 	// Three members: a restart kills one (SIGKILL), the leader or not,
-	// and brings it back on its data; the other two keep a quorum.
+	// and brings it back on its data; the other two keep a quorum, and
+	// every write acknowledged is on a majority (realConfig makes the
+	// judge say so: Config.Durable).
 	"etcd": func(t *testing.T) []server {
 		var members []server
 		for _, m := range testenv.StartEtcd(t, 3).Members() {
@@ -163,6 +172,11 @@ var privateServers = map[string]func(t *testing.T) []server{
 		return members
 	},
 }
+
+// crashingPostgres is a private PostgreSQL cluster whose Stop is a crash.
+type crashingPostgres struct{ *procs.Postgres }
+
+func (p crashingPostgres) Stop() { p.Crash() }
 
 // nemesisScale is the time scale of TestNemesisOnRealBackends' seeds: a
 // 2s lease. CI runs the test beside other packages' tests on two cores,
@@ -201,6 +215,14 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 		seeds := opts.Servers
 		claimer, opts.Servers = config.ClaimerRedis, seeds[:1]
 		opts.Tune = func(c *config.Claimer) { c.Redis.Cluster, c.Redis.Addrs = true, seeds[1:] }
+	}
+	if kind == config.ClaimerPostgres && len(nodes) > 0 {
+		dsn := nodes[0].(crashingPostgres).DSN()
+		opts.Tune = func(c *config.Claimer) { c.Postgres.DSN = dsn }
+		cfg.Durable = true
+	}
+	if kind == config.ClaimerEtcd {
+		cfg.Durable = true
 	}
 	// SQLite's file on a small disk of its own, which the refuse class
 	// fills.

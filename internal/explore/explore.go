@@ -64,6 +64,12 @@ type Config struct {
 	// loses is the backend's business (no persistence, a snapshot, an AOF).
 	Restart func(node int, down time.Duration) error
 	Nodes   int
+	// Durable says a restart loses no write the backend acknowledged
+	// (PostgreSQL replays its WAL, and its claimer commits synchronously
+	// whatever the server's setting): a run done again after its release
+	// landed is then judged across a restart, never excused as the
+	// restart's lost writes.
+	Durable bool
 	// Stall, when set, stops the real backend's servers (SIGSTOP, on
 	// true) and resumes them (false): the Stall class then reaches the
 	// real clients, whose own hold (claim.Unanswered, a bid that waited)
@@ -439,7 +445,7 @@ func Run(cfg Config) (*Result, error) {
 					// comes back without up to its last second's writes
 					// (CI, redis-cluster seed 102: a release 20ms before).
 					began := w.t0.Add(op.At)
-					return op.Kind == nemesis.Restart && !rel.At.After(began) && began.Sub(rel.At) < aofLoss
+					return op.Kind == nemesis.Restart && !cfg.Durable && !rel.At.After(began) && began.Sub(rel.At) < aofLoss
 				})
 		},
 		Recorded: func(id string, n int) bool { return w.recorded[fmt.Sprintf("%s#%d", id, n)] }}
@@ -881,7 +887,7 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	// second success and release pass (history.Check, successes).
 	if rel, ok := w.releasedAt(done.Token); ok && rel.Before(at) {
 		return slices.ContainsFunc(w.plan.Ops, func(op nemesis.Op) bool {
-			return op.Kind == nemesis.Restart && overlaps(w.t0, op, rel, at)
+			return op.Kind == nemesis.Restart && !w.cfg.Durable && overlaps(w.t0, op, rel, at)
 		}) || slices.ContainsFunc(w.rewound(), func(r rewound) bool { return r.lostIn(rel) && r.backFrom.Before(at) })
 	}
 	if !crashed.IsZero() {

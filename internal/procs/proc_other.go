@@ -22,3 +22,9 @@ func (m *EtcdMember) Pause() error { return errors.New("pausing a process is sup
 func (m *EtcdMember) Resume() error {
 	return errors.New("pausing a process is supported on Linux only")
 }
+
+// Pause is not supported off Linux.
+func (s *Postgres) Pause() error { return errors.New("pausing a process is supported on Linux only") }
+
+// Resume is not supported off Linux.
+func (s *Postgres) Resume() error { return errors.New("pausing a process is supported on Linux only") }

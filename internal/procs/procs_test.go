@@ -3,6 +3,7 @@ package procs_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	goredis "github.com/redis/go-redis/v9"
@@ -69,7 +70,8 @@ func TestRedisBadArgumentsSayWhy(t *testing.T) {
 }
 
 // TestPostgresCrashKeepsWhatItCommitted crashes a private cluster
-// (immediate shutdown) and starts it again: it replays its WAL.
+// (immediate shutdown) and starts it again: it replays its WAL. Then it
+// pauses it (Pause, as a stalled host) and resumes it.
 func TestPostgresCrashKeepsWhatItCommitted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("initdb takes seconds")
@@ -104,6 +106,51 @@ func TestPostgresCrashKeepsWhatItCommitted(t *testing.T) {
 	}
 	if err := exec("SELECT x FROM kept"); err != nil {
 		t.Fatalf("after restart: %v", err)
+	}
+
+	// Paused, the cluster answers nothing, on a connection open before
+	// or one opened meanwhile; resumed, the open connection's query is
+	// answered.
+	conn, err := pgx.Connect(ctx, s.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = s.Resume()
+		}
+	}()
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := pgx.Connect(short, s.DSN()); err == nil {
+		t.Fatal("a new connection was answered while paused")
+	}
+	answered := make(chan error, 1)
+	go func() {
+		var x int
+		answered <- conn.QueryRow(ctx, "SELECT x FROM kept").Scan(&x)
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("a query was answered while paused: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("after resume: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer 30s after resume")
 	}
 }
 

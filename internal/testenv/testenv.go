@@ -164,6 +164,22 @@ func StartRedis(t testing.TB, extra ...string) *Redis {
 	return &Redis{t: t, Redis: s}
 }
 
+// StartPostgres starts a private PostgreSQL cluster (internal/procs) on
+// a free loopback port, for a test that crashes, restarts or pauses it;
+// it is shut down and removed when the test ends.
+func StartPostgres(t testing.TB) *procs.Postgres {
+	t.Helper()
+	s, err := procs.StartPostgres(t.Context(), procs.PostgresOptions{})
+	if procs.IsUnavailable(err) {
+		Missing(t, "initdb", err.Error())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
 // Start (re)starts the process on the same port: empty, unless extra
 // arguments turned persistence on or the test saved a snapshot (SAVE).
 func (r *Redis) Start() {
