@@ -33,7 +33,7 @@ var (
 	realSeed   = flag.Uint64("explore.real-seed", 0, "TestNemesisOnRealBackends: replay this seed instead of the pinned ones")
 	realKinds  = flag.String("explore.real-kinds", "", "TestNemesisOnRealBackends, TestLongExploration: only these claimers (comma-separated)")
 	realRewind = flag.Bool("explore.rewind", true, "TestNemesisOnRealBackends, TestLongExploration: draw the rewind class on the redis claimer (its server made a replica of an older copy of itself)")
-	realStalls = flag.Bool("explore.real-stalls", true, "TestNemesisOnRealBackends, TestLongExploration: stall the private servers themselves (SIGSTOP); false: the harness's link, which the clients do not see")
+	realStalls = flag.Bool("explore.real-stalls", true, "TestNemesisOnRealBackends, TestLongExploration: stall the backends themselves (SIGSTOP of the private servers; SQLite: its write lock held); false: the harness's link, which the clients do not see")
 )
 
 // pauser is a server that can be stopped (SIGSTOP) and resumed.
@@ -264,6 +264,10 @@ func realConfig(t *testing.T, kind string, seed uint64, scale time.Duration) Con
 		refuse = fullDisk(disk, operator.DB)
 	}
 	cfg.Refuse = refuse
+	if kind == config.ClaimerSQLite && *realStalls {
+		// A stall of a file is another process holding its write lock.
+		cfg.Stall = sqliteLock(t, ns.Config.SQLite.Path)
+	}
 	if kind == config.ClaimerRedis && *realRewind {
 		// The one server goes back to a copy of its data (the class
 		// that would have found docs/hardening.md entry 39; its judge's
