@@ -208,7 +208,7 @@ func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duratio
 	start := time.Now()
 	cls, errs := f.inner.Claim(ctx, runs, lease)
 	f.rec.claimed(f.rep.id, runs, start, time.Now(), cls, errs)
-	f.rec.log.Claimed(f.rep.id, start, cls, errs)
+	f.rec.log.Claimed(f.rep.id, start, runs, lease, cls, errs)
 	return cls, errs
 }
 

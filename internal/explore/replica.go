@@ -472,7 +472,7 @@ func (f *faulty) Claim(ctx context.Context, runs []claim.Run, lease time.Duratio
 				cl.Requested = sent
 			}
 		}
-		f.r.w.log.Claimed(f.name, sent, cls, errs)
+		f.r.w.log.Claimed(f.name, sent, runs, lease, cls, errs)
 		if chronic {
 			f.r.w.mu.Lock()
 			if f.r.w.chronic == nil {

@@ -572,7 +572,14 @@ func (c *checker) policy(events []Event) {
 // and the backend kept a terminal release of the run: a holder whose
 // reply was lost, or whose stale handler returned into an outage, still
 // counts its run as executing there, as the runner does; a holder that
-// died with it leaves it live until a terminal release is kept.
+// died with it leaves it live until a terminal release is kept. A claim
+// call left unanswered may have granted too, unseen (its replica's next
+// try is then given that grant, claim.Bids, or hears "held" until its
+// lease lapses): its run counts as live from the request to a lease after
+// the reply (the long exploration's redis-cluster seed 96000017: a
+// replica skipped a run for overlap with a requested run whose holder's
+// first try had been granted unseen; its second try, which took that
+// grant over, was logged only after the skip).
 func (c *checker) idleSkips(events []Event) {
 	if c.spec.OverlapSlack <= 0 {
 		return
@@ -580,6 +587,7 @@ func (c *checker) idleSkips(events []Event) {
 	type grant struct {
 		id, token string
 		from      time.Time
+		until     time.Time // an unanswered call's: the latest its grant could last; zero for a grant
 	}
 	byJob := map[string][]grant{}
 	endedAt := map[string]time.Time{} // a holder's end, by token (not c.ended: that asks of a run)
@@ -588,6 +596,8 @@ func (c *checker) idleSkips(events []Event) {
 		switch {
 		case e.Kind == Grant:
 			byJob[e.Run.Job] = append(byJob[e.Run.Job], grant{id: e.Run.ID(), token: e.Token, from: e.Sent})
+		case e.Kind == Unanswered:
+			byJob[e.Run.Job] = append(byJob[e.Run.Job], grant{id: e.Run.ID(), from: e.Sent, until: e.Until})
 		case e.Kind == End:
 			if _, ok := endedAt[e.Token]; !ok {
 				endedAt[e.Token] = e.At
@@ -599,6 +609,9 @@ func (c *checker) idleSkips(events []Event) {
 	liveFrom := func(g grant, from, to time.Time) bool {
 		if g.from.After(to) {
 			return false
+		}
+		if !g.until.IsZero() {
+			return !g.until.Before(from)
 		}
 		i := slices.IndexFunc(kept[g.id], func(at time.Time) bool { return !at.Before(g.from) })
 		if i < 0 {

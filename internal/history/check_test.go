@@ -289,6 +289,30 @@ func TestCheckFindsEachViolation(t *testing.T) {
 		}),
 		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
 	}, {
+		// runA ended at once; r3's claim of runA3, sent at 1.05s, went
+		// unanswered at 1.15s: the backend may have granted it unseen,
+		// a lease long (r3's next try would be given that grant).
+		name: "SkippedForOverlapOfARunAClaimLeftUnanswered",
+		build: skippedForOverlap(func(b *builder) {
+			b.event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+			b.at(1150*time.Millisecond).event(Unanswered, "r3", "", runA3, func(e *Event) {
+				e.Sent, e.Until = b.t0.Add(1050*time.Millisecond), b.now.Add(time.Second)
+			})
+		}),
+		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
+	}, {
+		// The same unanswered claim, at 0.1s: any grant it made lapsed by
+		// 0.2s, before runA2's instant less the slack.
+		name: "SkippedForOverlapLongAfterAClaimLeftUnanswered",
+		build: skippedForOverlap(func(b *builder) {
+			b.event(Release, "r1", "a", runA, func(e *Event) { e.Status = claim.Succeeded; e.Sent = b.now })
+			b.at(100*time.Millisecond).event(Unanswered, "r3", "", runA3, func(e *Event) {
+				e.Sent, e.Until = b.t0.Add(50*time.Millisecond), b.now.Add(100*time.Millisecond)
+			})
+		}),
+		spec: Spec{Forbid: forbid.Forbid, OverlapSlack: 200 * time.Millisecond},
+		want: []string{SkippedIdle},
+	}, {
 		// runA's release landed at 3ms, and the backend lost it (a server
 		// gone back to an older copy): its record is live again.
 		name:  "SkippedForOverlapOfARunWhoseReleaseTheBackendLost",

@@ -56,6 +56,13 @@ const (
 	Crash Kind = "crash"
 	// Fault: the nemesis did something (Note says what).
 	Fault Kind = "fault"
+	// Unanswered: a claim call for the run got no answer (an error that
+	// is none: a timeout, a reset, the backend unavailable). Sent is when
+	// the request left. The backend may have granted it to a caller that
+	// never heard, until Until (the reply's time plus the lease; a
+	// request that waited in a stalled backend past its caller's giving
+	// up may land later still): the run may have been live meanwhile.
+	Unanswered Kind = "unanswered"
 )
 
 // Event is one fact of a history.
@@ -129,16 +136,26 @@ func (l *Log) Events() []Event {
 	return append([]Event(nil), l.evs...)
 }
 
-// Claimed logs a claim call's grants: the request left at sent, the reply
+// Claimed logs a claim call of runs for lease: its grants, and the runs it
+// got no answer for (Unanswered). The request left at sent, the reply
 // came back now.
-func (l *Log) Claimed(replica string, sent time.Time, cls []*claim.Claim, errs []error) {
+func (l *Log) Claimed(replica string, sent time.Time, runs []claim.Run, lease time.Duration, cls []*claim.Claim, errs []error) {
 	at := l.now()
-	for i, c := range cls {
-		if c == nil || (i < len(errs) && errs[i] != nil) {
-			continue
+	for i, run := range runs {
+		var err error
+		if i < len(errs) {
+			err = errs[i]
 		}
-		l.Add(Event{At: at, Kind: Grant, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence,
-			Attempt: c.Attempt, Sent: c.Requested, Until: c.Requested.Add(c.Lease)})
+		switch {
+		case err == nil && i < len(cls) && cls[i] != nil:
+			c := cls[i]
+			l.Add(Event{At: at, Kind: Grant, Replica: replica, Run: c.Run, Token: c.Token, Fence: c.Fence,
+				Attempt: c.Attempt, Sent: c.Requested, Until: c.Requested.Add(c.Lease)})
+		case err == nil || errors.Is(err, claim.ErrHeld) || errors.Is(err, claim.ErrDone) || errors.Is(err, claim.ErrInvalid):
+			// An answer: granted to another, done, or never sent.
+		default:
+			l.Add(Event{At: at, Kind: Unanswered, Replica: replica, Run: run, Sent: sent, Until: at.Add(lease)})
+		}
 	}
 }
 

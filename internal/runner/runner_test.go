@@ -72,7 +72,7 @@ type loggedClaimer struct {
 func (c *loggedClaimer) Claim(ctx context.Context, runs []claim.Run, l time.Duration) ([]*claim.Claim, []error) {
 	sent := time.Now()
 	cls, errs := c.Claimer.Claim(ctx, runs, l)
-	c.log.Claimed(c.replica, sent, cls, errs)
+	c.log.Claimed(c.replica, sent, runs, l, cls, errs)
 	return cls, errs
 }
 
