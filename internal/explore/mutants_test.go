@@ -358,7 +358,7 @@ func TestTheSweepFindsPlantedBugs(t *testing.T) {
 func TestTheJudgeExcusesRestartsOnlyWhereTheyLoseWrites(t *testing.T) {
 	testenv.CPUHeavy(t)
 	oneProc(t)
-	n := uint64(3 * *mutantSeeds)
+	n := uint64(2 * *mutantSeeds)
 	caught := map[bool]int{} // seeds that reported a rerun, by Durable
 	for _, durable := range []bool{false, true} {
 		for seed := uint64(1); seed <= n; seed++ {
