@@ -66,9 +66,11 @@ type Config struct {
 	Nodes   int
 	// Durable says a restart loses no write the backend acknowledged
 	// (PostgreSQL replays its WAL, and its claimer commits synchronously
-	// whatever the server's setting): a run done again after its release
-	// landed is then judged across a restart, never excused as the
-	// restart's lost writes.
+	// whatever the server's setting; an etcd member restarted leaves
+	// every acknowledged write on a majority): a run done again after
+	// its release landed is then judged across a restart, never excused
+	// as the restart's lost writes. A release a restart kept from landing
+	// (the handler returned while the server was down) is still excused.
 	Durable bool
 	// Stall, when set, stops the real backend's servers (SIGSTOP, on
 	// true) and resumes them (false): the Stall class then reaches the
