@@ -114,8 +114,7 @@ func writeTrace(t *testing.T, kind string, res *Result, runnerLog *testenv.Logs)
 // with each violation's seed and trace. CI pins the sweep (see .ci/run);
 // replay a failure with -explore.first=SEED -explore.seeds=1.
 func TestExplore(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	for seed := *first; seed < *first+uint64(*seeds); seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			t.Parallel()
@@ -133,8 +132,7 @@ func TestExplore(t *testing.T) {
 // every run id to that) and its pauses skip instants, so the controls are
 // explored under the faults rather than merely configured.
 func TestOperatorActionsAreExplored(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	var manual, paused, beside, seeds int
 	for seed := uint64(1); seed <= 40; seed++ {
 		synctest.Test(t, func(t *testing.T) {
@@ -181,8 +179,7 @@ func TestOperatorActionsAreExplored(t *testing.T) {
 // instants missed in an outage are caught up in turn (run-all), so each
 // is explored, not merely configured.
 func TestRunSemanticsAreExplored(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	var retries, retried, waited, replaced, seeds int
 	for seed := uint64(1); seed <= 40; seed++ {
 		synctest.Test(t, func(t *testing.T) {
@@ -220,8 +217,7 @@ func TestRunSemanticsAreExplored(t *testing.T) {
 // backfill process). That every backfill settles is each seed's
 // violation to report (BackfillUnsettled).
 func TestBackfillsAreExplored(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	var backfills, started, resumed, killed, givenUp, fleetTook, seeds int
 	for seed := uint64(1); seed <= 200; seed++ {
 		synctest.Test(t, func(t *testing.T) {
@@ -269,8 +265,7 @@ func TestBackfillsAreExplored(t *testing.T) {
 // though no replica dispatched it. That every run ends is each seed's
 // invariant to hold (abandoned).
 func TestTriggersHereAreExplored(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	var heres, withPod, alone, started, takenOver, seeds int
 	for seed := uint64(1); seed <= 200; seed++ {
 		synctest.Test(t, func(t *testing.T) {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/schedule"
-	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
 // TestMixedConfigsAreExplored guards the mixed configs' part of the
@@ -20,8 +19,7 @@ import (
 // history.Check holds every run to once, and to an instant one version
 // names.
 func TestMixedConfigsAreExplored(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	specs := map[string]string{}
 	for _, j := range (&world{cfg: Config{Lease: 3 * time.Second}}).workload() {
 		specs[j.name] = j.spec

@@ -15,7 +15,6 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim/memory"
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
-	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
 // A sweep that finds nothing proves little unless it would have found
@@ -282,8 +281,7 @@ func (f *forgetsDone) Release(ctx context.Context, cls []*claim.Claim, outs []cl
 // is the bug an outside review found at stop 54 (286–297 of 300 runs run
 // again after a 6–15s Redis stop); the sweep must find it as redone.
 func TestTheSweepFindsTakeoversNotHeldAfterAStall(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	// Twice the mutants' seeds: the bug needs a handler that returns as
 	// the backend goes away, which about two seeds in five have.
 	n := 2 * *mutantSeeds
@@ -311,8 +309,7 @@ var mutantSeeds = flag.Int("explore.mutant-seeds", 12, "how many seeds TestTheSw
 // and fails for a mutant no seed catches as the violation that names its
 // bug. It logs how many seeds caught each: the sweep's reach.
 func TestTheSweepFindsPlantedBugs(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	for _, mu := range mutants {
 		t.Run(mu.name, func(t *testing.T) {
 			t.Parallel()
@@ -356,8 +353,7 @@ func TestTheSweepFindsPlantedBugs(t *testing.T) {
 // test asserts that declaring the backend durable reports reruns in
 // more seeds, by a wide margin.
 func TestTheJudgeExcusesRestartsOnlyWhereTheyLoseWrites(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	n := uint64(2 * *mutantSeeds)
 	caught := map[bool]int{} // seeds that reported a rerun, by Durable
 	for _, durable := range []bool{false, true} {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/history"
 	"github.com/scheduler-dev/scheduler/internal/nemesis"
-	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
 
 // TestRegressions pins, for each fault class the explorer found breaking a
@@ -16,8 +15,7 @@ import (
 // broke. Each must now hold; run against the runner before the fix (commit
 // c9cbb68), each failed with the invariant named here.
 func TestRegressions(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	s := time.Second
 	op := func(kind string, replica int, at, d time.Duration) nemesis.Op {
 		return nemesis.Op{Kind: kind, Replica: replica, At: at, For: d}
@@ -86,8 +84,7 @@ func TestRegressions(t *testing.T) {
 // old runner failed each about one run in six), so each seed is replayed
 // many times.
 func TestReplaceBesideALateTakeover(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	for _, seed := range []uint64{1304, 1812} {
 		for i := range 25 {
 			t.Run(fmt.Sprintf("%d/%d", seed, i), func(t *testing.T) {
@@ -117,8 +114,7 @@ func TestAGrantLandingAfterItsSendersRestartIsTakenOverWhilePaused(t *testing.T)
 // others if parallel): the explorer's goroutines interleave differently
 // from run to run, so a seed that broke a guarantee did so in some runs.
 func replaySeed(t *testing.T, cfg Config, runs int, parallel bool) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	for i := range runs {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			if parallel {
@@ -182,8 +178,7 @@ func TestAGrantThatLandedAfterItsHolderExitedIsAdopted(t *testing.T) {
 // could not be read (190145: 1 run in 1 failed before its fix; 193350:
 // 1 in 12).
 func TestRunsRequestedAlongsideAreNeverSkippedForOverlap(t *testing.T) {
-	testenv.CPUHeavy(t)
-	oneProc(t)
+	heavy(t)
 	for _, seed := range []uint64{133, 4750, 5971, 190145, 193350} {
 		for i := range 4 {
 			t.Run(fmt.Sprintf("%d/%d", seed, i), func(t *testing.T) {
