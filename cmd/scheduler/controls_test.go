@@ -2,8 +2,11 @@ package main_test
 
 import (
 	"encoding/json"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,18 +69,17 @@ func TestOperatorControlsAcrossReplicaProcesses(t *testing.T) {
 				"]\n    prefix: \"ctl:" + randHex() + ":\"\n"
 		},
 	}
-	for kind, block := range blocks {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			// Two fleets side by side, each on a namespace and a directory
-			// of its own: one for the pause, the triggers and the
-			// backfills, one for the outage. Their replicas wait on the
-			// clock far more than they compute; one after another, the two
-			// parts took about a minute.
-			start := func(t *testing.T) *ctlFleet {
-				f := &ctlFleet{dir: t.TempDir(), names: []string{"r1", "r2", "r3"}, procs: map[string]*proc{}}
-				dir, names, procs := f.dir, f.names, f.procs
-				f.config = writeConfig(t, dir, `instance_id: ${REPLICA:-operator}
+	allAtOnce(t, slices.Sorted(maps.Keys(blocks)), func(t *testing.T, kind string) {
+		block := blocks[kind]
+		// Two fleets side by side, each on a namespace and a directory
+		// of its own: one for the pause, the triggers and the
+		// backfills, one for the outage. Their replicas wait on the
+		// clock far more than they compute; one after another, the two
+		// parts took about a minute.
+		start := func(t *testing.T) *ctlFleet {
+			f := &ctlFleet{dir: t.TempDir(), names: []string{"r1", "r2", "r3"}, procs: map[string]*proc{}}
+			dir, names, procs := f.dir, f.names, f.procs
+			f.config = writeConfig(t, dir, `instance_id: ${REPLICA:-operator}
 claimer:
 `+block(t, dir)+`  lease: 3s
 `+replicaSettings+`jobs:
@@ -86,27 +88,30 @@ claimer:
     params:
       duration: 100ms
 `)
-				for _, n := range names {
-					procs[n] = startReplica(t, dir, f.config, n)
-				}
-				f.all = append([]string(nil), names...)
-				t.Cleanup(func() {
-					if t.Failed() {
-						dumpRuns(t, dir, f.all)
-					}
-				})
-				waitFor(t, "a scheduled run to succeed", func() bool {
-					for _, e := range readEvents(t, dir, names...) {
-						if e.Msg == "run finished" && e.Status == "succeeded" {
-							return true
-						}
-					}
-					return false
-				})
-				return f
+			for _, n := range names {
+				procs[n] = startReplica(t, dir, f.config, n)
 			}
+			f.all = append([]string(nil), names...)
+			t.Cleanup(func() {
+				if t.Failed() {
+					dumpRuns(t, dir, f.all)
+				}
+			})
+			waitFor(t, "a scheduled run to succeed", func() bool {
+				for _, e := range readEvents(t, dir, names...) {
+					if e.Msg == "run finished" && e.Status == "succeeded" {
+						return true
+					}
+				}
+				return false
+			})
+			return f
+		}
+		// The two fleets at once: t.Parallel would run them two at a time
+		// across every kind (allAtOnce).
+		var halves sync.WaitGroup
+		halves.Go(func() {
 			t.Run("Controls", func(t *testing.T) {
-				t.Parallel()
 				t0 := time.Now().UTC().Truncate(2 * time.Second)
 				f := start(t)
 				dir, config, names := f.dir, f.config, f.names
@@ -231,8 +236,9 @@ claimer:
 					}
 				}
 			})
+		})
+		halves.Go(func() {
 			t.Run("Outage", func(t *testing.T) {
-				t.Parallel()
 				f := start(t)
 				dir, config, names, procs := f.dir, f.config, f.names, f.procs
 				// Kill every replica, let instants pass, bring three back.
@@ -302,7 +308,8 @@ claimer:
 				t.Logf("%s: %d missed in the outage", kind, len(ids))
 			})
 		})
-	}
+		halves.Wait()
+	})
 }
 
 // ctlFleet is one of TestOperatorControlsAcrossReplicaProcesses' fleets:

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -433,11 +435,10 @@ func TestReplicasAsProcessesSurviveKillAndSigterm(t *testing.T) {
 				"]\n    prefix: \"e2e:" + randHex() + ":\"\n"
 		},
 	}
-	for kind, block := range claimers {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			dir := t.TempDir()
-			config := writeConfig(t, dir, `instance_id: ${REPLICA}
+	allAtOnce(t, slices.Sorted(maps.Keys(claimers)), func(t *testing.T, kind string) {
+		block := claimers[kind]
+		dir := t.TempDir()
+		config := writeConfig(t, dir, `instance_id: ${REPLICA}
 claimer:
 `+block(t, dir)+`  lease: 3s
 `+replicaSettings+`jobs:
@@ -447,114 +448,113 @@ claimer:
     params:
       duration: 1500ms
 `)
-			names := []string{"r1", "r2", "r3"}
-			procs := map[string]*proc{}
-			for _, n := range names {
-				procs[n] = startReplica(t, dir, config, n)
+		names := []string{"r1", "r2", "r3"}
+		procs := map[string]*proc{}
+		for _, n := range names {
+			procs[n] = startReplica(t, dir, config, n)
+		}
+		begin := time.Now()
+		// Kill -9 a replica in the middle of a run.
+		var killed, termed event
+		t.Cleanup(func() {
+			if t.Failed() {
+				dumpRuns(t, dir, names, killed.RunID, termed.RunID)
 			}
-			begin := time.Now()
-			// Kill -9 a replica in the middle of a run.
-			var killed, termed event
-			t.Cleanup(func() {
-				if t.Failed() {
-					dumpRuns(t, dir, names, killed.RunID, termed.RunID)
+		})
+		waitFor(t, "a run in flight on r1", func() bool {
+			var ok bool
+			killed, ok = openRun(t, dir, "r1")
+			return ok && time.Since(begin) > 3*time.Second
+		})
+		_ = procs["r1"].cmd.Process.Signal(syscall.SIGKILL)
+		<-procs["r1"].done
+		// SIGTERM another in the middle of a run.
+		waitFor(t, "a run in flight on r2", func() bool {
+			var ok bool
+			termed, ok = openRun(t, dir, "r2")
+			// Young enough that its 1.5s of work outlasts the 200ms
+			// shutdown grace: an older run may finish in the grace and
+			// leave nothing to take over.
+			return ok && time.Since(termed.Time) < 600*time.Millisecond
+		})
+		_ = procs["r2"].cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-procs["r2"].done:
+		case <-time.After(20 * time.Second):
+			t.Fatal("r2 did not exit after SIGTERM")
+		}
+		if code := procs["r2"].cmd.ProcessState.ExitCode(); code != 0 {
+			t.Fatalf("r2 exit code %d after SIGTERM, want 0", code)
+		}
+		// Both runs must be finished by a survivor. They may be one run:
+		// r2 may have been terminated in its takeover of the run r1 was
+		// killed in, which r3 then takes over in turn.
+		waitFor(t, "both takeovers to succeed", func() bool {
+			pending := map[string]bool{killed.RunID: true, termed.RunID: true}
+			for _, e := range readEvents(t, dir, names...) {
+				if e.Msg == "run finished" && e.Status == "succeeded" {
+					delete(pending, e.RunID)
 				}
-			})
-			waitFor(t, "a run in flight on r1", func() bool {
-				var ok bool
-				killed, ok = openRun(t, dir, "r1")
-				return ok && time.Since(begin) > 3*time.Second
-			})
-			_ = procs["r1"].cmd.Process.Signal(syscall.SIGKILL)
-			<-procs["r1"].done
-			// SIGTERM another in the middle of a run.
-			waitFor(t, "a run in flight on r2", func() bool {
-				var ok bool
-				termed, ok = openRun(t, dir, "r2")
-				// Young enough that its 1.5s of work outlasts the 200ms
-				// shutdown grace: an older run may finish in the grace and
-				// leave nothing to take over.
-				return ok && time.Since(termed.Time) < 600*time.Millisecond
-			})
-			_ = procs["r2"].cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-procs["r2"].done:
-			case <-time.After(20 * time.Second):
-				t.Fatal("r2 did not exit after SIGTERM")
 			}
-			if code := procs["r2"].cmd.ProcessState.ExitCode(); code != 0 {
-				t.Fatalf("r2 exit code %d after SIGTERM, want 0", code)
-			}
-			// Both runs must be finished by a survivor. They may be one run:
-			// r2 may have been terminated in its takeover of the run r1 was
-			// killed in, which r3 then takes over in turn.
-			waitFor(t, "both takeovers to succeed", func() bool {
-				pending := map[string]bool{killed.RunID: true, termed.RunID: true}
-				for _, e := range readEvents(t, dir, names...) {
-					if e.Msg == "run finished" && e.Status == "succeeded" {
-						delete(pending, e.RunID)
-					}
-				}
-				return len(pending) == 0
-			})
-			time.Sleep(2 * time.Second) // a few more instants on the survivor
-			end := time.Now()
-			_ = procs["r3"].cmd.Process.Signal(syscall.SIGTERM)
-			<-procs["r3"].done
+			return len(pending) == 0
+		})
+		time.Sleep(2 * time.Second) // a few more instants on the survivor
+		end := time.Now()
+		_ = procs["r3"].cmd.Process.Signal(syscall.SIGTERM)
+		<-procs["r3"].done
 
-			events := readEvents(t, dir, names...)
-			succeeded := map[string][]event{}
-			starts := map[string][]event{}
+		events := readEvents(t, dir, names...)
+		succeeded := map[string][]event{}
+		starts := map[string][]event{}
+		for _, e := range events {
+			if e.Job != "" && (e.Claimer != kind || e.Instance == "" || e.ScheduledAt == "") {
+				t.Fatalf("event lacks the contract's keys: %+v", e)
+			}
+			switch e.Msg {
+			case "run started":
+				starts[e.RunID] = append(starts[e.RunID], e)
+			case "run finished":
+				if e.Status == "succeeded" {
+					succeeded[e.RunID] = append(succeeded[e.RunID], e)
+				}
+			}
+		}
+		// Every instant from the first full second to two seconds before
+		// the end succeeded exactly once.
+		from := begin.Truncate(time.Second).Add(2 * time.Second)
+		checked := 0
+		for at := from; at.Before(end.Add(-2 * time.Second)); at = at.Add(time.Second) {
+			id := "example.sleep@" + at.UTC().Format(time.RFC3339Nano)
+			if n := len(succeeded[id]); n != 1 {
+				t.Errorf("%s succeeded %d times, want 1 (starts: %+v)", id, n, starts[id])
+			}
+			checked++
+		}
+		if checked < 5 {
+			t.Fatalf("only %d instants checked", checked)
+		}
+		check := func(what string, first event, wantStatus string) {
+			s := starts[first.RunID]
+			if len(s) < 2 {
+				t.Fatalf("%s run %s started %d times, want a takeover", what, first.RunID, len(s))
+			}
+			last := s[len(s)-1]
+			if last.Attempt < 2 || last.Fence <= first.Fence || last.Instance == first.Instance {
+				t.Fatalf("%s run %s taken over as %+v after %+v", what, first.RunID, last, first)
+			}
+			if wantStatus == "" {
+				return
+			}
 			for _, e := range events {
-				if e.Job != "" && (e.Claimer != kind || e.Instance == "" || e.ScheduledAt == "") {
-					t.Fatalf("event lacks the contract's keys: %+v", e)
-				}
-				switch e.Msg {
-				case "run started":
-					starts[e.RunID] = append(starts[e.RunID], e)
-				case "run finished":
-					if e.Status == "succeeded" {
-						succeeded[e.RunID] = append(succeeded[e.RunID], e)
-					}
-				}
-			}
-			// Every instant from the first full second to two seconds before
-			// the end succeeded exactly once.
-			from := begin.Truncate(time.Second).Add(2 * time.Second)
-			checked := 0
-			for at := from; at.Before(end.Add(-2 * time.Second)); at = at.Add(time.Second) {
-				id := "example.sleep@" + at.UTC().Format(time.RFC3339Nano)
-				if n := len(succeeded[id]); n != 1 {
-					t.Errorf("%s succeeded %d times, want 1 (starts: %+v)", id, n, starts[id])
-				}
-				checked++
-			}
-			if checked < 5 {
-				t.Fatalf("only %d instants checked", checked)
-			}
-			check := func(what string, first event, wantStatus string) {
-				s := starts[first.RunID]
-				if len(s) < 2 {
-					t.Fatalf("%s run %s started %d times, want a takeover", what, first.RunID, len(s))
-				}
-				last := s[len(s)-1]
-				if last.Attempt < 2 || last.Fence <= first.Fence || last.Instance == first.Instance {
-					t.Fatalf("%s run %s taken over as %+v after %+v", what, first.RunID, last, first)
-				}
-				if wantStatus == "" {
+				if e.Msg == "run finished" && e.RunID == first.RunID && e.Instance == first.Instance && e.Status == wantStatus {
 					return
 				}
-				for _, e := range events {
-					if e.Msg == "run finished" && e.RunID == first.RunID && e.Instance == first.Instance && e.Status == wantStatus {
-						return
-					}
-				}
-				t.Fatalf("%s run %s: no %q finish from %s", what, first.RunID, wantStatus, first.Instance)
 			}
-			check("killed", killed, "")
-			check("terminated", termed, "interrupted")
-		})
-	}
+			t.Fatalf("%s run %s: no %q finish from %s", what, first.RunID, wantStatus, first.Instance)
+		}
+		check("killed", killed, "")
+		check("terminated", termed, "interrupted")
+	})
 }
 
 // dumpRuns logs, for a failed test, every log line of the named replicas
@@ -956,4 +956,17 @@ func TestOperatorCommandsPrintNoClientLibraryLogs(t *testing.T) {
 			t.Errorf("%v with a node down: exit %d, stderr %q; want 0 and no go-redis lines", args, r.code, r.stderr)
 		}
 	}
+}
+
+// allAtOnce runs f for each name as a subtest of t, all at once. The
+// process tests' subtests wait on the clock far more than they compute;
+// under t.Parallel they would run -test.parallel (GOMAXPROCS, two here)
+// at a time, and their nested phases two at a time across every kind.
+func allAtOnce(t *testing.T, names []string, f func(t *testing.T, name string)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Go(func() { t.Run(name, func(t *testing.T) { f(t, name) }) })
+	}
+	wg.Wait()
 }

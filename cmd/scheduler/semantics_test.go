@@ -3,6 +3,7 @@ package main_test
 import (
 	"cmp"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -67,26 +68,26 @@ func TestRunSemanticsAcrossReplicaProcesses(t *testing.T) {
 			}
 		},
 	}
-	for kind, newBlock := range claimers {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			block, dir := newBlock(t), t.TempDir()
-			// The phases side by side, each in a namespace and a directory
-			// of its own: their replicas wait on the clock far more than
-			// they compute (35% of a core, every kind's phases one after
-			// another), and one after another they took 30-36s a kind.
-			phase := func(name string, check func(t *testing.T)) {
-				t.Run(name, func(t *testing.T) {
-					t.Parallel()
-					check(t)
-				})
-			}
-			phase("Retry", func(t *testing.T) { checkRetries(t, phaseDir(t, dir, "retry"), block()) })
-			phase("BufferOne", func(t *testing.T) { checkBufferOne(t, phaseDir(t, dir, "bufferone"), block()) })
-			phase("Replace", func(t *testing.T) { checkReplace(t, phaseDir(t, dir, "replace"), block()) })
-			phase("MisfireRunAll", func(t *testing.T) { checkCatchUp(t, startOutage(t, phaseDir(t, dir, "runall"), block())) })
-		})
+	// Every kind's phases at once (allAtOnce), each in a namespace and a
+	// directory of its own: one after another they took 30-36s a kind.
+	phases := map[string]func(t *testing.T, dir string, block func() string){
+		"Retry": func(t *testing.T, dir string, block func() string) {
+			checkRetries(t, phaseDir(t, dir, "retry"), block())
+		},
+		"BufferOne": func(t *testing.T, dir string, block func() string) {
+			checkBufferOne(t, phaseDir(t, dir, "bufferone"), block())
+		},
+		"Replace": func(t *testing.T, dir string, block func() string) {
+			checkReplace(t, phaseDir(t, dir, "replace"), block())
+		},
+		"MisfireRunAll": func(t *testing.T, dir string, block func() string) {
+			checkCatchUp(t, startOutage(t, phaseDir(t, dir, "runall"), block()))
+		},
 	}
+	allAtOnce(t, slices.Sorted(maps.Keys(claimers)), func(t *testing.T, kind string) {
+		block, dir := claimers[kind](t), t.TempDir()
+		allAtOnce(t, slices.Sorted(maps.Keys(phases)), func(t *testing.T, phase string) { phases[phase](t, dir, block) })
+	})
 }
 
 // fleet is the three replicas a phase starts.
