@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 )
@@ -52,12 +53,27 @@ var twin struct {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if os.Getenv(twinEnv) != "" {
+		go orphaned(os.Getppid())
+	}
 	planTwin()
 	code := m.Run()
 	if c := waitTwin(); code == 0 {
 		code = c
 	}
 	os.Exit(code)
+}
+
+// orphaned ends the twin once its parent has died (killed by go test's
+// timeout, or by hand): it would otherwise run on, holding the
+// machine-wide test lock that the next test binaries wait for.
+func orphaned(parent int) {
+	for range time.Tick(time.Second) {
+		if os.Getppid() != parent {
+			fmt.Fprintln(os.Stderr, "the twin's parent process is gone: exiting")
+			os.Exit(1)
+		}
+	}
 }
 
 // planTwin decides whether this run splits, and if so leaves twinTests
