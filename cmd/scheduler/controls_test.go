@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -109,9 +108,8 @@ claimer:
 		}
 		// The two fleets at once: t.Parallel would run them two at a time
 		// across every kind (allAtOnce).
-		var halves sync.WaitGroup
-		halves.Go(func() {
-			t.Run("Controls", func(t *testing.T) {
+		halves := map[string]func(t *testing.T){
+			"Controls": func(t *testing.T) {
 				t0 := time.Now().UTC().Truncate(2 * time.Second)
 				f := start(t)
 				dir, config, names := f.dir, f.config, f.names
@@ -235,10 +233,8 @@ claimer:
 						t.Errorf("%s: %s", it.RunID, it.Action)
 					}
 				}
-			})
-		})
-		halves.Go(func() {
-			t.Run("Outage", func(t *testing.T) {
+			},
+			"Outage": func(t *testing.T) {
 				f := start(t)
 				dir, config, names, procs := f.dir, f.config, f.names, f.procs
 				// Kill every replica, let instants pass, bring three back.
@@ -306,9 +302,9 @@ claimer:
 					t.Fatalf("%d missed runs logged by the replicas that came back, %d recorded (%v): want each once", logged, len(ids), ids)
 				}
 				t.Logf("%s: %d missed in the outage", kind, len(ids))
-			})
-		})
-		halves.Wait()
+			},
+		}
+		allAtOnce(t, slices.Sorted(maps.Keys(halves)), func(t *testing.T, name string) { halves[name](t) })
 	})
 }
 
