@@ -61,6 +61,17 @@ type refusal struct {
 	at  time.Time
 }
 
+// TakeoverWait is how long a bid may wait, from its send to the
+// backend's handling of it, and still take over a lapsed lease: a
+// quarter of it. A bid that waited longer (in a stopped server, behind a
+// lock, on a slow link) may have overtaken a release its holder sent
+// into the same wait, and its claimer holds takeovers back after it as
+// after a call unanswered: the lapsed lease may be a stall's, not a dead
+// holder's. Every claimer that can take a lapsed lease over checks it:
+// the backend against the bid's send (SQLite, Redis), or against the
+// first step of a bid in two (PostgreSQL).
+func TakeoverWait(lease time.Duration) time.Duration { return lease / 4 }
+
 // ChronicAfter is how many leases of answers within one streak of
 // unanswered calls end the hold.
 const ChronicAfter = 3

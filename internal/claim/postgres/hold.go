@@ -62,6 +62,21 @@ func (c *Claimer) wrote(ctx context.Context, err error, changed bool) {
 	}
 }
 
+// waited reports, after a claim's round trip sent at sent, whether
+// takeovers of lapsed leases are held back now: as after a call
+// unanswered if the answer came later than claim.TakeoverWait. Such a
+// bid's insert waited (in a stopped server, on a slow link), and so may a
+// holder's release; its takeover, sent next, may land first (a bid sent
+// with time to wait into a server stopped past the lease, its takeover
+// landing before the holder's retried release). takeOverRun's $8 checks
+// the takeover's own wait on the server.
+func (c *Claimer) waited(sent time.Time, lease time.Duration) bool {
+	if time.Since(sent) > claim.TakeoverWait(lease) {
+		c.unanswered.Note()
+	}
+	return c.unanswered.Hold(lease)
+}
+
 // refusal is the server's latest refusal of a write, if it came within the
 // last minute and no write landed since: readiness reports it, as its
 // probe writes nothing and passes on a full disk.

@@ -65,8 +65,9 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 		}
 	}
 	later := claim.Run{Job: "job.lost-reply", At: at.Add(time.Hour)}
-	// A batch: its insert granted both, and its reply's command tag says so.
-	lose([]byte("INSERT 0 2"), []claim.Run{fresh, later})
+	// A batch: its insert granted both, and its reply's command tag says
+	// so (a row per grant, and the stamp's).
+	lose([]byte("SELECT 3"), []claim.Run{fresh, later})
 	// Alone: the takeover granted again. Its reply is a row of six
 	// columns, the first true (binary); the claimer's look at its
 	// partitions, on a connection of its own, answers SELECT 1 too.

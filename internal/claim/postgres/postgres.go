@@ -64,15 +64,21 @@ const (
 	// conflict target is the primary key, (run_id, scheduled_at): the run
 	// id is the job and the instant, so the pair is unique exactly when the
 	// id is, and the partitioned table's key must contain scheduled_at.
+	// Its one row carries the statement's stamp, granted or not: a
+	// takeover that follows must run within claim.TakeoverWait of it
+	// (takeOverRun's $8).
 	insertRun = `
-WITH ` + lockedStamped7 + `
-INSERT INTO scheduler_runs
-       (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
-SELECT $1, $2, $3, 'running', $4, $5, nextval('scheduler_fence_seq'), 1,
-       stamp.t, now() + $6 * interval '1 microsecond'
-  FROM stamp
-ON CONFLICT (run_id, scheduled_at) DO NOTHING
-RETURNING fence, attempt, lease_until`
+WITH ` + lockedStamped7 + `,
+ins AS (
+    INSERT INTO scheduler_runs
+           (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
+    SELECT $1, $2, $3, 'running', $4, $5, nextval('scheduler_fence_seq'), 1,
+           stamp.t, now() + $6 * interval '1 microsecond'
+      FROM stamp
+    ON CONFLICT (run_id, scheduled_at) DO NOTHING
+    RETURNING fence, attempt, lease_until
+)
+SELECT ins.fence, ins.attempt, ins.lease_until, stamp.t FROM stamp LEFT JOIN ins ON true`
 
 	// takeOverRun grants an interrupted or expired run to a new holder. When
 	// it cannot, the second branch returns the run's status, so held and done
@@ -82,7 +88,10 @@ RETURNING fence, attempt, lease_until`
 	// the run's instant, as in every statement below that names a run.
 	// $7 holds the takeover of a lapsed lease back (see hold.go): such a
 	// run's row is then written unchanged instead (touched, the last
-	// column), so that the bid finds out whether writes land.
+	// column), so that the bid finds out whether writes land. So does a
+	// statement that runs after $8, its bid's insert's stamp plus
+	// claim.TakeoverWait: it waited (in a stopped server, on a lock) long
+	// enough to have overtaken a holder's release that waited with it.
 	takeOverRun = `
 WITH ` + lockedStamped6 + `,
 taken AS (
@@ -92,12 +101,14 @@ taken AS (
            started_at = (SELECT t FROM stamp), lease_until = now() + $4 * interval '1 microsecond',
            finished_at = NULL
      WHERE run_id = $1 AND scheduled_at = $5
-       AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now() AND NOT $7::boolean))
+       AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now()
+            AND NOT $7::boolean AND clock_timestamp() <= $8))
     RETURNING fence, attempt, lease_until
 ),
 touched AS (
     UPDATE scheduler_runs SET lease_until = lease_until
-     WHERE run_id = $1 AND scheduled_at = $5 AND $7::boolean AND status = 'running' AND lease_until <= now()
+     WHERE run_id = $1 AND scheduled_at = $5 AND ($7::boolean OR clock_timestamp() > $8)
+       AND status = 'running' AND lease_until <= now()
     RETURNING 1
 )
 SELECT true, fence, attempt, lease_until, '', false FROM taken
@@ -107,17 +118,23 @@ SELECT false, 0, 0, lease_until, status, EXISTS (SELECT FROM touched) FROM sched
 
 	// insertRuns is insertRun for many runs at once, in run id order: every
 	// batch takes the rows' locks in the same order, so two batches that
-	// race for the same runs cannot deadlock.
+	// race for the same runs cannot deadlock. A row per grant, and last
+	// a row with a NULL run id and the stamp, as insertRun's.
 	insertRuns = `
-WITH ` + lockedStamped7 + `
-INSERT INTO scheduler_runs
-       (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
-SELECT r.run_id, r.job, r.scheduled_at, 'running', r.token, $5, nextval('scheduler_fence_seq'), 1,
-       stamp.t, now() + $6 * interval '1 microsecond'
-  FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(run_id, job, scheduled_at, token), stamp
- ORDER BY r.run_id
-ON CONFLICT (run_id, scheduled_at) DO NOTHING
-RETURNING run_id, fence, attempt, lease_until`
+WITH ` + lockedStamped7 + `,
+ins AS (
+    INSERT INTO scheduler_runs
+           (run_id, job, scheduled_at, status, token, holder, fence, attempt, started_at, lease_until)
+    SELECT r.run_id, r.job, r.scheduled_at, 'running', r.token, $5, nextval('scheduler_fence_seq'), 1,
+           stamp.t, now() + $6 * interval '1 microsecond'
+      FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) AS r(run_id, job, scheduled_at, token), stamp
+     ORDER BY r.run_id
+    ON CONFLICT (run_id, scheduled_at) DO NOTHING
+    RETURNING run_id, fence, attempt, lease_until
+)
+SELECT run_id, fence, attempt, lease_until FROM ins
+UNION ALL
+SELECT NULL, NULL, NULL, t FROM stamp`
 
 	renewRun = `
 UPDATE scheduler_runs
@@ -335,22 +352,32 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 
 	cl.Requested = time.Now()
 	buckets := []int32{bucketOf(run.Job)}
+	var (
+		fence   *int64
+		attempt *int
+		until   *time.Time
+		stamp   time.Time
+	)
 	err := c.pool.QueryRow(ctx, insertRun, id, run.Job, run.At, cl.Token, c.instance, lease.Microseconds(), buckets).
-		Scan(&cl.Fence, &cl.Attempt, &cl.Deadline)
-	c.wrote(ctx, err, err == nil)
+		Scan(&fence, &attempt, &until, &stamp)
+	granted := err == nil && fence != nil
+	c.wrote(ctx, err, granted)
 	switch {
-	case err == nil:
-		cl.Deadline = cl.Deadline.UTC()
+	case granted:
+		cl.Fence, cl.Attempt, cl.Deadline = *fence, *attempt, until.UTC()
 		return cl, nil
-	case !errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
 		c.abandonIfUnknown(err, []*claim.Claim{cl})
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
 	}
+	hold := c.waited(cl.Requested, lease)
 
 	cl.Requested = time.Now()
-	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, c.unanswered.Hold(lease))
+	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets,
+		hold, stamp.Add(claim.TakeoverWait(lease)))
 	got, wrote, err := takenOver(cl, row)
 	c.wrote(ctx, unwrapAnswer(err), wrote)
+	c.waited(cl.Requested, lease)
 	if err != nil && !errors.Is(err, claim.ErrHeld) && !errors.Is(err, claim.ErrDone) {
 		c.abandonIfUnknown(err, []*claim.Claim{cl})
 	}
@@ -598,23 +625,33 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return failAll(pending, translate(err))
 	}
 	won := make([]bool, len(runs))
-	var scanErr error
+	var (
+		scanErr error
+		stamp   time.Time
+	)
 	for scanErr == nil && rows.Next() {
 		var (
-			id    string
-			fence int64
-			att   int
+			id    *string
+			fence *int64
+			att   *int
 			until time.Time
 		)
 		if scanErr = rows.Scan(&id, &fence, &att, &until); scanErr != nil {
 			break
 		}
-		if i, ok := byID[id]; ok {
+		if id == nil {
+			stamp = until // the statement's stamp, its last row
+			continue
+		}
+		if i, ok := byID[*id]; ok {
 			won[i] = true
-			claims[i].Fence, claims[i].Attempt, claims[i].Deadline, claims[i].Requested = fence, att, until.UTC(), requested
+			claims[i].Fence, claims[i].Attempt, claims[i].Deadline, claims[i].Requested = *fence, *att, until.UTC(), requested
 		}
 	}
 	rows.Close()
+	if scanErr == nil && rows.Err() == nil && stamp.IsZero() {
+		scanErr = errors.New("the insert's reply has no stamp")
+	}
 	if err := cmp.Or(rows.Err(), scanErr); err != nil {
 		// The insert failed as a whole: nothing was granted, unless its
 		// reply was lost.
@@ -640,9 +677,9 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		restBuckets[k] = bucketOf(claims[i].Run.Job)
 	}
 	b.Queue(lockJobs, restBuckets)
-	hold := c.unanswered.Hold(lease)
+	hold, by := c.waited(requested, lease), stamp.Add(claim.TakeoverWait(lease))
 	for k, i := range rest {
-		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold)
+		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold, by)
 	}
 	taken := make([]*claim.Claim, len(rest))
 	for k, i := range rest {
@@ -667,6 +704,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		}
 	}
 	c.wrote(ctx, err, wrote)
+	c.waited(requested, lease)
 	if err != nil {
 		// The round's transaction did not commit: none of its takeovers
 		// stand, whatever each statement said. Unless it did and the
