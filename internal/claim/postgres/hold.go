@@ -77,6 +77,17 @@ func (c *Claimer) waited(sent time.Time, lease time.Duration) bool {
 	return c.unanswered.Hold(lease)
 }
 
+// takeoverBy is takeOverRun's $8 for a bid whose insert, sent at sent,
+// was stamped stamp on the server: the latest time on the server's clock
+// at which the takeover sent next may take a lapsed lease over. From the
+// stamp the takeover needs the insert's reply trip and its own send trip,
+// about the insert's round trip; more than claim.TakeoverWait beyond that
+// means it waited. So a slow link (round trips near a quarter lease) does
+// not keep a dead holder's runs from being taken over.
+func takeoverBy(stamp, sent time.Time, lease time.Duration) time.Time {
+	return stamp.Add(time.Since(sent) + claim.TakeoverWait(lease))
+}
+
 // refusal is the server's latest refusal of a write, if it came within the
 // last minute and no write landed since: readiness reports it, as its
 // probe writes nothing and passes on a full disk.

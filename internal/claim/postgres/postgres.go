@@ -65,8 +65,8 @@ const (
 	// id is the job and the instant, so the pair is unique exactly when the
 	// id is, and the partitioned table's key must contain scheduled_at.
 	// Its one row carries the statement's stamp, granted or not: a
-	// takeover that follows must run within claim.TakeoverWait of it
-	// (takeOverRun's $8).
+	// takeover that follows must run within claim.TakeoverWait of it,
+	// beyond its trips (takeOverRun's $8).
 	insertRun = `
 WITH ` + lockedStamped7 + `,
 ins AS (
@@ -89,9 +89,10 @@ SELECT ins.fence, ins.attempt, ins.lease_until, stamp.t FROM stamp LEFT JOIN ins
 	// $7 holds the takeover of a lapsed lease back (see hold.go): such a
 	// run's row is then written unchanged instead (touched, the last
 	// column), so that the bid finds out whether writes land. So does a
-	// statement that runs after $8, its bid's insert's stamp plus
-	// claim.TakeoverWait: it waited (in a stopped server, on a lock) long
-	// enough to have overtaken a holder's release that waited with it.
+	// statement that runs after $8 (takeoverBy: its bid's insert's stamp,
+	// plus the insert's round trip and claim.TakeoverWait): it waited (in
+	// a stopped server, on a lock) long enough to have overtaken a
+	// holder's release that waited with it.
 	takeOverRun = `
 WITH ` + lockedStamped6 + `,
 taken AS (
@@ -370,11 +371,10 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		c.abandonIfUnknown(err, []*claim.Claim{cl})
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
 	}
-	hold := c.waited(cl.Requested, lease)
+	hold, by := c.waited(cl.Requested, lease), takeoverBy(stamp, cl.Requested, lease)
 
 	cl.Requested = time.Now()
-	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets,
-		hold, stamp.Add(claim.TakeoverWait(lease)))
+	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, hold, by)
 	got, wrote, err := takenOver(cl, row)
 	c.wrote(ctx, unwrapAnswer(err), wrote)
 	c.waited(cl.Requested, lease)
@@ -677,7 +677,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		restBuckets[k] = bucketOf(claims[i].Run.Job)
 	}
 	b.Queue(lockJobs, restBuckets)
-	hold, by := c.waited(requested, lease), stamp.Add(claim.TakeoverWait(lease))
+	hold, by := c.waited(requested, lease), takeoverBy(stamp, requested, lease)
 	for k, i := range rest {
 		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold, by)
 	}

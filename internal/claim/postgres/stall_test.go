@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
 	"github.com/scheduler-dev/scheduler/internal/config"
@@ -16,108 +17,115 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
-// TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce: every
-// process of a private server stopped (SIGSTOP) for longer than the lease
-// (claimtest.LapsedInAStallIsNotTakenOver).
-func TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce(t *testing.T) {
+// stoppable opens a holder and a standby on a private server and returns
+// functions that stop every process of it (SIGSTOP) and continue it.
+func stoppable(t *testing.T) (holder, standby *claimers.Backend, stop, cont func()) {
+	t.Helper()
 	srv := testenv.StartPostgres(t)
 	ns := backends.Prepare(t, config.ClaimerPostgres, backends.Options{Tune: func(c *config.Claimer) { c.Postgres.DSN = srv.DSN() }})
-	holder, standby := ns.Open("holder"), ns.Open("standby")
-	stop := func() {
+	stop = func() {
 		if err := srv.Pause(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cont := func() {
+	cont = func() {
 		if err := srv.Resume(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	claimtest.LapsedInAStallIsNotTakenOver(t, holder.Claimer, standby.Claimer, stop, cont, 2*time.Second)
+	return ns.Open("holder"), ns.Open("standby"), stop, cont
 }
 
-// TestABidThatWaitedInAStoppedServerDoesNotOvertakeTheRelease: a
-// standby's bid, sent with time to wait into a server stopped past the
+// TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce: a
+// SIGSTOP longer than the lease (claimtest.LapsedInAStallIsNotTakenOver).
+func TestALeaseThatLapsedWhileTheServerWasStoppedIsNotTakenOverAtOnce(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t)
+	claimtest.LapsedInAStallIsNotTakenOver(t, holder, standby, stop, cont, 2*time.Second)
+}
+
+// TestABidThatWaitedInAStoppedServerIsHeld: a standby's bid, sent on an
+// open connection with time to wait into a server stopped past the
 // holder's lease, waits in its socket; when the server resumes, its
-// insert finds the run's row, and its takeover, sent next, found the
-// lease lapsed and took the run over ahead of the holder's release,
-// whose try in the stall had timed out (its retry on a fresh connection,
-// or in its backoff): a finished run ran again. A bid answered later than claim.TakeoverWait holds its
-// takeover back, as after a call unanswered.
-func TestABidThatWaitedInAStoppedServerDoesNotOvertakeTheRelease(t *testing.T) {
-	srv := testenv.StartPostgres(t)
-	ns := backends.Prepare(t, config.ClaimerPostgres, backends.Options{Tune: func(c *config.Claimer) { c.Postgres.DSN = srv.DSN() }})
-	holder, standby := ns.Open("holder"), ns.Open("standby")
+// insert finds the run's row, and the takeover it sent next found the
+// lease lapsed and took the run over ahead of the holder's release
+// (claimtest.ABidThatWaitedInAStallIsHeld; docs/hardening.md entry 47).
+// The bid goes in at once: a stopped server runs nothing meanwhile.
+func TestABidThatWaitedInAStoppedServerIsHeld(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t)
+	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 0)
+}
+
+// TestAServerStoppedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile: brief
+// SIGSTOPs every fraction of a lease, answers between them
+// (claimtest.ChronicStallsEndTheHold).
+func TestAServerStoppedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t)
+	claimtest.ChronicStallsEndTheHold(t, holder, standby, stop, cont, time.Second)
+}
+
+// TestABatchBidThatWaitedInAStoppedServerIsHeld is
+// TestABidThatWaitedInAStoppedServerIsHeld through a batch's path (one
+// multi-row insert, then the takeovers pipelined), and with the holder's
+// release still to come as the server resumes: its try in the stall
+// timed out, and its retry waits out its backoff or connects anew.
+func TestABatchBidThatWaitedInAStoppedServerIsHeld(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t)
 	const lease = 2 * time.Second
 	at := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
-	for round, batch := range []bool{false, true} {
-		finished := claim.Run{Job: "job.waited", At: at.Add(time.Duration(round) * time.Hour)}
-		cl, err := claim.ClaimOne(t.Context(), holder.Claimer, finished, lease)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Connections open in the standby's pool, as a busy replica's
-		// are: a bid goes out on one at once.
-		var wg sync.WaitGroup
-		for i := range 4 {
-			wg.Go(func() {
-				other := claim.Run{Job: "job.other", At: finished.At.Add(time.Duration(i+1) * time.Minute)}
-				if _, err := claim.ClaimOne(t.Context(), standby.Claimer, other, lease); err != nil {
-					t.Error(err)
-				}
-			})
-		}
-		wg.Wait()
-		if err := srv.Pause(); err != nil {
-			t.Fatal(err)
-		}
-		resumed := false
-		defer func() {
-			if !resumed {
-				_ = srv.Resume()
+	finished := claim.Run{Job: "job.waited", At: at}
+	cl, err := claim.ClaimOne(t.Context(), holder, finished, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Connections open in the standby's pool, as a busy replica's are: a
+	// bid goes out on one at once.
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			other := claim.Run{Job: "job.other", At: at.Add(time.Duration(i+1) * time.Minute)}
+			if _, err := claim.ClaimOne(t.Context(), standby, other, lease); err != nil {
+				t.Error(err)
 			}
-		}()
-		// The holder's handler returns as the server stops; its release is
-		// still to come (its try in the stall timed out, and its retry
-		// waits out its backoff or connects anew: a timed-out statement's
-		// connection is closed).
-		time.Sleep(lease) // the lease lapses, on the server's clock too
-		// The standby bids, with time to wait: it waits in the server
-		// past a quarter lease.
-		bid := make(chan error, 1)
-		go func() {
-			runs := []claim.Run{finished}
-			if batch {
-				runs = append(runs, claim.Run{Job: "job.fresh", At: finished.At})
-			}
-			cls, errs := standby.Claimer.Claim(t.Context(), runs, lease)
-			if cls[0] != nil {
-				errs[0] = fmt.Errorf("granted, attempt %d", cls[0].Attempt)
-			}
-			bid <- errs[0]
-		}()
-		time.Sleep(claim.TakeoverWait(lease) + 300*time.Millisecond)
-		if err := srv.Resume(); err != nil {
-			t.Fatal(err)
+		})
+	}
+	wg.Wait()
+	stop()
+	resumed := false
+	defer func() {
+		if !resumed {
+			cont()
 		}
-		resumed = true
-		if err := <-bid; !errors.Is(err, claim.ErrHeld) {
-			t.Fatalf("batch %v: the standby's bid that waited in the stopped server: %v, want held", batch, err)
+	}()
+	time.Sleep(lease) // the lease lapses, on the server's clock too
+	// The standby bids, with time to wait: it waits in the server past a
+	// quarter lease.
+	bid := make(chan error, 1)
+	go func() {
+		cls, errs := standby.Claim(t.Context(), []claim.Run{finished, {Job: "job.fresh", At: at}}, lease)
+		if cls[0] != nil {
+			errs[0] = fmt.Errorf("granted, attempt %d", cls[0].Attempt)
 		}
-		if err := claim.ReleaseOne(t.Context(), holder.Claimer, cl, claim.Succeeded); err != nil {
-			t.Fatalf("batch %v: the holder's release, retried after the stall: %v, want landed", batch, err)
-		}
-		if _, err := claim.ClaimOne(t.Context(), standby.Claimer, finished, lease); !errors.Is(err, claim.ErrDone) {
-			t.Fatalf("batch %v: the standby after the release: %v, want done", batch, err)
-		}
+		bid <- errs[0]
+	}()
+	time.Sleep(claim.TakeoverWait(lease) + 300*time.Millisecond)
+	cont()
+	resumed = true
+	if err := <-bid; !errors.Is(err, claim.ErrHeld) {
+		t.Fatalf("the standby's bid that waited in the stopped server: %v, want held", err)
+	}
+	if err := claim.ReleaseOne(t.Context(), holder, cl, claim.Succeeded); err != nil {
+		t.Fatalf("the holder's release, retried after the stall: %v, want landed", err)
+	}
+	if _, err := claim.ClaimOne(t.Context(), standby, finished, lease); !errors.Is(err, claim.ErrDone) {
+		t.Fatalf("the standby after the release: %v, want done", err)
 	}
 }
 
 // TestATakeoverThatRunsPastItsBidsWaitHoldsBack: the takeover statement
-// takes a lapsed lease over only up to its $8, the bid's insert's stamp
-// plus claim.TakeoverWait: one that waited longer between the two (in a
-// server stopped after the insert's answer, on a lock) writes the row
-// unchanged and answers held.
+// takes a lapsed lease over only up to its $8 (takeoverBy: the bid's
+// insert's stamp, plus the insert's round trip and claim.TakeoverWait):
+// one that waited longer between the two (in a server stopped after the
+// insert's answer, on a lock) writes the row unchanged and answers held.
 func TestATakeoverThatRunsPastItsBidsWaitHoldsBack(t *testing.T) {
 	ns := backends.Prepare(t, config.ClaimerPostgres, backends.Options{})
 	b := ns.Open("holder")
