@@ -47,6 +47,9 @@ type injector interface {
 	// granted a fresh run (postgres: the INSERT; redis and redlock: any
 	// grant), a release that released; not, say, a connection's handshake.
 	DropReplies(ph phase, n int, only bool)
+	// Dropped is how many requests and replies were lost so far: a
+	// scenario that drops some and dropped none tested nothing.
+	Dropped() int
 }
 
 // phased routes each kind of call to its own claimer.
@@ -104,6 +107,12 @@ func (p *proxies) DropReplies(ph phase, n int, only bool) {
 	}
 }
 
+func (p *proxies) Dropped() int {
+	n := 0
+	p.each(func(x *faultproxy.Proxy) { n += x.Stats().Dropped })
+	return n
+}
+
 // String reports each phase's proxies' stats, for a failed scenario.
 func (p *proxies) String() string {
 	var b bytes.Buffer
@@ -139,6 +148,7 @@ type wrapped struct {
 	dropReq     [phases]int
 	dropRep     [phases]int
 	only        bool
+	dropped     int
 }
 
 var errInjected = fmt.Errorf("%w: injected connection reset", claim.ErrUnavailable)
@@ -167,10 +177,13 @@ func (w *wrapped) take(counts *[phases]int, ph phase) bool {
 	defer w.mu.Unlock()
 	if counts[ph] > 0 {
 		counts[ph]--
+		w.dropped++
 		return true
 	}
 	return false
 }
+
+func (w *wrapped) Dropped() int { w.mu.Lock(); defer w.mu.Unlock(); return w.dropped }
 
 // send is the way there: latency, a partition, a lost request.
 func (w *wrapped) send(ctx context.Context, ph phase) error {
@@ -305,9 +318,11 @@ func openFaulty(t *testing.T, kind, faulty string, redlockNodes []string, proxie
 		ph[p] = be.OpenClient(faulty, backends.Client{Via: via, MaxConns: conns})
 	}
 	if kind == "postgres" {
-		// A fresh grant's reply carries the INSERT's command tag, a
-		// release's the UPDATE's.
-		px.success[phClaim] = contains("INSERT 0 1")
+		// A fresh grant's reply is a row of four columns whose first,
+		// the fence, is set (eight bytes, binary; a bid that found the
+		// run's row has it NULL), a release's carries the UPDATE's
+		// command tag.
+		px.success[phClaim] = contains("\x00\x04\x00\x00\x00\x08")
 		px.success[phRelease] = contains("UPDATE 1")
 	} else {
 		px.success[phClaim], px.success[phRelease] = contains("granted"), contains("released")

@@ -52,7 +52,9 @@ type faultCase struct {
 	// atLeastOnce: the fault is beyond what a lease can cover, so an instant
 	// may succeed twice (one after the other, never concurrently).
 	atLeastOnce bool
-	window      time.Duration
+	// drops: the fault loses requests or replies, and must have lost some.
+	drops  bool
+	window time.Duration
 	// repeat re-arms start every repeat within the window.
 	repeat      time.Duration
 	start, stop func(injector)
@@ -78,19 +80,19 @@ var faultCases = []faultCase{
 	{name: "latency 1s each way", window: 6 * time.Second, atLeastOnce: true,
 		start: func(in injector) { in.SetLatency(time.Second) },
 		stop:  func(in injector) { in.SetLatency(0) }},
-	{name: "reset during claim (request lost)", window: 6 * time.Second, repeat: 400 * time.Millisecond,
+	{name: "reset during claim (request lost)", drops: true, window: 6 * time.Second, repeat: 400 * time.Millisecond,
 		start: func(in injector) { in.DropRequests(phClaim, 1) },
 		stop:  func(in injector) { in.DropRequests(phClaim, 0) }},
-	{name: "reply to a granted claim swallowed", window: 6 * time.Second, repeat: 3500 * time.Millisecond,
+	{name: "reply to a granted claim swallowed", drops: true, window: 6 * time.Second, repeat: 3500 * time.Millisecond,
 		start: func(in injector) { in.DropReplies(phClaim, 1, true) },
 		stop:  func(in injector) { in.DropReplies(phClaim, 0, true) }},
-	{name: "reset during renew (request lost)", window: 6 * time.Second, repeat: 400 * time.Millisecond,
+	{name: "reset during renew (request lost)", drops: true, window: 6 * time.Second, repeat: 400 * time.Millisecond,
 		start: func(in injector) { in.DropRequests(phRenew, 1) },
 		stop:  func(in injector) { in.DropRequests(phRenew, 0) }},
-	{name: "renewal replies swallowed > lease", hold: true, leaseLost: true, window: 5 * time.Second,
+	{name: "renewal replies swallowed > lease", drops: true, hold: true, leaseLost: true, window: 5 * time.Second,
 		start: func(in injector) { in.DropReplies(phRenew, 1<<30, false) },
 		stop:  func(in injector) { in.DropReplies(phRenew, 0, false) }},
-	{name: "reset during release (after it took effect)", window: 6 * time.Second, repeat: 400 * time.Millisecond,
+	{name: "reset during release (after it took effect)", drops: true, window: 6 * time.Second, repeat: 400 * time.Millisecond,
 		start: func(in injector) { in.DropReplies(phRelease, 1, true) },
 		stop:  func(in injector) { in.DropReplies(phRelease, 0, true) }},
 	{name: "partition of the holder > lease", hold: true, leaseLost: true, window: 5 * time.Second,
@@ -248,7 +250,11 @@ func TestFaults(t *testing.T) {
 	// windows) they assert on, so a row would say more about the machine
 	// than about the claimer. The scenarios wait on wall time far more
 	// than they compute (one claimer's at a time kept 20% of a core busy
-	// under the race detector, 94 s in all), so a few claimers share it.
+	// under the race detector, 94 s in all), but three claimers' at once
+	// failed a CI run (stop 69): under "latency 450ms each way" a redis
+	// renewal that had to connect anew (a HELLO round trip first) missed
+	// its trust window, and a finished run's lease lapsed before its
+	// release, on a new connection too, landed. One at a time again.
 	for i, tg := range targets {
 		for _, fc := range faultCases {
 			run(tg, fc)
@@ -289,7 +295,7 @@ func TestFaults(t *testing.T) {
 
 // claimersAtOnce is how many claimers' fault scenarios TestFaults runs
 // side by side.
-const claimersAtOnce = 3
+const claimersAtOnce = 1
 
 // stalledTries is how many times a scenario runs while the test process
 // stalls beyond stallBudget under it and its checks fail.
@@ -412,7 +418,11 @@ func runFault(t *testing.T, kind string, nodes []string, proxied int, fc faultCa
 	end := time.Now()
 	stop()
 
-	return s.check(t, fc, kind, begin, end, faultStart, faultEnd, heldAtFault, stalls.worst(begin, time.Now()))
+	row, failures := s.check(t, fc, kind, begin, end, faultStart, faultEnd, heldAtFault, stalls.worst(begin, time.Now()))
+	if fc.drops && be.inject.Dropped() == 0 {
+		failures = append(failures, "the fault never fired: no request or reply was lost")
+	}
+	return row, failures
 }
 
 // stallBudget is the longest stall of the test process (see stallWatch)
