@@ -186,6 +186,9 @@ func (d *doneLog) poke() {
 	}
 }
 
+// lookAtLeast is the least time a look of the watcher may take.
+const lookAtLeast = 3 * time.Second
+
 // every is how often the watcher looks: four times a lease, between 50ms
 // and 10s.
 func (d *doneLog) every() time.Duration {
@@ -231,7 +234,16 @@ func (d *doneLog) watch(ctx context.Context) {
 			origins[i] = d.origin[b]
 		}
 		d.mu.Unlock()
-		cctx, cancel := context.WithTimeout(ctx, every)
+		// A look may take longer than the time to the next: bounded by
+		// every alone (50ms before this claimer's first claim, lease/4
+		// after), a look over a slow link (900ms round trips) never came
+		// back, its connection was closed, and the next dialled anew (a
+		// HELLO round trip first) and timed out again: twenty connections
+		// a second, each timeout counted as a call unanswered (takeovers
+		// held), and the releases and renewals of the same client, left
+		// to dial too, took two round trips and missed a lease (TestFaults,
+		// stop 69). lookAtLeast leaves a new connection three of them.
+		cctx, cancel := context.WithTimeout(ctx, max(every, lookAtLeast))
 		nows, errs := d.node.Epochs(cctx, buckets, lease)
 		// The settings Open checked, again: a maxmemory-policy set to
 		// evict while replicas run (CONFIG SET, a restart with another
