@@ -363,7 +363,6 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		Scan(&fence, &attempt, &until, &stamp)
 	granted := err == nil && fence != nil
 	c.wrote(ctx, err, granted)
-	hold := err == nil && c.waited(cl.Requested, lease)
 	switch {
 	case granted:
 		cl.Fence, cl.Attempt, cl.Deadline = *fence, *attempt, until.UTC()
@@ -372,7 +371,11 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		c.abandonIfUnknown(err, []*claim.Claim{cl})
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
 	}
-	by := takeoverBy(stamp, cl.Requested, lease)
+	// Only a bid that may take a lease over counts its insert's wait: a
+	// fresh grant answered late took nothing from anyone, and counted,
+	// it held this replica's retries (takeovers of their own runs) for a
+	// lease whenever a loaded machine answered a claim late (CI, stop 69).
+	hold, by := c.waited(cl.Requested, lease), takeoverBy(stamp, cl.Requested, lease)
 
 	cl.Requested = time.Now()
 	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, hold, by)
@@ -662,7 +665,6 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return failAll(pending, translate(err))
 	}
 	c.wrote(ctx, nil, slices.Contains(won, true))
-	hold := c.waited(requested, lease)
 
 	var rest []int
 	for _, i := range pending {
@@ -679,7 +681,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		restBuckets[k] = bucketOf(claims[i].Run.Job)
 	}
 	b.Queue(lockJobs, restBuckets)
-	by := takeoverBy(stamp, requested, lease)
+	hold, by := c.waited(requested, lease), takeoverBy(stamp, requested, lease)
 	for k, i := range rest {
 		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold, by)
 	}
