@@ -140,6 +140,30 @@ func stopFleet(t *testing.T, ps []*proc, sig syscall.Signal) {
 	}
 }
 
+// fleetUp waits until every named replica logged "scheduler started"
+// and returns when each did, by name. A replica dispatches the instants
+// from there on (and catches up the one before, under run-all): under a
+// loaded machine that came seconds after its process started.
+func fleetUp(t *testing.T, dir string, names ...string) map[string]time.Time {
+	t.Helper()
+	up := map[string]time.Time{}
+	waitFor(t, "every replica to start", func() bool {
+		for _, n := range names {
+			if _, ok := up[n]; ok {
+				continue
+			}
+			for _, e := range readEvents(t, dir, n) {
+				if e.Msg == "scheduler started" {
+					up[n] = e.Time
+					break
+				}
+			}
+		}
+		return len(up) == len(names)
+	})
+	return up
+}
+
 func sleepRunID(at time.Time) string { return "example.sleep@" + at.UTC().Format(time.RFC3339Nano) }
 
 // byRun groups the events with message msg by run id, in log order per
@@ -197,11 +221,12 @@ func checkRetries(t *testing.T, dir, block string) {
       duration: 100ms
       fail_attempts: 2
 `)
-	begin := time.Now()
 	ps := startFleet(t, dir, config, fleet...)
-	// Three instants from one the replicas are all likely up for; every
-	// instant retries alike, so which three does not matter.
-	first := begin.UTC().Truncate(time.Second).Add(2 * time.Second)
+	// Three instants from one the replicas are all up for (an instant
+	// before one was up may be missed: misfire skip); every instant
+	// retries alike, so which three does not matter.
+	last := slices.MaxFunc(slices.Collect(maps.Values(fleetUp(t, dir, fleet...))), time.Time.Compare)
+	first := last.UTC().Truncate(time.Second).Add(2 * time.Second)
 	var ids []string
 	for i := range 3 {
 		ids = append(ids, sleepRunID(first.Add(time.Duration(i)*time.Second)))
@@ -477,16 +502,38 @@ func startOutage(t *testing.T, dir, block string) outage {
 `)
 	ps := startFleet(t, dir, config, fleet...)
 	sched := runAllSchedule(t)
-	// Kill between instants, once the latest instant's run succeeded and
-	// a second before the next: no run is left live for the restart to
+	// Each replica dispatches, as it starts, the instant before its
+	// start (run-all catches it up): a replica slow to start claimed that
+	// one after the instant that followed it had run, and a kill in
+	// between left it live. So wait past the instant after the last
+	// replica's start, for one every replica was heard on.
+	up := fleetUp(t, dir, fleet...)
+	settled := sched.Next(slices.MaxFunc(slices.Collect(maps.Values(up)), time.Time.Compare))
+	// Kill between instants, a second before the next, once the latest
+	// instant's run succeeded, every replica was heard on it, and every
+	// run started has finished: no run is left live for the restart to
 	// take over.
 	waitFor(t, "a run-all run to succeed, between instants", func() bool {
 		now := time.Now()
-		if sched.Next(now).Sub(now) < time.Second {
+		latest := sched.Prev(now, time.Minute)
+		if sched.Next(now).Sub(now) < time.Second || !latest.After(settled) {
 			return false
 		}
-		f := byRun(readEvents(t, dir, fleet...), "run finished")[sleepRunID(sched.Prev(now, time.Minute))]
-		return succeededIn(f) > 0
+		events := readEvents(t, dir, fleet...)
+		for name := range up {
+			if !slices.ContainsFunc(events, func(e event) bool { return e.Instance == name && e.RunID == sleepRunID(latest) }) {
+				return false
+			}
+		}
+		finished := byRun(events, "run finished")
+		for _, msg := range []string{"run started", "run waiting for the previous run"} {
+			for id := range byRun(events, msg) {
+				if len(finished[id]) == 0 {
+					return false
+				}
+			}
+		}
+		return succeededIn(finished[sleepRunID(latest)]) > 0
 	})
 	stopFleet(t, ps, syscall.SIGKILL)
 	return outage{dir, config}
