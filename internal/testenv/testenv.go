@@ -197,6 +197,23 @@ func (r *Redis) Restart() {
 	r.Start()
 }
 
+// RefuseWrites makes the server refuse every write, out of memory
+// (maxmemory 1 under noeviction), or take them again (maxmemory 0).
+func (r *Redis) RefuseWrites(on bool) {
+	r.t.Helper()
+	limit := "0"
+	if on {
+		limit = "1"
+	}
+	c := goredis.NewClient(&goredis.Options{Addr: r.Addr(), MaxRetries: -1})
+	defer c.Close()
+	ctx, cancel := CleanupContext()
+	defer cancel()
+	if err := c.ConfigSet(ctx, "maxmemory", limit).Err(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
 // CleanupContext is for t.Cleanup work: t.Context is already cancelled then.
 func CleanupContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)

@@ -122,6 +122,11 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 	controlCases(t, newClaimers, opts)
 	lease := opts.Lease
 
+	t.Run("GivenUpClaimsLeaveNoGhosts", func(t *testing.T) {
+		t.Parallel()
+		GivenUpClaimsLeaveNoGhosts(t, newClaimers)
+	})
+
 	t.Run("ClaimCarriesRunHolderTokenFenceAttempt", func(t *testing.T) {
 		t.Parallel()
 		open := newClaimers(t)

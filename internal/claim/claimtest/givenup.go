@@ -11,15 +11,15 @@ import (
 	"github.com/scheduler-dev/scheduler/internal/claim"
 )
 
-// GivenUpClaimsLeaveNoGhosts checks a backend that undoes the claims of a
-// caller who gave up (Redis, Redlock): many goroutines claim through one
-// claimer at once, so that their calls are merged into shared batches,
-// and some give up a moment after they asked. Every run whose claim
-// answered the caller's context error must be free for another replica at
-// once, or as soon as the batch its caller left returns: a grant left
-// behind would hold the run, for nobody, for a whole lease. Every run
-// granted must be held, and the next claim of a run given up must be
-// attempt 1: the grant undone never started.
+// GivenUpClaimsLeaveNoGhosts checks that a backend undoes the claims of
+// a caller who gave up, or never makes them: many goroutines claim
+// through one claimer at once, so that their calls are merged into shared
+// batches, and some give up a moment after they asked, some before. Every
+// run whose claim answered the caller's context error must be free for
+// another replica at once, or as soon as the batch its caller left
+// returns: a grant left behind would hold the run, for nobody, for a
+// whole lease. Every run granted must be held, and the next claim of a
+// run given up must be attempt 1: the grant undone never started.
 func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 	open := newClaimers(t)
 	a, b := open("replica-a"), open("replica-b")
@@ -48,8 +48,11 @@ func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 				run := runAt("job.givenup", r*callers+g)
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
-				if g%2 == 1 {
+				switch g % 4 {
+				case 1, 2:
 					time.AfterFunc(rand.N(window), cancel)
+				case 3:
+					cancel() // gave up before it asked: a claimer in-process answers sooner than any timer
 				}
 				_, err := claim.ClaimOne(ctx, a, run, longLease)
 				mu.Lock()

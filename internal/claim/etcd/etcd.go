@@ -60,6 +60,7 @@ type Claimer struct {
 	// unanswered holds takeovers of lapsed leases back after the cluster
 	// left calls of this claimer unanswered (claim.Unanswered, retry).
 	unanswered claim.Unanswered
+	undos      claim.Stragglers // undoLater's, which Close waits for
 }
 
 var (
@@ -89,6 +90,7 @@ type bid struct {
 	i       int // index in the call's runs
 	run     claim.Run
 	modRev  int64
+	prev    []byte // the record read at modRev, which an undo puts back
 	attempt int
 }
 
@@ -139,6 +141,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	if loss := c.seen(s, g.ResponseHeader); loss != nil {
 		return lost(loss)
 	}
+	granted := false // a run granted on g: g stays, as the undo of a lost chunk could revoke it
 	for round := 0; len(bids) > 0; round++ {
 		if round == maxRounds {
 			fail(bids, fmt.Errorf("%w: it changed hands while this replica bid", claim.ErrHeld))
@@ -148,10 +151,10 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		for start := 0; start < len(bids); start += maxOps {
 			chunk := bids[start:min(start+maxOps, len(bids))]
 			ops := make([]clientv3.Op, len(chunk))
-			tokens := make([]string, len(chunk))
+			tokens, wrote := make([]string, len(chunk)), make([]string, len(chunk))
 			for k, b := range chunk {
 				tokens[k] = newToken(requested)
-				ops[k] = c.bidOp(b, tokens[k], int64(k), requested, lease, g.ID)
+				ops[k], wrote[k] = c.bidOp(b, tokens[k], int64(k), requested, lease, g.ID)
 			}
 			s, _ := c.guard.send(lease)
 			resp, err := retry(ctx, &c.unanswered, attempt, func(ctx context.Context) (*clientv3.TxnResponse, error) {
@@ -159,7 +162,11 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 			})
 			if err != nil {
 				// Grants of earlier chunks stand; nothing of this one
-				// or later ones is known to.
+				// or later ones is known to. This one may have landed
+				// all the same (its caller gave up, or the answer was
+				// lost): undone, or its grants would hold their runs
+				// for a lease with nobody to run them.
+				c.undoLater(ctx, chunk, wrote, g.ID, !granted)
 				fail(append(next, bids[start:]...), c.translate(ctx, err))
 				return claims, errs
 			}
@@ -183,6 +190,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 					if !tr.Succeeded {
 						rev = ownLive(tr, tokens[k])
 					}
+					granted = true
 					claims[b.i] = &claim.Claim{Run: b.run, Token: tokens[k], Holder: c.instance,
 						Fence: fenceOf(rev, int64(k)), Attempt: b.attempt,
 						Deadline: requested.Add(lease).UTC(), Requested: requested, Lease: lease}
@@ -201,8 +209,8 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	return claims, errs
 }
 
-// bidOp is b's nested transaction.
-func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease time.Duration, id clientv3.LeaseID) clientv3.Op {
+// bidOp is b's nested transaction, and the record it writes.
+func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease time.Duration, id clientv3.LeaseID) (clientv3.Op, string) {
 	live, rec := c.keys.live(b.run), c.keys.record(b.run)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(live), "=", 0)}
 	if b.modRev == 0 {
@@ -212,9 +220,10 @@ func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease 
 	}
 	r := record{Job: b.run.Job, At: b.run.At, Status: claim.Running, Token: token, Holder: c.instance,
 		Slot: slot, Attempt: b.attempt, StartedAt: start.UTC(), LeaseUntil: start.Add(lease).UTC()}
+	v := r.encode()
 	return clientv3.OpTxn(cmps,
-		[]clientv3.Op{clientv3.OpPut(live, token, clientv3.WithLease(id)), clientv3.OpPut(rec, r.encode())},
-		[]clientv3.Op{clientv3.OpGet(live), clientv3.OpGet(rec)})
+		[]clientv3.Op{clientv3.OpPut(live, token, clientv3.WithLease(id)), clientv3.OpPut(rec, v)},
+		[]clientv3.Op{clientv3.OpGet(live), clientv3.OpGet(rec)}), v
 }
 
 // ownLive is the create revision of the live key a lost bid read, if
@@ -264,7 +273,38 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 			" its holder's release may still land, so it is not taken over for a lease", claim.ErrHeld)
 	}
 	// Handed back, or its lease ran out and etcd deleted the live key.
-	return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, attempt: r.Attempt + 1}, nil
+	return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, prev: recs[0].Value, attempt: r.Attempt + 1}, nil
+}
+
+// undoLater undoes, on a goroutine of its own and best effort within a
+// second, the bids of a transaction whose outcome is unknown (its caller
+// gave up, or the answer was lost), each of which wrote its record wrote
+// and its live key on lease id: where a record is still the bid's, its
+// live key goes and the record is put back as it was before the bid
+// (none, for a fresh run), so the next claim of the run is granted at the
+// attempt it would have been. The transaction may still be on its way,
+// and etcd may apply it after the undo: when revoke says nothing else
+// holds id, id is revoked first, and a bid applied after that fails for
+// want of its lease.
+func (c *Claimer) undoLater(ctx context.Context, bids []bid, wrote []string, id clientv3.LeaseID, revoke bool) {
+	ops := make([]clientv3.Op, len(bids))
+	for k, b := range bids {
+		live, rec := c.keys.live(b.run), c.keys.record(b.run)
+		restore := clientv3.OpDelete(rec)
+		if b.modRev != 0 {
+			restore = clientv3.OpPut(rec, string(b.prev))
+		}
+		ops[k] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(rec), "=", wrote[k])},
+			[]clientv3.Op{clientv3.OpDelete(live), restore}, nil)
+	}
+	c.undos.Go(func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if revoke {
+			_, _ = c.cli.Revoke(uctx, id)
+		}
+		_, _ = c.cli.Txn(uctx).Then(ops...).Commit()
+	})
 }
 
 // Renew implements claim.Claimer. An etcd lease can be neither shortened
@@ -396,5 +436,9 @@ func (c *Claimer) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close implements claim.Claimer: it closes the client.
-func (c *Claimer) Close() error { return c.cli.Close() }
+// Close implements claim.Claimer: it closes the client, once the undos
+// under way have reached the cluster or given up.
+func (c *Claimer) Close() error {
+	c.undos.Wait()
+	return c.cli.Close()
+}

@@ -90,10 +90,6 @@ func TestAClaimWhoseReplyWasLostLeavesNoGhost(t *testing.T) {
 	}
 }
 
-func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
-	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("postgres", backends.Options{}))
-}
-
 // TestAnIdleConnectionCostsNoPing: pgxpool pings a connection idle for
 // more than a second before it hands it out, a round trip more on nearly
 // every claim and renewal of a replica (they come seconds apart); on a

@@ -335,10 +335,6 @@ func BenchmarkControlsTick(b *testing.B) {
 	}
 }
 
-func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
-	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redis", backends.Options{}))
-}
-
 // TestOneBadRunInABatchFailsAlone: a batch's runs share a script call, and
 // Redis keeps what a script wrote before it failed. A run whose key holds
 // something else (here a string) must fail alone: the runs beside it are
@@ -601,6 +597,14 @@ func TestABidThatWaitedOutAPausedServerDoesNotTakeOverWhenItRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 	}, 2*time.Second, 0)
+}
+
+// TestRefusedWritesHoldTakeoversUntilWritesLand: the server out of
+// memory (maxmemory under noeviction: every write refused with OOM) past
+// the lease (claimtest.RefusedWritesHoldTakeovers).
+func TestRefusedWritesHoldTakeoversUntilWritesLand(t *testing.T) {
+	holder, standby, _, _, srv := stoppable(t, "refused:")
+	claimtest.RefusedWritesHoldTakeovers(t, holder, standby, srv.RefuseWrites, time.Second)
 }
 
 // TestABidSentIntoAStoppedServerDoesNotTakeOverWhenItRuns: the same

@@ -39,10 +39,6 @@ func TestConformance(t *testing.T) {
 	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
 }
 
-func TestGivenUpClaimsLeaveNoGhosts(t *testing.T) {
-	claimtest.GivenUpClaimsLeaveNoGhosts(t, backends.Factory("redlock", options))
-}
-
 func TestNewRejectsNoNodesBadClientsAndNoNodeTimeout(t *testing.T) {
 	opts := redlock.Options{NodeTimeout: 50 * time.Millisecond}
 	if _, err := redlock.New(nil, opts); err == nil {
@@ -457,9 +453,7 @@ func TestNodesStoppedBrieflyAgainAndAgainHoldTakeoversOnlyAWhile(t *testing.T) {
 // stoppable opens a holder and a standby with o on five private nodes,
 // and returns functions that stop and continue them all.
 func stoppable(t *testing.T, o backends.Options) (holder, standby claim.Claimer, stop, cont func()) {
-	nodes, addrs := startNodes(t, 5)
-	o.Servers = addrs
-	open := backends.Prepare(t, "redlock", o).Open
+	nodes, holder, standby := privateHolderAndStandby(t, o)
 	each := func(f func(*testenv.Redis) error) func() {
 		return func() {
 			for _, n := range nodes {
@@ -469,7 +463,27 @@ func stoppable(t *testing.T, o backends.Options) (holder, standby claim.Claimer,
 			}
 		}
 	}
-	return open("holder"), open("standby"), each((*testenv.Redis).Pause), each((*testenv.Redis).Resume)
+	return holder, standby, each((*testenv.Redis).Pause), each((*testenv.Redis).Resume)
+}
+
+// privateHolderAndStandby opens a holder and a standby on five nodes of
+// their own, with options o.
+func privateHolderAndStandby(t *testing.T, o backends.Options) (nodes []*testenv.Redis, holder, standby claim.Claimer) {
+	nodes, o.Servers = startNodes(t, 5)
+	open := backends.Prepare(t, "redlock", o).Open
+	return nodes, open("holder"), open("standby")
+}
+
+// TestRefusedWritesHoldTakeoversUntilWritesLand: every node out of
+// memory (maxmemory under noeviction: every write refused with OOM) past
+// the lease (claimtest.RefusedWritesHoldTakeovers).
+func TestRefusedWritesHoldTakeoversUntilWritesLand(t *testing.T) {
+	nodes, holder, standby := privateHolderAndStandby(t, options)
+	claimtest.RefusedWritesHoldTakeovers(t, holder, standby, func(on bool) {
+		for _, n := range nodes {
+			n.RefuseWrites(on)
+		}
+	}, 2*time.Second)
 }
 
 // TestABidSentIntoStoppedNodesDoesNotTakeOverWhenItRuns: every node SIGSTOPped (the node timeout cuts the bid short), with a

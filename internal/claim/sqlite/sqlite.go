@@ -58,12 +58,21 @@ VALUES (?1, ?2, ?3, 'running', ?4, ?5, (SELECT value + 1 FROM scheduler_fence WH
         ` + nowMS + `, ` + leaseFrom + ` + ?6)
 ON CONFLICT (run_id) DO UPDATE
    SET status = 'running', token = excluded.token, holder = excluded.holder,
-       fence = excluded.fence, attempt = scheduler_runs.attempt + 1,
+       fence = excluded.fence, attempt = scheduler_runs.attempt + (scheduler_runs.token <> ''),
        started_at = excluded.started_at, lease_until = excluded.lease_until, finished_at = NULL
  WHERE scheduler_runs.status = 'interrupted'
     OR (scheduler_runs.status = 'running' AND scheduler_runs.lease_until <= excluded.started_at
         AND NOT ?7 AND excluded.started_at <= ?8)
 RETURNING fence, attempt, lease_until`
+
+	// abandonRun hands back a grant whose caller gave up while its
+	// statement ran (abandon): the row stays, interrupted, and its token
+	// is cleared, which tells claimRun that this attempt never started:
+	// the next grant is the same attempt.
+	abandonRun = `
+UPDATE scheduler_runs
+   SET status = 'interrupted', lease_until = ` + nowMS + `, token = ''
+ WHERE run_id = ?1 AND token = ?2 AND status = 'running'`
 
 	// runState reads a run without taking the write lock (WAL readers never
 	// wait): the fence counter (see file.observed), and whether the run
@@ -139,6 +148,7 @@ type Claimer struct {
 	// in SQLite's busy handler, which under load starves some past the busy
 	// timeout. Other processes still wait in the busy handler.
 	writer chan struct{}
+	undos  claim.Stragglers // abandonLater's, which Close waits for
 	// file is the file Open opened; nil for New, whose caller owns it.
 	file *file
 	// unanswered holds takeovers back after a write went unanswered or
@@ -265,6 +275,9 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		cl.Deadline = time.UnixMilli(deadline).UTC()
 		return cl, nil
 	case !errors.Is(err, sql.ErrNoRows):
+		if ctx.Err() != nil {
+			c.abandonLater(ctx, id, cl.Token)
+		}
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
 	}
 	err = c.lostBid(ctx, id, false)
@@ -272,6 +285,26 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		err = claim.ErrHeld
 	}
 	return nil, fmt.Errorf("claim %s: %w", id, err)
+}
+
+// abandonLater hands back, on a goroutine of its own and within a
+// second, the grant of run id to token if the claim's statement landed
+// before its caller gave up (ctx): the statement commits as it steps, and
+// database/sql may then answer the caller's context error from the scan.
+// Left alone, the grant held the run for a lease with nobody to run it,
+// and spent an attempt (the conformance suite's given-up case, under
+// -race). The caller does not wait for it (it may wait for the lock of a
+// file another process holds), and it tells the takeover hold nothing:
+// the claim's own outcome did.
+func (c *Claimer) abandonLater(ctx context.Context, id, token string) {
+	c.undos.Go(func() {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = c.queue(actx, func() error {
+			_, err := c.stmts.exec(actx, abandonRun, id, token)
+			return err
+		})
+	})
 }
 
 // lostBid reads run id and returns ErrHeld or ErrDone if it cannot be won
@@ -565,6 +598,7 @@ func (c *Claimer) Ping(ctx context.Context) error {
 // Close implements claim.Claimer. It closes the database only if Open
 // opened it.
 func (c *Claimer) Close() error {
+	c.undos.Wait()
 	err := c.stmts.close()
 	if c.file != nil {
 		err = errors.Join(err, c.file.pin.Close())
