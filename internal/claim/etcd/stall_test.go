@@ -61,3 +61,11 @@ func TestABidSentIntoAStoppedClusterDoesNotTakeOverWhenItRuns(t *testing.T) {
 	holder, standby, stop, cont := stoppable(t)
 	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, testenv.EtcdLease, 0)
 }
+
+// TestABatchBidSentIntoAStoppedClusterDoesNotTakeOverWhenItRuns: the
+// same bid in a batch (claimtest.ABatchBidThatWaitedInAStallIsHeld).
+func TestABatchBidSentIntoAStoppedClusterDoesNotTakeOverWhenItRuns(t *testing.T) {
+	t.Parallel()
+	holder, standby, stop, cont := stoppable(t)
+	claimtest.ABatchBidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, testenv.EtcdLease, 0)
+}

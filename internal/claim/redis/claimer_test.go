@@ -613,3 +613,10 @@ func TestABidSentIntoAStoppedServerDoesNotTakeOverWhenItRuns(t *testing.T) {
 	holder, standby, stop, cont, _ := stoppable(t, "waited.stop:")
 	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 0)
 }
+
+// TestABatchBidSentIntoAStoppedServerDoesNotTakeOverWhenItRuns: the same
+// bid in a batch (claimtest.ABatchBidThatWaitedInAStallIsHeld).
+func TestABatchBidSentIntoAStoppedServerDoesNotTakeOverWhenItRuns(t *testing.T) {
+	holder, standby, stop, cont, _ := stoppable(t, "waited.batch:")
+	claimtest.ABatchBidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 0)
+}

@@ -493,3 +493,10 @@ func TestABidSentIntoStoppedNodesDoesNotTakeOverWhenItRuns(t *testing.T) {
 	holder, standby, stop, cont := stoppable(t, options)
 	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 0)
 }
+
+// TestABatchBidSentIntoStoppedNodesDoesNotTakeOverWhenItRuns: the same
+// bid in a batch (claimtest.ABatchBidThatWaitedInAStallIsHeld).
+func TestABatchBidSentIntoStoppedNodesDoesNotTakeOverWhenItRuns(t *testing.T) {
+	holder, standby, stop, cont := stoppable(t, options)
+	claimtest.ABatchBidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 0)
+}

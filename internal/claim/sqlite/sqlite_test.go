@@ -118,3 +118,10 @@ func TestABidThatWaitedForTheFileDoesNotTakeOverWhenItRuns(t *testing.T) {
 	holder, standby, stop, cont := lockable(t)
 	claimtest.ABidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 2*time.Second+500*time.Millisecond)
 }
+
+// TestABatchBidThatWaitedForTheFileDoesNotTakeOverWhenItRuns: the same
+// bid in a batch, one transaction (claimtest.ABatchBidThatWaitedInAStallIsHeld).
+func TestABatchBidThatWaitedForTheFileDoesNotTakeOverWhenItRuns(t *testing.T) {
+	holder, standby, stop, cont := lockable(t)
+	claimtest.ABatchBidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, 2*time.Second, 2*time.Second+500*time.Millisecond)
+}
