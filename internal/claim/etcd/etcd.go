@@ -278,8 +278,8 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 
 // undoLater undoes, on a goroutine of its own and best effort within a
 // second, the bids of a transaction whose outcome is unknown (its caller
-// gave up, or the answer was lost), each of which wrote its record wrote
-// and its live key on lease id: where a record is still the bid's, its
+// gave up, or the answer was lost), bid k writing the record wrote[k] and
+// its live key on lease id: where a record is still the bid's, its
 // live key goes and the record is put back as it was before the bid
 // (none, for a fresh run), so the next claim of the run is granted at the
 // attempt it would have been. The transaction may still be on its way,

@@ -66,7 +66,7 @@ ON CONFLICT (run_id) DO UPDATE
 RETURNING fence, attempt, lease_until`
 
 	// abandonRun hands back a grant whose caller gave up while its
-	// statement ran (abandon): the row stays, interrupted, and its token
+	// statement ran (abandonLater): the row stays, interrupted, and its token
 	// is cleared, which tells claimRun that this attempt never started:
 	// the next grant is the same attempt.
 	abandonRun = `
