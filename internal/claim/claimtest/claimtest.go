@@ -126,6 +126,10 @@ func Run(t *testing.T, newClaimers Factory, opts Options) {
 		t.Parallel()
 		GivenUpClaimsLeaveNoGhosts(t, newClaimers)
 	})
+	t.Run("GivenUpTakeoversLeaveNoGhosts", func(t *testing.T) {
+		t.Parallel()
+		GivenUpTakeoversLeaveNoGhosts(t, newClaimers, lease)
+	})
 
 	t.Run("ClaimCarriesRunHolderTokenFenceAttempt", func(t *testing.T) {
 		t.Parallel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,22 @@ import (
 // whole lease. Every run granted must be held, and the next claim of a
 // run given up must be attempt 1: the grant undone never started.
 func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
+	givenUp(t, newClaimers, 0)
+}
+
+// GivenUpTakeoversLeaveNoGhosts is GivenUpClaimsLeaveNoGhosts over runs
+// whose first holder's lease (of lease) has lapsed, so that every claim
+// given up is a takeover: undoing one must put the run back as the
+// lapsed holder left it, to be taken over at attempt 2 with a fence above
+// the first holder's, not leave it held by nobody or count the undone
+// takeover as an attempt.
+func GivenUpTakeoversLeaveNoGhosts(t *testing.T, newClaimers Factory, lease time.Duration) {
+	givenUp(t, newClaimers, lease)
+}
+
+// givenUp runs the given-up case; a lease above zero makes every claim a
+// takeover of a grant of that lease, lapsed.
+func givenUp(t *testing.T, newClaimers Factory, lease time.Duration) {
 	open := newClaimers(t)
 	a, b := open("replica-a"), open("replica-b")
 	const callers, rounds = 16, 20
@@ -34,6 +51,13 @@ func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 		start := time.Now()
 		mustClaim(t, a, runAt("job.givenup.probe", i), longLease)
 		window = min(window, 3*time.Since(start))
+	}
+	// A takeover of run must carry a fence above first[run]'s.
+	first := map[claim.Run]*claim.Claim{}
+	wantAttempt := 1
+	if lease > 0 {
+		wantAttempt = 2
+		first = lapsedGrants(t, open("replica-c"), rounds*callers, lease)
 	}
 	type outcome struct {
 		run claim.Run
@@ -62,7 +86,7 @@ func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 		}
 		wg.Wait()
 	}
-	gaveUp := 0
+	gaveUp, undone := 0, 0
 	for _, o := range outcomes {
 		cl, err := claim.ClaimOne(ctxT(t), b, o.run, longLease)
 		switch {
@@ -74,24 +98,53 @@ func GivenUpClaimsLeaveNoGhosts(t *testing.T, newClaimers Factory) {
 			// grant is undone as the batch returns. Within seconds, then,
 			// not the lease's ten minutes.
 			if errors.Is(err, claim.ErrHeld) {
+				undone++
 				cl, err = ClaimWhenFreed(t, b, o.run, longLease)
 			}
 			if err != nil {
 				t.Errorf("%s: its caller gave up (%v), yet another replica's claim answered %v", o.run.ID(), o.err, err)
-			} else if cl.Attempt != 1 {
+			} else if cl.Attempt != wantAttempt {
 				// The grant undone never started: it spends no attempt
 				// (a review found Redlock counting one when the undone
 				// grant's commit had landed).
-				t.Errorf("%s: its caller gave up (%v), and the next claim is attempt %d, want 1", o.run.ID(), o.err, cl.Attempt)
+				t.Errorf("%s: its caller gave up (%v), and the next claim is attempt %d, want %d", o.run.ID(), o.err, cl.Attempt, wantAttempt)
+			} else if f := first[o.run]; f != nil && cl.Fence <= f.Fence {
+				t.Errorf("%s: its caller gave up (%v), and the next claim's fence %d is not above the lapsed holder's %d", o.run.ID(), o.err, cl.Fence, f.Fence)
 			}
 		default:
 			t.Errorf("%s: %v", o.run.ID(), o.err)
 		}
 	}
-	t.Logf("%d of %d claims given up (each within %v)", gaveUp, len(outcomes), window)
+	t.Logf("%d of %d claims given up (each within %v), %d of them still held a moment later", gaveUp, len(outcomes), window, undone)
 	if gaveUp == 0 {
 		t.Error("no caller gave up: the case checked nothing")
 	}
+}
+
+// lapsedGrants grants the case's n runs to c for lease, and returns once
+// every lease has lapsed: when a probe run, granted after them for the
+// same lease, can be taken over.
+func lapsedGrants(t *testing.T, c claim.Claimer, n int, lease time.Duration) map[claim.Run]*claim.Claim {
+	t.Helper()
+	runs := make([]claim.Run, n)
+	for i := range runs {
+		runs[i] = runAt("job.givenup", i)
+	}
+	grants := make(map[claim.Run]*claim.Claim, n)
+	// In slices, as the runner claims: a backend may bound its batches.
+	for chunk := range slices.Chunk(runs, 64) {
+		cls, errs := c.Claim(ctxT(t), chunk, lease)
+		for i, run := range chunk {
+			if errs[i] != nil {
+				t.Fatalf("first grant of %s: %v", run.ID(), errs[i])
+			}
+			grants[run] = cls[i]
+		}
+	}
+	probe := runAt("job.givenup.lapsed", 0)
+	mustClaim(t, c, probe, lease)
+	takeOver(t, c, probe, longLease)
+	return grants
 }
 
 // ClaimWhenFreed claims run through c, again and again while another

@@ -32,6 +32,9 @@ type replyLoser struct {
 	// nothing until its try runs out, and late sends it on afterwards.
 	hold atomic.Bool
 	late func(context.Context) error
+	// only, when set, picks the replies that may be lost: others pass,
+	// and leave the count armed.
+	only func(*pb.TxnResponse) bool
 }
 
 func (l *replyLoser) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -47,6 +50,9 @@ func (l *replyLoser) intercept(ctx context.Context, method string, req, reply an
 	}
 	l.sent.Add(1)
 	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && l.only != nil && !l.only(reply.(*pb.TxnResponse)) {
+		return nil
+	}
 	if err != nil || l.armed.Add(-1) < 0 {
 		l.armed.Store(0)
 		return err
@@ -273,5 +279,115 @@ func TestARenewalThatGaveUpButLandedLaterIsRenewedOver(t *testing.T) {
 	}
 	if err := claim.ReleaseOne(ctx, c, cl, claim.Succeeded); err != nil {
 		t.Fatalf("release: %v", err)
+	}
+}
+
+// TestAClaimGivenUpAfterItLandedIsUndone: a claim whose transaction took
+// effect, but whose caller gave up before the reply came, is undone
+// (undoLater): the live key goes, and the run's record is put back as it
+// was before the bid, none for a fresh run, the lapsed holder's record
+// for a takeover. The next claim is then granted at the attempt it would
+// have been, with a fence above every earlier grant's: the undone grant
+// never started. The conformance suite's given-up cases rarely catch a
+// transaction between landing and answering; this one always does.
+func TestAClaimGivenUpAfterItLandedIsUndone(t *testing.T) {
+	cluster := testenv.StartEtcd(t, 1)
+	// Only the reply of a bid that won is lost: a takeover's first round
+	// bids for a fresh run, and loses.
+	loser := &replyLoser{only: func(r *pb.TxnResponse) bool {
+		return len(r.Responses) > 0 && r.Responses[0].GetResponseTxn().GetSucceeded()
+	}}
+	open := func(instance string, dial ...grpc.DialOption) *Claimer {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
+			Logger: zap.NewNop(), DialOptions: dial})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := New(cli, Options{Instance: instance, Prefix: "undo/"})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	lossy := open("lossy", grpc.WithUnaryInterceptor(loser.intercept))
+	other := open("other")
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	const lease = testenv.EtcdLease
+	base := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	get := func(key string) *mvccpb.KeyValue {
+		t.Helper()
+		got, err := other.cli.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Kvs) == 0 {
+			return nil
+		}
+		return got.Kvs[0]
+	}
+	// giveUp has lossy claim run, its reply lost, and gives the claim up
+	// once its live key is there: the transaction has landed.
+	giveUp := func(run claim.Run) {
+		t.Helper()
+		loser.armed.Store(1)
+		cctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			for cctx.Err() == nil {
+				if kv := get(lossy.keys.live(run)); kv != nil {
+					stop()
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+		cl, err := claim.ClaimOne(cctx, lossy, run, time.Minute)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("claim of %s given up once it landed: %+v, %v; want the caller's context error", run.ID(), cl, err)
+		}
+		loser.armed.Store(0)
+	}
+	// undone waits until the undo has put run's record back to was.
+	undone := func(run claim.Run, was *mvccpb.KeyValue) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			rec, live := get(lossy.keys.record(run)), get(lossy.keys.live(run))
+			switch {
+			case live == nil && was == nil && rec == nil,
+				live == nil && was != nil && rec != nil && string(rec.Value) == string(was.Value):
+				return
+			case time.Now().After(deadline):
+				t.Fatalf("%s, given up after it landed: record %+v, live key %+v; want the live key gone and the record as before the bid, %+v", run.ID(), rec, live, was)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// A fresh run: no record is left, and the next claim is attempt 1.
+	fresh := claim.Run{Job: "job.undo", At: base}
+	giveUp(fresh)
+	undone(fresh, nil)
+	if cl, err := claim.ClaimOne(ctx, other, fresh, lease); err != nil || cl.Attempt != 1 {
+		t.Fatalf("claim after the undone grant: %+v, %v; want attempt 1", cl, err)
+	}
+
+	// A takeover of a lapsed grant: the lapsed holder's record is put
+	// back, and the next takeover is attempt 2 above its fence.
+	lapsed := claim.Run{Job: "job.undo", At: base.Add(time.Minute)}
+	first, err := claim.ClaimOne(ctx, other, lapsed, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); get(lossy.keys.live(lapsed)) != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the %v lease of %s never lapsed", lease, lapsed.ID())
+		}
+	}
+	was := get(lossy.keys.record(lapsed))
+	giveUp(lapsed)
+	undone(lapsed, was)
+	cl, err := claim.ClaimOne(ctx, other, lapsed, lease)
+	if err != nil || cl.Attempt != 2 || cl.Fence <= first.Fence {
+		t.Fatalf("takeover after the undone one: %+v, %v; want attempt 2 above fence %d", cl, err, first.Fence)
 	}
 }
