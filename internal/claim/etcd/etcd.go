@@ -61,6 +61,7 @@ type Claimer struct {
 	// left calls of this claimer unanswered (claim.Unanswered, retry).
 	unanswered claim.Unanswered
 	undos      claim.Stragglers // undoLater's, which Close waits for
+	unseen     unseen           // bids whose outcome this claimer never heard
 }
 
 var (
@@ -92,6 +93,12 @@ type bid struct {
 	modRev  int64
 	prev    []byte // the record read at modRev, which an undo puts back
 	attempt int
+	// adopt, when set, is the token of this claimer's own unseen bid
+	// whose grant the live key holds (see unseen): the bid takes that
+	// grant, its token, slot and fence, onto this call's lease.
+	adopt string
+	slot  int64
+	fence int64
 }
 
 // Claim implements claim.Claimer. It grants one lease for the batch, then
@@ -153,7 +160,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 			ops := make([]clientv3.Op, len(chunk))
 			tokens, wrote := make([]string, len(chunk)), make([]string, len(chunk))
 			for k, b := range chunk {
-				tokens[k] = newToken(requested)
+				tokens[k] = cmp.Or(b.adopt, newToken(requested))
 				ops[k], wrote[k] = c.bidOp(b, tokens[k], int64(k), requested, lease, g.ID)
 			}
 			s, _ := c.guard.send(lease)
@@ -166,7 +173,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				// all the same (its caller gave up, or the answer was
 				// lost): undone, or its grants would hold their runs
 				// for a lease with nobody to run them.
-				c.undoLater(ctx, chunk, wrote, g.ID, !granted)
+				c.undoLater(ctx, chunk, tokens, wrote, g.ID, !granted, requested.Add(lease))
 				fail(append(next, bids[start:]...), c.translate(ctx, err))
 				return claims, errs
 			}
@@ -183,16 +190,21 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 				switch {
 				case tr == nil:
 					errs[b.i] = fmt.Errorf("claim %s: etcd: malformed transaction response", b.run.ID())
-				case tr.Succeeded || ownLive(tr, tokens[k]) != 0:
-					// A live key holding this bid's token was created
-					// by an earlier try of this transaction.
+				case tr.Succeeded || ownLive(tr, tokens[k], g.ID) != nil:
+					// A live key holding this bid's token on this call's
+					// lease was written by an earlier try of this
+					// transaction.
 					rev := resp.Header.Revision
 					if !tr.Succeeded {
-						rev = ownLive(tr, tokens[k])
+						rev = ownLive(tr, tokens[k], g.ID).ModRevision
+					}
+					fence := fenceOf(rev, int64(k))
+					if b.adopt != "" {
+						fence = b.fence
 					}
 					granted = true
 					claims[b.i] = &claim.Claim{Run: b.run, Token: tokens[k], Holder: c.instance,
-						Fence: fenceOf(rev, int64(k)), Attempt: b.attempt,
+						Fence: fence, Attempt: b.attempt,
 						Deadline: requested.Add(lease).UTC(), Requested: requested, Lease: lease}
 					c.revs.set(tokens[k], rev, requested.Add(lease))
 				default:
@@ -212,32 +224,45 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 // bidOp is b's nested transaction, and the record it writes.
 func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease time.Duration, id clientv3.LeaseID) (clientv3.Op, string) {
 	live, rec := c.keys.live(b.run), c.keys.record(b.run)
+	started := start
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(live), "=", 0)}
+	if b.adopt != "" {
+		// The grant stays as it was made, its live key's create
+		// revision and its slot (the fence), its start (in the token)
+		// and its attempt; its lease is this call's. The record is
+		// rewritten, its fence written out (History reads a fresh
+		// grant's off the record's revision), so an undo of the unseen
+		// bid, if it lands late, finds another record and undoes
+		// nothing.
+		cmps[0] = clientv3.Compare(clientv3.Value(live), "=", b.adopt)
+		slot, started = b.slot, startOf(b.adopt)
+	}
 	if b.modRev == 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(rec), "=", 0))
 	} else {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(rec), "=", b.modRev))
 	}
 	r := record{Job: b.run.Job, At: b.run.At, Status: claim.Running, Token: token, Holder: c.instance,
-		Slot: slot, Attempt: b.attempt, StartedAt: start.UTC(), LeaseUntil: start.Add(lease).UTC()}
+		Slot: slot, Fence: b.fence, Attempt: b.attempt, StartedAt: started.UTC(), LeaseUntil: start.Add(lease).UTC()}
 	v := r.encode()
 	return clientv3.OpTxn(cmps,
 		[]clientv3.Op{clientv3.OpPut(live, token, clientv3.WithLease(id)), clientv3.OpPut(rec, v)},
 		[]clientv3.Op{clientv3.OpGet(live), clientv3.OpGet(rec)}), v
 }
 
-// ownLive is the create revision of the live key a lost bid read, if
-// it holds token: the bid won in an earlier try of its transaction,
-// whose answer was lost. Else 0.
-func ownLive(tr *pb.TxnResponse, token string) int64 {
+// ownLive is the live key a lost bid read, if it holds token on lease
+// id: the bid won in an earlier try of its transaction, whose answer was
+// lost. Else nil. (An adopting bid's token is on the key before it wins:
+// its lease tells.)
+func ownLive(tr *pb.TxnResponse, token string, id clientv3.LeaseID) *mvccpb.KeyValue {
 	if len(tr.Responses) != 2 {
-		return 0
+		return nil
 	}
 	live := tr.Responses[0].GetResponseRange().GetKvs()
-	if len(live) == 0 || string(live[0].Value) != token {
-		return 0
+	if len(live) == 0 || string(live[0].Value) != token || live[0].Lease != int64(id) {
+		return nil
 	}
-	return live[0].CreateRevision
+	return live[0]
 }
 
 // judge reads a lost bid's live key and record: held, done, or worth
@@ -248,6 +273,15 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 	}
 	live, recs := got[0].GetResponseRange().GetKvs(), got[1].GetResponseRange().GetKvs()
 	switch {
+	case len(live) > 0 && len(recs) > 0:
+		if tok, ok := c.unseen.take(b.run.ID()); ok && string(live[0].Value) == tok {
+			// This claimer's own grant, which it never heard of.
+			if r, err := decodeRecord(string(recs[0].Key), recs[0].Value); err == nil && r.Token == tok && r.Status == claim.Running {
+				return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, prev: recs[0].Value, attempt: r.Attempt,
+					adopt: tok, slot: r.Slot, fence: fenceOf(live[0].CreateRevision, r.Slot)}, nil
+			}
+		}
+		return bid{}, claim.ErrHeld
 	case len(live) > 0:
 		return bid{}, claim.ErrHeld
 	case len(recs) == 0:
@@ -285,10 +319,14 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 // attempt it would have been. The transaction may still be on its way,
 // and etcd may apply it after the undo: when revoke says nothing else
 // holds id, id is revoked first, and a bid applied after that fails for
-// want of its lease.
-func (c *Claimer) undoLater(ctx context.Context, bids []bid, wrote []string, id clientv3.LeaseID, revoke bool) {
+// want of its lease. The undo may be lost too (the cluster stalled): each
+// bid's token is remembered until its lease would have run out (until),
+// and the next claim of its run takes the grant, if the bid won, instead
+// of being held off by it (unseen).
+func (c *Claimer) undoLater(ctx context.Context, bids []bid, tokens, wrote []string, id clientv3.LeaseID, revoke bool, until time.Time) {
 	ops := make([]clientv3.Op, len(bids))
 	for k, b := range bids {
+		c.unseen.note(b.run.ID(), tokens[k], until)
 		live, rec := c.keys.live(b.run), c.keys.record(b.run)
 		restore := clientv3.OpDelete(rec)
 		if b.modRev != 0 {

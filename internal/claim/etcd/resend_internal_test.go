@@ -35,9 +35,15 @@ type replyLoser struct {
 	// only, when set, picks the replies that may be lost: others pass,
 	// and leave the count armed.
 	only func(*pb.TxnResponse) bool
+	// unsent, when set, refuses the calls it picks without sending them,
+	// as a stalled cluster leaves them unanswered: an undo, say.
+	unsent func(method string, req any) bool
 }
 
 func (l *replyLoser) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if l.unsent != nil && l.unsent(method, req) {
+		return status.Error(codes.Unavailable, "refused unsent by the test")
+	}
 	if method != "/etcdserverpb.KV/Txn" {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
@@ -390,4 +396,58 @@ func TestAClaimGivenUpAfterItLandedIsUndone(t *testing.T) {
 	if err != nil || cl.Attempt != 2 || cl.Fence <= first.Fence {
 		t.Fatalf("takeover after the undone one: %+v, %v; want attempt 2 above fence %d", cl, err, first.Fence)
 	}
+}
+
+// unseenGrant has a claimer on a one-member cluster of its own claim
+// run, its bid winning and both its reply and its undo lost (a stalled
+// cluster answers neither), and returns it, another claimer on the same
+// keys, and the fence the unseen grant was made with.
+func unseenGrant(t *testing.T, run claim.Run) (lossy, other *Claimer, fence int64) {
+	t.Helper()
+	cluster := testenv.StartEtcd(t, 1)
+	var undoLost atomic.Bool
+	loser := &replyLoser{
+		only: func(r *pb.TxnResponse) bool {
+			return len(r.Responses) > 0 && r.Responses[0].GetResponseTxn().GetSucceeded()
+		},
+		// An undo revokes the call's lease, and deletes live keys.
+		unsent: func(method string, req any) bool {
+			if !undoLost.Load() {
+				return false
+			}
+			if method == "/etcdserverpb.Lease/LeaseRevoke" {
+				return true
+			}
+			txn, ok := req.(*pb.TxnRequest)
+			return ok && len(txn.Success) > 0 && len(txn.Success[0].GetRequestTxn().GetSuccess()) > 0 &&
+				txn.Success[0].GetRequestTxn().GetSuccess()[0].GetRequestDeleteRange() != nil
+		},
+	}
+	open := func(instance string, dial ...grpc.DialOption) *Claimer {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
+			Logger: zap.NewNop(), DialOptions: dial})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := New(cli, Options{Instance: instance, Prefix: "unseen/"})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	lossy, other = open("lossy", grpc.WithUnaryInterceptor(loser.intercept)), open("other")
+
+	loser.armed.Store(1)
+	undoLost.Store(true)
+	short, stop := context.WithTimeout(t.Context(), time.Second)
+	_, err := claim.ClaimOne(short, lossy, run, time.Minute)
+	stop()
+	if err == nil {
+		t.Fatal("claim whose reply was lost: granted, want an error")
+	}
+	lossy.undos.Wait() // the undo, refused
+	undoLost.Store(false)
+	live, err := other.cli.Get(t.Context(), other.keys.live(run))
+	if err != nil || len(live.Kvs) != 1 {
+		t.Fatalf("live key after the lost undo: %+v, %v; want the unseen grant's", live, err)
+	}
+	return lossy, other, fenceOf(live.Kvs[0].CreateRevision, 0)
 }

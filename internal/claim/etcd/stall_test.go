@@ -5,6 +5,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
+	"github.com/scheduler-dev/scheduler/internal/claim/etcd"
 	"github.com/scheduler-dev/scheduler/internal/testenv"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -68,4 +69,22 @@ func TestABatchBidSentIntoAStoppedClusterDoesNotTakeOverWhenItRuns(t *testing.T)
 	t.Parallel()
 	holder, standby, stop, cont := stoppable(t)
 	claimtest.ABatchBidThatWaitedInAStallIsHeld(t, holder, standby, stop, cont, testenv.EtcdLease, 0)
+}
+
+// TestAClaimWhoseReplyAndUndoWereLostIsGrantedToItsNextTry: the bid won,
+// its reply was lost, and so was the undo (a stalled cluster answers
+// neither). The grant is this replica's: its next claim of the run takes
+// it at once, where it would be held off by its own ghost for a lease;
+// another replica is still held off (claimtest.NextTryTakesItsLostGrant).
+// The grant taken keeps the fence it was made with, and History shows
+// that fence.
+func TestAClaimWhoseReplyAndUndoWereLostIsGrantedToItsNextTry(t *testing.T) {
+	t.Parallel()
+	run := claim.Run{Job: "job.unseen", At: base}
+	lossy, other, fence := etcd.UnseenGrant(t, run)
+	claimtest.NextTryTakesItsLostGrant(t, lossy, other, run)
+	recs, err := other.History(t.Context(), run.Job, 1)
+	if err != nil || len(recs) != 1 || recs[0].Fence != fence || recs[0].Attempt != 1 || recs[0].Holder != "lossy" {
+		t.Fatalf("history: %+v, %v; want the unseen grant's fence %d, attempt 1, holder lossy", recs, err, fence)
+	}
 }
