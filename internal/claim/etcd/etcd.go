@@ -61,7 +61,7 @@ type Claimer struct {
 	// left calls of this claimer unanswered (claim.Unanswered, retry).
 	unanswered claim.Unanswered
 	undos      claim.Stragglers // undoLater's, which Close waits for
-	unseen     unseen           // bids whose outcome this claimer never heard
+	unseen     claim.Unseen     // bids whose outcome this claimer never heard
 }
 
 var (
@@ -94,7 +94,7 @@ type bid struct {
 	prev    []byte // the record read at modRev, which an undo puts back
 	attempt int
 	// adopt, when set, is the token of this claimer's own unseen bid
-	// whose grant the live key holds (see unseen): the bid takes that
+	// whose grant the live key holds (claim.Unseen): the bid takes that
 	// grant, its token, slot and fence, onto this call's lease.
 	adopt string
 	slot  int64
@@ -274,7 +274,7 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 	live, recs := got[0].GetResponseRange().GetKvs(), got[1].GetResponseRange().GetKvs()
 	switch {
 	case len(live) > 0 && len(recs) > 0:
-		if tok, ok := c.unseen.take(b.run.ID()); ok && string(live[0].Value) == tok {
+		if tok, ok := c.unseen.Take(b.run.ID()); ok && string(live[0].Value) == tok {
 			// This claimer's own grant, which it never heard of.
 			if r, err := decodeRecord(string(recs[0].Key), recs[0].Value); err == nil && r.Token == tok && r.Status == claim.Running {
 				return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, prev: recs[0].Value, attempt: r.Attempt,
@@ -322,11 +322,11 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 // want of its lease. The undo may be lost too (the cluster stalled): each
 // bid's token is remembered until its lease would have run out (until),
 // and the next claim of its run takes the grant, if the bid won, instead
-// of being held off by it (unseen).
+// of being held off by it (claim.Unseen).
 func (c *Claimer) undoLater(ctx context.Context, bids []bid, tokens, wrote []string, id clientv3.LeaseID, revoke bool, until time.Time) {
 	ops := make([]clientv3.Op, len(bids))
 	for k, b := range bids {
-		c.unseen.note(b.run.ID(), tokens[k], until)
+		c.unseen.Note(b.run.ID(), tokens[k], until)
 		live, rec := c.keys.live(b.run), c.keys.record(b.run)
 		restore := clientv3.OpDelete(rec)
 		if b.modRev != 0 {

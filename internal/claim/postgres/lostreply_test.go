@@ -9,6 +9,7 @@ import (
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
+	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
 	"github.com/scheduler-dev/scheduler/internal/faultproxy"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
@@ -132,5 +133,35 @@ func TestAnIdleConnectionCostsNoPing(t *testing.T) {
 		for _, r := range requests {
 			t.Logf("  %q", r)
 		}
+	}
+}
+
+// TestAClaimWhoseReplyAndHandBackWereLostIsGrantedToItsNextTry: the
+// insert granted, its reply was lost, and so was every try of the
+// hand-back (a server that answers none of them). The grant is this
+// replica's: its next claim of the run takes it at once, as the same
+// attempt, where it would be held off by its own ghost for the lease;
+// another replica is still held off (claimtest.NextTryTakesItsLostGrant).
+func TestAClaimWhoseReplyAndHandBackWereLostIsGrantedToItsNextTry(t *testing.T) {
+	ns, proxy, via := proxied(t)
+	lossy := ns.OpenClient("lossy", backends.Client{Via: via})
+	other := ns.Open("other")
+	at := time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)
+	runs := []claim.Run{{Job: "job.unseen", At: at}, {Job: "job.unseen", At: at.Add(time.Minute)}}
+
+	// The hand-back's statement, parsed anew on each connection it tries.
+	proxy.DropRequests(100, func(b []byte) bool { return bytes.Contains(b, []byte("token = ''")) })
+	proxy.DropReplies(1, func(b []byte) bool { return bytes.Contains(b, []byte("SELECT 3")) })
+	if _, errs := lossy.Claim(t.Context(), runs, time.Minute); !errors.Is(errs[0], claim.ErrUnavailable) {
+		t.Fatalf("claim with its reply lost: %v, want ErrUnavailable", errs[0])
+	}
+	postgres.WaitForHandBacks(lossy.Claimer)
+	dropped := proxy.Stats().Dropped
+	proxy.DropRequests(0, nil)
+	if dropped < 2 {
+		t.Fatalf("the proxy dropped %d chunks: want the claim's reply and the hand-back's tries", dropped)
+	}
+	for _, run := range runs {
+		claimtest.NextTryTakesItsLostGrant(t, lossy, other, run)
 	}
 }

@@ -92,18 +92,22 @@ SELECT ins.fence, ins.attempt, ins.lease_until, stamp.t FROM stamp LEFT JOIN ins
 	// statement that runs after $8 (takeoverBy: its bid's insert's stamp,
 	// plus the insert's round trip and claim.TakeoverWait): it waited (in
 	// a stopped server, on a lock) long enough to have overtaken a
-	// holder's release that waited with it.
+	// holder's release that waited with it. $9, when not empty, is the
+	// token of this claimer's own bid whose reply and hand-back were both
+	// lost (claim.Unseen): a run still held under it is taken at once, as
+	// the same attempt, where its ghost would hold it off for a lease.
 	takeOverRun = `
 WITH ` + lockedStamped6 + `,
 taken AS (
     UPDATE scheduler_runs
        SET status = 'running', token = $2, holder = $3,
-           fence = nextval('scheduler_fence_seq'), attempt = attempt + (token <> '')::int,
+           fence = nextval('scheduler_fence_seq'), attempt = attempt + (token <> '' AND token <> $9)::int,
            started_at = (SELECT t FROM stamp), lease_until = now() + $4 * interval '1 microsecond',
            finished_at = NULL
      WHERE run_id = $1 AND scheduled_at = $5
        AND (status = 'interrupted' OR (status = 'running' AND lease_until <= now()
-            AND NOT $7::boolean AND clock_timestamp() <= $8))
+            AND NOT $7::boolean AND clock_timestamp() <= $8)
+            OR (status = 'running' AND $9 <> '' AND token = $9))
     RETURNING fence, attempt, lease_until
 ),
 touched AS (
@@ -293,6 +297,7 @@ type Claimer struct {
 	close      sync.Once
 	watch      *claim.FenceWatch
 	unanswered claim.Unanswered // takeovers held back after unanswered writes (hold.go)
+	unseen     claim.Unseen     // grants whose replies were lost, and maybe their hand-backs
 }
 
 var _ claim.Claimer = (*Claimer)(nil)
@@ -378,7 +383,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 	hold, by := c.waited(cl.Requested, lease), takeoverBy(stamp, cl.Requested, lease)
 
 	cl.Requested = time.Now()
-	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, hold, by)
+	row := c.pool.QueryRow(ctx, takeOverRun, id, cl.Token, c.instance, lease.Microseconds(), run.At, buckets, hold, by, c.unseenToken(id))
 	got, wrote, err := takenOver(cl, row)
 	c.wrote(ctx, unwrapAnswer(err), wrote)
 	c.waited(cl.Requested, lease)
@@ -415,7 +420,20 @@ func (c *Claimer) abandonIfUnknown(err error, cls []*claim.Claim) {
 	if len(cls) == 0 || answered || errors.As(err, &connectErr) || pgconn.SafeToRetry(err) {
 		return
 	}
+	// The hand-back may be lost too: the next claim of each run takes
+	// its grant, if it stands (takeOverRun's $9).
+	for _, cl := range cls {
+		c.unseen.Note(cl.ID(), cl.Token, time.Now().Add(cl.Lease))
+	}
 	c.abandonLater(cls)
+}
+
+// unseenToken is takeOverRun's $9 for the run with id runID.
+func (c *Claimer) unseenToken(runID string) string {
+	if token, ok := c.unseen.Take(runID); ok {
+		return token
+	}
+	return ""
 }
 
 // failed looks at an error of a statement for what the pools must do
@@ -683,7 +701,7 @@ func (c *Claimer) claim(ctx context.Context, runs []claim.Run, lease time.Durati
 	b.Queue(lockJobs, restBuckets)
 	hold, by := c.waited(requested, lease), takeoverBy(stamp, requested, lease)
 	for k, i := range rest {
-		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold, by)
+		b.Queue(takeOverRun, claims[i].ID(), claims[i].Token, c.instance, lease.Microseconds(), claims[i].Run.At, restBuckets[k:k+1], hold, by, c.unseenToken(claims[i].ID()))
 	}
 	taken := make([]*claim.Claim, len(rest))
 	for k, i := range rest {

@@ -142,7 +142,7 @@ func TestATakeoverThatRunsPastItsBidsWaitHoldsBack(t *testing.T) {
 			until          time.Time
 		)
 		if err := b.DB.QueryRowContext(t.Context(), postgres.TakeOverRun, run.ID(), claim.NewToken(), "standby",
-			time.Second.Microseconds(), run.At, "{0}", false, by).Scan(&granted, &fence, &attempt, &until, &status, &touched); err != nil {
+			time.Second.Microseconds(), run.At, "{0}", false, by, "").Scan(&granted, &fence, &attempt, &until, &status, &touched); err != nil {
 			t.Fatal(err)
 		}
 		return granted, status, touched

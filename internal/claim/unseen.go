@@ -1,20 +1,22 @@
-package etcd
+package claim
 
 import (
 	"sync"
 	"time"
 )
 
-// unseen remembers, per run, the token of this claimer's last bid whose
+// Unseen remembers, per run, the token of a claimer's last bid whose
 // outcome it never heard (its caller gave up, or the answer was lost),
 // until that bid's lease would have run out. The bid may have won, and
-// its undo (undoLater) may have been lost too, as to a stalled cluster:
-// then the run's live key holds that token, and the next claim of the
-// run by this claimer takes the grant over (an adopting bid) where it
-// would be held off by its own ghost for a lease. Only this claimer
-// ever wrote that token, so a live key holding it is a grant nobody else
-// trusts.
-type unseen struct {
+// its undo may have been lost too, as to a stalled server: then the run
+// is held under that token, and the claimer's next claim of the run
+// takes the grant (the etcd and postgres claimers) where it would be
+// held off by its own ghost for a lease. Only that claimer ever sent the
+// token, so a run held under it is a grant nobody runs. (The Redis
+// claimers name their bids instead: Bids.)
+//
+// The zero value is ready to use.
+type Unseen struct {
 	mu    sync.Mutex
 	m     map[string]unseenBid // by run ID
 	prune int                  // the size at which the next note prunes lapsed entries
@@ -25,8 +27,8 @@ type unseenBid struct {
 	until time.Time // local, monotonic: past it, any grant of the bid has expired
 }
 
-// note remembers token's bid for run, until until.
-func (u *unseen) note(runID, token string, until time.Time) {
+// Note remembers token's bid for the run with id runID, until until.
+func (u *Unseen) Note(runID, token string, until time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil {
@@ -46,9 +48,9 @@ func (u *unseen) note(runID, token string, until time.Time) {
 	}
 }
 
-// take returns and forgets the token of run's unseen bid, if its grant
-// may still be live.
-func (u *unseen) take(runID string) (string, bool) {
+// Take returns and forgets the token of the unseen bid for the run with
+// id runID, if its grant may still be live.
+func (u *Unseen) Take(runID string) (string, bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	e, ok := u.m[runID]
