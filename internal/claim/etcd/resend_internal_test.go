@@ -67,6 +67,20 @@ func (l *replyLoser) intercept(ctx context.Context, method string, req, reply an
 	return status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
 }
 
+// openOn opens a claimer for instance on endpoints, its keys under
+// prefix, its client dialled with dial; closed when t ends.
+func openOn(t *testing.T, endpoints []string, prefix, instance string, dial ...grpc.DialOption) *Claimer {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second,
+		Logger: zap.NewNop(), DialOptions: dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(cli, Options{Instance: instance, Prefix: prefix})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // TestAWriteWhoseReplyWasLostIsRecognisedWhenSentAgain: a claim, renewal
 // or release whose transaction took effect but whose reply was lost is
 // sent again when its try runs out (retry), and the try sent again must
@@ -79,14 +93,7 @@ func TestAWriteWhoseReplyWasLostIsRecognisedWhenSentAgain(t *testing.T) {
 	cluster := testenv.StartEtcd(t, 1)
 	loser := &replyLoser{}
 	open := func(instance string, dial ...grpc.DialOption) *Claimer {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
-			Logger: zap.NewNop(), DialOptions: dial})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := New(cli, Options{Instance: instance, Prefix: "resend/"})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
+		return openOn(t, cluster.Endpoints(), "resend/", instance, dial...)
 	}
 	lossy := open("lossy", grpc.WithUnaryInterceptor(loser.intercept))
 	other := open("other")
@@ -163,19 +170,13 @@ func heldBehindALoser(t *testing.T, ctx context.Context, name string, lease time
 	t.Helper()
 	cluster := testenv.StartEtcd(t, 1)
 	loser := &replyLoser{}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
-		Logger: zap.NewNop(), DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(loser.intercept)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := New(cli, Options{Instance: "holder", Prefix: name + "/"})
-	t.Cleanup(func() { _ = c.Close() })
+	c := openOn(t, cluster.Endpoints(), name+"/", "holder", grpc.WithUnaryInterceptor(loser.intercept))
 	run := claim.Run{Job: "job." + name, At: time.Date(2026, 3, 4, 5, 6, 0, 0, time.UTC)}
 	cl, err := claim.ClaimOne(ctx, c, run, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return loser, cli, c, run, cl
+	return loser, c.cli, c, run, cl
 }
 
 // TestARenewalAppliedLateCannotShortenTheLease: a renewal grants a new
@@ -304,14 +305,7 @@ func TestAClaimGivenUpAfterItLandedIsUndone(t *testing.T) {
 		return len(r.Responses) > 0 && r.Responses[0].GetResponseTxn().GetSucceeded()
 	}}
 	open := func(instance string, dial ...grpc.DialOption) *Claimer {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
-			Logger: zap.NewNop(), DialOptions: dial})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := New(cli, Options{Instance: instance, Prefix: "undo/"})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
+		return openOn(t, cluster.Endpoints(), "undo/", instance, dial...)
 	}
 	lossy := open("lossy", grpc.WithUnaryInterceptor(loser.intercept))
 	other := open("other")
@@ -424,14 +418,7 @@ func unseenGrant(t *testing.T, run claim.Run) (lossy, other *Claimer, fence int6
 		},
 	}
 	open := func(instance string, dial ...grpc.DialOption) *Claimer {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 10 * time.Second,
-			Logger: zap.NewNop(), DialOptions: dial})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := New(cli, Options{Instance: instance, Prefix: "unseen/"})
-		t.Cleanup(func() { _ = c.Close() })
-		return c
+		return openOn(t, cluster.Endpoints(), "unseen/", instance, dial...)
 	}
 	lossy, other = open("lossy", grpc.WithUnaryInterceptor(loser.intercept)), open("other")
 
