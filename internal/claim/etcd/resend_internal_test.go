@@ -38,6 +38,10 @@ type replyLoser struct {
 	// unsent, when set, refuses the calls it picks without sending them,
 	// as a stalled cluster leaves them unanswered: an undo, say.
 	unsent func(method string, req any) bool
+	// gone, when set, is called as a reply is lost, its transaction
+	// applied: a caller that gives up then (cancels) hears nothing of a
+	// grant that stands.
+	gone atomic.Pointer[context.CancelFunc]
 }
 
 func (l *replyLoser) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -62,6 +66,9 @@ func (l *replyLoser) intercept(ctx context.Context, method string, req, reply an
 	if err != nil || l.armed.Add(-1) < 0 {
 		l.armed.Store(0)
 		return err
+	}
+	if gone := l.gone.Load(); gone != nil {
+		(*gone)()
 	}
 	<-ctx.Done()
 	return status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
@@ -325,21 +332,14 @@ func TestAClaimGivenUpAfterItLandedIsUndone(t *testing.T) {
 		return got.Kvs[0]
 	}
 	// giveUp has lossy claim run, its reply lost, and gives the claim up
-	// once its live key is there: the transaction has landed.
+	// as the reply is lost: the transaction has landed (loser.only).
 	giveUp := func(run claim.Run) {
 		t.Helper()
 		loser.armed.Store(1)
 		cctx, stop := context.WithCancel(ctx)
 		defer stop()
-		go func() {
-			for cctx.Err() == nil {
-				if kv := get(lossy.keys.live(run)); kv != nil {
-					stop()
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}()
+		loser.gone.Store(&stop)
+		defer loser.gone.Store(nil)
 		cl, err := claim.ClaimOne(cctx, lossy, run, time.Minute)
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("claim of %s given up once it landed: %+v, %v; want the caller's context error", run.ID(), cl, err)
@@ -424,7 +424,10 @@ func unseenGrant(t *testing.T, run claim.Run) (lossy, other *Claimer, fence int6
 
 	loser.armed.Store(1)
 	undoLost.Store(true)
-	short, stop := context.WithTimeout(t.Context(), time.Second)
+	// The caller gives up as the reply is lost: no try of the claim runs
+	// out, so nothing holds this claimer's takeovers.
+	short, stop := context.WithCancel(t.Context())
+	loser.gone.Store(&stop)
 	_, err := claim.ClaimOne(short, lossy, run, time.Minute)
 	stop()
 	if err == nil {
