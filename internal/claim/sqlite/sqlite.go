@@ -46,7 +46,10 @@ const (
 	// writes went unanswered within the last lease (claim.Unanswered), or
 	// the statement runs after ?8, the bid's send plus a quarter lease (it
 	// waited for the write lock that long, and a holder's release may be
-	// waiting behind it).
+	// waiting behind it). ?9, when not empty, is the token of this
+	// claimer's own grant whose caller gave up and whose hand-back was
+	// lost (claim.Unseen): a run still held under it is taken at once,
+	// as the same attempt, where its ghost would hold it off for a lease.
 	// The fence is the counter's next value, and the schema's triggers
 	// advance the counter in the statement's own transaction. A write
 	// statement takes SQLite's write lock before it reads, so two claims
@@ -58,11 +61,12 @@ VALUES (?1, ?2, ?3, 'running', ?4, ?5, (SELECT value + 1 FROM scheduler_fence WH
         ` + nowMS + `, ` + leaseFrom + ` + ?6)
 ON CONFLICT (run_id) DO UPDATE
    SET status = 'running', token = excluded.token, holder = excluded.holder,
-       fence = excluded.fence, attempt = scheduler_runs.attempt + (scheduler_runs.token <> ''),
+       fence = excluded.fence, attempt = scheduler_runs.attempt + (scheduler_runs.token NOT IN ('', ?9)),
        started_at = excluded.started_at, lease_until = excluded.lease_until, finished_at = NULL
  WHERE scheduler_runs.status = 'interrupted'
     OR (scheduler_runs.status = 'running' AND scheduler_runs.lease_until <= excluded.started_at
         AND NOT ?7 AND excluded.started_at <= ?8)
+    OR (scheduler_runs.status = 'running' AND ?9 <> '' AND scheduler_runs.token = ?9)
 RETURNING fence, attempt, lease_until`
 
 	// abandonRun hands back a grant whose caller gave up while its
@@ -149,6 +153,7 @@ type Claimer struct {
 	// timeout. Other processes still wait in the busy handler.
 	writer chan struct{}
 	undos  claim.Stragglers // abandonLater's, which Close waits for
+	unseen claim.Unseen     // grants handed back by abandonLater, which may have been lost
 	// file is the file Open opened; nil for New, whose caller owns it.
 	file *file
 	// unanswered holds takeovers back after a write went unanswered or
@@ -252,7 +257,8 @@ func leaseMS(lease time.Duration) int64 {
 func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Duration) (*claim.Claim, error) {
 	run.At = run.At.UTC()
 	id := run.ID()
-	if err := c.lostBid(ctx, id, true); err != nil {
+	unseen := c.unseenToken(id)
+	if err := c.lostBid(ctx, id, true); err != nil && (unseen == "" || !errors.Is(err, claim.ErrHeld)) {
 		return nil, fmt.Errorf("claim %s: %w", id, err)
 	}
 	cl := &claim.Claim{Run: run, Token: claim.NewToken(), Holder: c.instance, Lease: lease}
@@ -263,7 +269,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		cl.Requested = time.Now()
 		mark := c.file.mark()
 		err := c.stmts.queryRow(ctx, claimRun,
-			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), c.unanswered.Hold(lease), by},
+			[]any{id, run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), c.unanswered.Hold(lease), by, unseen},
 			&cl.Fence, &cl.Attempt, &deadline)
 		if err != nil {
 			return err
@@ -276,7 +282,7 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 		return cl, nil
 	case !errors.Is(err, sql.ErrNoRows):
 		if ctx.Err() != nil {
-			c.abandonLater(ctx, id, cl.Token)
+			c.abandonLater(ctx, id, cl.Token, lease)
 		}
 		return nil, fmt.Errorf("claim %s: %w", id, translate(err))
 	}
@@ -295,8 +301,11 @@ func (c *Claimer) claimOne(ctx context.Context, run claim.Run, lease time.Durati
 // and spent an attempt (the conformance suite's given-up case, under
 // -race). The caller does not wait for it (it may wait for the lock of a
 // file another process holds), and it tells the takeover hold nothing:
-// the claim's own outcome did.
-func (c *Claimer) abandonLater(ctx context.Context, id, token string) {
+// the claim's own outcome did. The hand-back may be lost too (the file
+// locked past its second by another process): the next claim of the run
+// takes the grant, if it stands (claimRun's ?9).
+func (c *Claimer) abandonLater(ctx context.Context, id, token string, lease time.Duration) {
+	c.unseen.Note(id, token, time.Now().Add(lease))
 	c.undos.Go(func() {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
@@ -305,6 +314,14 @@ func (c *Claimer) abandonLater(ctx context.Context, id, token string) {
 			return err
 		})
 	})
+}
+
+// unseenToken is claimRun's ?9 for the run with id runID.
+func (c *Claimer) unseenToken(runID string) string {
+	if token, ok := c.unseen.Take(runID); ok {
+		return token
+	}
+	return ""
 }
 
 // lostBid reads run id and returns ErrHeld or ErrDone if it cannot be won
@@ -468,12 +485,14 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 		return claims, errs
 	}
 	var bids []int
+	unseen := make([]string, len(runs))
 	for i, run := range runs {
 		if errs[i] = claim.CheckClaim(run, lease); errs[i] != nil {
 			continue
 		}
 		run.At = run.At.UTC()
-		if err := c.lostBid(ctx, run.ID(), true); err != nil {
+		unseen[i] = c.unseenToken(run.ID())
+		if err := c.lostBid(ctx, run.ID(), true); err != nil && (unseen[i] == "" || !errors.Is(err, claim.ErrHeld)) {
 			errs[i] = fmt.Errorf("claim %s: %w", run.ID(), err)
 			continue
 		}
@@ -497,7 +516,7 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 			for _, i := range bids {
 				cl, run := claims[i], claims[i].Run
 				var deadline int64
-				err := st.QueryRowContext(ctx, run.ID(), run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), hold, by).
+				err := st.QueryRowContext(ctx, run.ID(), run.Job, run.At.UnixMilli(), cl.Token, c.instance, leaseMS(lease), hold, by, unseen[i]).
 					Scan(&cl.Fence, &cl.Attempt, &deadline)
 				switch {
 				case err == nil:

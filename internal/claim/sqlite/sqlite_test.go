@@ -76,6 +76,27 @@ func TestAFileLockedBrieflyAgainAndAgainHoldsTakeoversOnlyAWhile(t *testing.T) {
 	claimtest.ChronicStallsEndTheHold(t, holder, standby, lock, unlock, time.Second)
 }
 
+// TestAGrantWhoseHandBackWasLostIsTakenByTheNextTry: a claim's statement
+// landed as its caller gave up (the conformance suite's given-up case
+// meets this under -race), and the hand-back that follows
+// (abandonLater) found the file locked by another process past its
+// second. The grant stands, held by nobody. The replica's next claim of
+// the run takes it at once, as attempt 1, where its ghost held it off
+// for the lease (claimtest.NextTryTakesItsLostGrant). The grant here was
+// heard, and handed back as if it had not been.
+func TestAGrantWhoseHandBackWasLostIsTakenByTheNextTry(t *testing.T) {
+	lossy, other, lock, unlock := lockable(t)
+	run := claim.Run{Job: "job.unseen", At: base}
+	cl, err := claim.ClaimOne(t.Context(), lossy, run, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock()
+	sqlite.AbandonAndWait(lossy, cl)
+	unlock()
+	claimtest.NextTryTakesItsLostGrant(t, lossy, other, run)
+}
+
 // lockable opens a holder and a standby on one file, and returns
 // functions with which another connection takes and gives back its
 // write lock.
