@@ -165,15 +165,21 @@ func ClaimWhenFreed(t *testing.T, c claim.Claimer, run claim.Run, lease time.Dur
 // NextTryTakesItsLostGrant checks, once a claim of run through lossy was
 // granted but its caller heard an error and the undo was lost, that the
 // grant keeps other out, that lossy's next claim of run is granted it, at
-// attempt 1, and that the grant so taken releases like any other.
+// attempt 1, with a fence above a grant of the job made since (the lost
+// grant's fence was never heard, and fences rise in grant order), and
+// that the grant so taken releases like any other.
 func NextTryTakesItsLostGrant(t *testing.T, lossy, other claim.Claimer, run claim.Run) {
 	t.Helper()
 	if _, err := claim.ClaimOne(ctxT(t), other, run, time.Minute); !errors.Is(err, claim.ErrHeld) {
 		t.Fatalf("another replica's claim: %v, want held by the lost grant", err)
 	}
+	since := mustClaim(t, other, claim.Run{Job: run.Job, At: run.At.Add(time.Hour)}, time.Minute)
 	cl, err := claim.ClaimOne(ctxT(t), lossy, run, time.Minute)
 	if err != nil || cl.Attempt != 1 {
 		t.Fatalf("the next try of the replica that never heard of its grant: %v, %v; want that grant, attempt 1", cl, err)
+	}
+	if cl.Fence <= since.Fence {
+		t.Fatalf("the grant the next try took has fence %d, not above %d, a grant of its job made since", cl.Fence, since.Fence)
 	}
 	if err := claim.ReleaseOne(ctxT(t), lossy, cl, claim.Succeeded); err != nil {
 		t.Fatalf("release of the grant the next try took: %v", err)

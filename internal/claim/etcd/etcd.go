@@ -95,10 +95,8 @@ type bid struct {
 	attempt int
 	// adopt, when set, is the token of this claimer's own unseen bid
 	// whose grant the live key holds (claim.Unseen): the bid takes that
-	// grant, its token, slot and fence, onto this call's lease.
+	// grant, its token and start, onto this call's lease.
 	adopt string
-	slot  int64
-	fence int64
 }
 
 // Claim implements claim.Claimer. It grants one lease for the batch, then
@@ -198,13 +196,9 @@ func (c *Claimer) Claim(ctx context.Context, runs []claim.Run, lease time.Durati
 					if !tr.Succeeded {
 						rev = ownLive(tr, tokens[k], g.ID).ModRevision
 					}
-					fence := fenceOf(rev, int64(k))
-					if b.adopt != "" {
-						fence = b.fence
-					}
 					granted = true
 					claims[b.i] = &claim.Claim{Run: b.run, Token: tokens[k], Holder: c.instance,
-						Fence: fence, Attempt: b.attempt,
+						Fence: fenceOf(rev, int64(k)), Attempt: b.attempt,
 						Deadline: requested.Add(lease).UTC(), Requested: requested, Lease: lease}
 					c.revs.set(tokens[k], rev, requested.Add(lease))
 				default:
@@ -227,15 +221,16 @@ func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease 
 	started := start
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(live), "=", 0)}
 	if b.adopt != "" {
-		// The grant stays as it was made, its live key's create
-		// revision and its slot (the fence), its start (in the token)
-		// and its attempt; its lease is this call's. The record is
-		// rewritten, its fence written out (History reads a fresh
-		// grant's off the record's revision), so an undo of the unseen
-		// bid, if it lands late, finds another record and undoes
+		// The grant keeps its token, its start (in the token) and its
+		// attempt; its lease is this call's, and it is fenced anew, as
+		// a grant made now (this revision and slot): a grant of the job
+		// may have been made since the unseen one, and a fence must rise
+		// with what its holder could have seen. Nobody heard the unseen
+		// grant's fence. The record is rewritten, so an undo of the
+		// unseen bid, if it lands late, finds another record and undoes
 		// nothing.
 		cmps[0] = clientv3.Compare(clientv3.Value(live), "=", b.adopt)
-		slot, started = b.slot, startOf(b.adopt)
+		started = startOf(b.adopt)
 	}
 	if b.modRev == 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(rec), "=", 0))
@@ -243,7 +238,7 @@ func (c *Claimer) bidOp(b bid, token string, slot int64, start time.Time, lease 
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(rec), "=", b.modRev))
 	}
 	r := record{Job: b.run.Job, At: b.run.At, Status: claim.Running, Token: token, Holder: c.instance,
-		Slot: slot, Fence: b.fence, Attempt: b.attempt, StartedAt: started.UTC(), LeaseUntil: start.Add(lease).UTC()}
+		Slot: slot, Attempt: b.attempt, StartedAt: started.UTC(), LeaseUntil: start.Add(lease).UTC()}
 	v := r.encode()
 	return clientv3.OpTxn(cmps,
 		[]clientv3.Op{clientv3.OpPut(live, token, clientv3.WithLease(id)), clientv3.OpPut(rec, v)},
@@ -277,8 +272,7 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 		if tok, ok := c.unseen.Take(b.run.ID()); ok && string(live[0].Value) == tok {
 			// This claimer's own grant, which it never heard of.
 			if r, err := decodeRecord(string(recs[0].Key), recs[0].Value); err == nil && r.Token == tok && r.Status == claim.Running {
-				return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, prev: recs[0].Value, attempt: r.Attempt,
-					adopt: tok, slot: r.Slot, fence: fenceOf(live[0].CreateRevision, r.Slot)}, nil
+				return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, prev: recs[0].Value, attempt: r.Attempt, adopt: tok}, nil
 			}
 		}
 		return bid{}, claim.ErrHeld

@@ -76,15 +76,18 @@ func TestABatchBidSentIntoAStoppedClusterDoesNotTakeOverWhenItRuns(t *testing.T)
 // neither). The grant is this replica's: its next claim of the run takes
 // it at once, where it would be held off by its own ghost for a lease;
 // another replica is still held off (claimtest.NextTryTakesItsLostGrant).
-// The grant taken keeps the fence it was made with, and History shows
-// that fence.
+// The grant taken is fenced anew, and History shows it under the fence
+// its holder heard.
 func TestAClaimWhoseReplyAndUndoWereLostIsGrantedToItsNextTry(t *testing.T) {
 	t.Parallel()
 	run := claim.Run{Job: "job.unseen", At: base}
 	lossy, other, fence := etcd.UnseenGrant(t, run)
 	claimtest.NextTryTakesItsLostGrant(t, lossy, other, run)
-	recs, err := other.History(t.Context(), run.Job, 1)
-	if err != nil || len(recs) != 1 || recs[0].Fence != fence || recs[0].Attempt != 1 || recs[0].Holder != "lossy" {
-		t.Fatalf("history: %+v, %v; want the unseen grant's fence %d, attempt 1, holder lossy", recs, err, fence)
+	recs, err := other.History(t.Context(), run.Job, 0)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("history: %+v, %v; want the run and the grant of its job made since", recs, err)
+	}
+	if r := recs[1]; r.RunID != run.ID() || r.Fence <= fence || r.Attempt != 1 || r.Holder != "lossy" || r.Status != claim.Succeeded {
+		t.Fatalf("history of %s: %+v; want it succeeded under lossy, attempt 1, fenced above the unseen grant's %d", run.ID(), r, fence)
 	}
 }
