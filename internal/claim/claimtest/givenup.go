@@ -86,12 +86,18 @@ func givenUp(t *testing.T, newClaimers Factory, lease time.Duration) {
 		}
 		wg.Wait()
 	}
-	gaveUp, undone := 0, 0
+	// A takeover may be held back (claim.Unanswered): the Redis
+	// claimers count a call whose caller left before the reply as a call
+	// the server left unanswered, and a stall may have hidden behind it.
+	// A run so held back is as its lapsed holder left it.
+	heldBack := lease > 0 && claim.HeldBy(a, longLease)
+	gaveUp, undone, held := 0, 0, 0
 	for _, o := range outcomes {
 		cl, err := claim.ClaimOne(ctxT(t), b, o.run, longLease)
 		switch {
 		case o.err == nil:
 			wantErr(t, err, claim.ErrHeld, "claim of a run granted to a caller who stayed")
+			continue
 		case errors.Is(o.err, context.Canceled):
 			gaveUp++
 			// A caller who left a batch in flight returned before it: its
@@ -101,19 +107,25 @@ func givenUp(t *testing.T, newClaimers Factory, lease time.Duration) {
 				undone++
 				cl, err = ClaimWhenFreed(t, b, o.run, longLease)
 			}
-			if err != nil {
-				t.Errorf("%s: its caller gave up (%v), yet another replica's claim answered %v", o.run.ID(), o.err, err)
-			} else if cl.Attempt != wantAttempt {
-				// The grant undone never started: it spends no attempt
-				// (a review found Redlock counting one when the undone
-				// grant's commit had landed).
-				t.Errorf("%s: its caller gave up (%v), and the next claim is attempt %d, want %d", o.run.ID(), o.err, cl.Attempt, wantAttempt)
-			} else if f := first[o.run]; f != nil && cl.Fence <= f.Fence {
-				t.Errorf("%s: its caller gave up (%v), and the next claim's fence %d is not above the lapsed holder's %d", o.run.ID(), o.err, cl.Fence, f.Fence)
-			}
+		case errors.Is(o.err, claim.ErrHeld) && heldBack:
+			held++
 		default:
 			t.Errorf("%s: %v", o.run.ID(), o.err)
+			continue
 		}
+		if err != nil {
+			t.Errorf("%s: its caller gave up or was held back (%v), yet another replica's claim answered %v", o.run.ID(), o.err, err)
+		} else if cl.Attempt != wantAttempt {
+			// The grant undone never started: it spends no attempt
+			// (a review found Redlock counting one when the undone
+			// grant's commit had landed).
+			t.Errorf("%s: its caller gave up or was held back (%v), and the next claim is attempt %d, want %d", o.run.ID(), o.err, cl.Attempt, wantAttempt)
+		} else if f := first[o.run]; f != nil && cl.Fence <= f.Fence {
+			t.Errorf("%s: its caller gave up or was held back (%v), and the next claim's fence %d is not above the lapsed holder's %d", o.run.ID(), o.err, cl.Fence, f.Fence)
+		}
+	}
+	if held > 0 {
+		t.Logf("%d takeovers held back after a given-up call", held)
 	}
 	t.Logf("%d of %d claims given up (each within %v), %d of them still held a moment later", gaveUp, len(outcomes), window, undone)
 	if gaveUp == 0 {
@@ -143,7 +155,10 @@ func lapsedGrants(t *testing.T, c claim.Claimer, n int, lease time.Duration) map
 	}
 	probe := runAt("job.givenup.lapsed", 0)
 	mustClaim(t, c, probe, lease)
-	takeOver(t, c, probe, longLease)
+	// Polled under the short lease: a claim of c's that waited on a
+	// loaded machine may hold c's takeovers back for a lease after it
+	// (claim.Unanswered), and under a long one, for the whole test.
+	takeOver(t, c, probe, lease)
 	return grants
 }
 
