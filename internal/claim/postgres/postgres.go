@@ -95,7 +95,10 @@ SELECT ins.fence, ins.attempt, ins.lease_until, stamp.t FROM stamp LEFT JOIN ins
 	// holder's release that waited with it. $9, when not empty, is the
 	// token of this claimer's own bid whose reply and hand-back were both
 	// lost (claim.Unseen): a run still held under it is taken at once, as
-	// the same attempt, where its ghost would hold it off for a lease.
+	// the same attempt, where its ghost would hold it off for a lease,
+	// and even while takeovers are held: the grant is its own, and never
+	// started. Such a row is not touched: two writes of one row in one
+	// statement are not defined, and the take must be the one.
 	takeOverRun = `
 WITH ` + lockedStamped6 + `,
 taken AS (
@@ -113,7 +116,7 @@ taken AS (
 touched AS (
     UPDATE scheduler_runs SET lease_until = lease_until
      WHERE run_id = $1 AND scheduled_at = $5 AND ($7::boolean OR clock_timestamp() > $8)
-       AND status = 'running' AND lease_until <= now()
+       AND status = 'running' AND lease_until <= now() AND NOT ($9 <> '' AND token = $9)
     RETURNING 1
 )
 SELECT true, fence, attempt, lease_until, '', false FROM taken

@@ -154,3 +154,37 @@ func TestATakeoverThatRunsPastItsBidsWaitHoldsBack(t *testing.T) {
 		t.Fatal("a takeover within its bid's wait was not granted")
 	}
 }
+
+// TestAnUnseenGrantIsTakenWhileTakeoversAreHeld: the takeover statement
+// takes a row held under the claimer's own unseen token ($9: a grant
+// whose reply and hand-back were lost) even once its lease has lapsed
+// and takeovers are held back ($7): the grant never started, and no
+// holder's release waits to land. It is taken as the same attempt, with
+// a higher fence. (The statement also keeps its touch off such a row:
+// PostgreSQL leaves two writes of one row in one statement undefined,
+// and here it happened to pick the take, with or without that guard.)
+func TestAnUnseenGrantIsTakenWhileTakeoversAreHeld(t *testing.T) {
+	ns := backends.Prepare(t, config.ClaimerPostgres, backends.Options{})
+	b := ns.Open("holder")
+	run := claim.Run{Job: "job.unseen-held", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+	cl, err := claim.ClaimOne(t.Context(), b.Claimer, run, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(cl.Deadline) + 50*time.Millisecond) // lapsed, on the server's clock (this host's)
+	var (
+		granted, touched bool
+		fence, attempt   int64
+		until            time.Time
+		status           string
+	)
+	if err := b.DB.QueryRowContext(t.Context(), postgres.TakeOverRun, run.ID(), claim.NewToken(), "holder",
+		time.Second.Microseconds(), run.At, "{0}", true, time.Now().Add(time.Minute), cl.Token).
+		Scan(&granted, &fence, &attempt, &until, &status, &touched); err != nil {
+		t.Fatal(err)
+	}
+	if !granted || attempt != 1 || fence <= cl.Fence || touched {
+		t.Fatalf("the unseen grant, lapsed, takeovers held: granted %v, attempt %d, fence %d, touched %v; want granted as attempt 1 above fence %d, untouched",
+			granted, attempt, fence, touched, cl.Fence)
+	}
+}
