@@ -4,11 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-
-	"github.com/scheduler-dev/scheduler/internal/claim"
 	"testing"
 	"time"
 
+	"github.com/scheduler-dev/scheduler/internal/claim"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimers"
 	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/claim/postgres"
@@ -127,14 +126,7 @@ func TestABatchBidThatWaitedInAStoppedServerIsHeld(t *testing.T) {
 // one that waited longer between the two (in a server stopped after the
 // insert's answer, on a lock) writes the row unchanged and answers held.
 func TestATakeoverThatRunsPastItsBidsWaitHoldsBack(t *testing.T) {
-	ns := backends.Prepare(t, config.ClaimerPostgres, backends.Options{})
-	b := ns.Open("holder")
-	run := claim.Run{Job: "job.late", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
-	cl, err := claim.ClaimOne(t.Context(), b.Claimer, run, 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(time.Until(cl.Deadline) + 50*time.Millisecond) // lapsed, on the server's clock (this host's)
+	b, run, _ := lapsedClaim(t, "job.late")
 	take := func(by time.Time) (granted bool, status string, touched bool) {
 		t.Helper()
 		var (
@@ -164,14 +156,7 @@ func TestATakeoverThatRunsPastItsBidsWaitHoldsBack(t *testing.T) {
 // PostgreSQL leaves two writes of one row in one statement undefined,
 // and here it happened to pick the take, with or without that guard.)
 func TestAnUnseenGrantIsTakenWhileTakeoversAreHeld(t *testing.T) {
-	ns := backends.Prepare(t, config.ClaimerPostgres, backends.Options{})
-	b := ns.Open("holder")
-	run := claim.Run{Job: "job.unseen-held", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
-	cl, err := claim.ClaimOne(t.Context(), b.Claimer, run, 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(time.Until(cl.Deadline) + 50*time.Millisecond) // lapsed, on the server's clock (this host's)
+	b, run, cl := lapsedClaim(t, "job.unseen-held")
 	var (
 		granted, touched bool
 		fence, attempt   int64
@@ -187,4 +172,19 @@ func TestAnUnseenGrantIsTakenWhileTakeoversAreHeld(t *testing.T) {
 		t.Fatalf("the unseen grant, lapsed, takeovers held: granted %v, attempt %d, fence %d, touched %v; want granted as attempt 1 above fence %d, untouched",
 			granted, attempt, fence, touched, cl.Fence)
 	}
+}
+
+// lapsedClaim claims a run of job for a replica named holder, on a
+// namespace of its own, for 100ms, and returns once that lease has
+// lapsed on the server's clock (this host's).
+func lapsedClaim(t *testing.T, job string) (*claimers.Backend, claim.Run, *claim.Claim) {
+	t.Helper()
+	b := backends.Prepare(t, config.ClaimerPostgres, backends.Options{}).Open("holder")
+	run := claim.Run{Job: job, At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
+	cl, err := claim.ClaimOne(t.Context(), b.Claimer, run, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(cl.Deadline) + 50*time.Millisecond)
+	return b, run, cl
 }
