@@ -7,7 +7,7 @@ import "time"
 // until that bid's lease would have run out. The bid may have won, and
 // its undo may have been lost too, as to a stalled server: then the run
 // is held under that token, and the claimer's next claim of the run
-// takes the grant (the etcd and postgres claimers) where it would be
+// takes the grant (the etcd, postgres and sqlite claimers) where it would be
 // held off by its own ghost for a lease. Only that claimer ever sent the
 // token, so a run held under it is a grant nobody runs. (The Redis
 // claimers name their bids instead: Bids.)
