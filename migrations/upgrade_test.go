@@ -138,6 +138,9 @@ VALUES ($1, $2, $3, $4, $5, 'replica-old', nextval('scheduler_fence_seq'), $6, n
 	defer pool.Close()
 	c := postgres.New(pool, postgres.Options{Instance: "replica-new"})
 	defer c.Close()
+	// Upgraded in place: the rows are the point here, not the hold a new
+	// process starts with (claimtest's start-hold case checks that).
+	c.Settle()
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 

@@ -66,6 +66,14 @@ type TakeoverHolder interface {
 	TakeoversHeld(lease time.Duration) bool
 }
 
+// Settler is a TakeoverHolder that starts with takeovers held
+// (Unanswered.Start) and can be told to end that hold: a test's claimers
+// stand for replicas that have been up, and answered, for longer than the
+// leases the test bids with. Nothing outside tests calls Settle.
+type Settler interface {
+	Settle()
+}
+
 // HeldBy is c's TakeoversHeld, false for a claimer that holds none: what
 // a wrapper of a claimer (a fault injector, a recorder) passes on, since
 // embedding the Claimer interface alone hides the method.

@@ -44,7 +44,7 @@ import (
 // docs/hardening.md entries 36–38: SQLite on a full disk, PostgreSQL on
 // disk_full, etcd's NOSPACE alarm).
 //
-// The zero value is ready to use.
+// The zero value is ready to use; a claimer calls Start as it is made.
 type Unanswered struct {
 	last     atomic.Int64            // the latest unanswered call; 0: never
 	since    atomic.Int64            // the first answer after it; 0: none yet
@@ -115,10 +115,37 @@ func (u *Unanswered) Refusal(d time.Duration) error {
 // has not yet had answers across ChronicAfter leases.
 func (u *Unanswered) Hold(lease time.Duration) bool { return u.holdAt(lease, sinceEpoch()) }
 
-// NoteAt, AnsweredAt and HoldAt are Note, Answered and Hold at t, for a
-// caller that keeps time on a clock of its own (a simulation's, whose
-// clock does not run on the process's monotonic one). A value is used
-// with these or with the others, not both.
+// Start holds takeovers back from now until the backend has answered
+// for a lease, as after a call unanswered now. Every claimer that holds
+// takeovers calls it as it is made: a new process does not know whether
+// the backend has just left the calls of the processes before it
+// unanswered. Begun inside a stall (a pod restarted while its probes
+// failed on the stalled backend), its first calls wait there and are
+// answered as the stall ends, none unanswered, and its bid, sent next,
+// took over a lapsed lease whose holder's release, sent into the stall,
+// had not landed yet: the run ran twice (the explorer's seed 31001563, a
+// backfill begun inside a stall). The price: a deployment restarted all
+// at once takes its dead predecessors' runs over a lease after its first
+// answer, rather than as their leases lapse.
+func (u *Unanswered) Start() { u.noteAt(sinceEpoch()) }
+
+// Settle forgets the hold Start began (and any other): for a test whose
+// claimers stand for processes that have been up, and answered, for
+// longer than the leases it bids with.
+func (u *Unanswered) Settle() {
+	u.last.Store(0)
+	u.since.Store(0)
+	u.answered.Store(0)
+	u.counted.Store(0)
+	u.answers.Store(0)
+	u.refused.Store(nil)
+}
+
+// StartAt, NoteAt, AnsweredAt and HoldAt are Start, Note, Answered and
+// Hold at t, for a caller that keeps time on a clock of its own (a
+// simulation's, whose clock does not run on the process's monotonic one).
+// A value is used with these or with the others, not both.
+func (u *Unanswered) StartAt(t time.Time)    { u.noteAt(max(t.UnixNano(), 1)) }
 func (u *Unanswered) NoteAt(t time.Time)     { u.noteAt(max(t.UnixNano(), 1)) }
 func (u *Unanswered) AnsweredAt(t time.Time) { u.answeredAt(max(t.UnixNano(), 1)) }
 func (u *Unanswered) HoldAt(lease time.Duration, t time.Time) bool {

@@ -287,9 +287,6 @@ type world struct {
 	// process it stopped, by name: a release that cannot land within its
 	// shutdown is given up, as a SIGTERMed replica's is.
 	stopped map[string]time.Time
-	// began holds when each process (a replica's incarnation, a process
-	// in its pod) started, by name.
-	began map[string][]time.Time
 	// chronic holds the tokens granted to a claim sent while its
 	// replica's hold was off for its cap (faulty.Claim).
 	chronic map[string]bool
@@ -857,9 +854,7 @@ func (w *world) mustStop(name, job string, from, to time.Time) bool {
 //     Ctrl-C of a trigger: a release that cannot land within the
 //     shutdown is given up), or the backend restarted, meanwhile;
 //   - the process granted the run again does not know to hold back: it
-//     started meanwhile (a new process does not know that the backend
-//     left its predecessor's calls unanswered), or it was paused
-//     meanwhile (a frozen process calls nothing), or its claim went out
+//     was paused meanwhile (a frozen process calls nothing), or its claim went out
 //     with the hold off for its cap, its calls having gone unanswered
 //     now and then through ChronicAfter leases of answers (a slow or
 //     lossy link, then the stall). The hold is the client's
@@ -938,29 +933,17 @@ func (w *world) excused(done, again history.Event, leaseEnd, crashed time.Time) 
 	if !ok {
 		return true
 	}
-	// A process begun inside a stall of the backend heard its first
-	// answer when the stall ended: its calls waited there and were
-	// answered, none unanswered, so it knew of no stall to hold back
-	// after, as one begun then (claim.Unanswered's documented limit).
-	// Seed 31001563: a backfill begun 1.7s before the holder's return,
-	// 3.3s into the stall, bid as the stall ended, its bid and the
-	// holder's release landing together.
-	heard := func(t time.Time) time.Time {
-		for _, op := range a.ops(nemesis.Stall) {
-			if start, end := w.t0.Add(op.At), w.t0.Add(op.End()); !t.Before(start) && t.Before(end) {
-				return end
-			}
-		}
-		return t
-	}
+	// A process begun meanwhile is judged as any other: it holds
+	// takeovers back until the backend has answered it for a lease
+	// (claim.Unanswered.Start). Excused until stop 72, and then seed
+	// 31001563 broke the rule: a backfill begun inside a stall, 1.7s
+	// before the holder's return, heard its first answers as the stall
+	// ended, none unanswered, and its bid landed with the holder's
+	// release.
 	w.mu.Lock()
 	chronic := w.chronic[again.Token]
-	fresh := slices.ContainsFunc(w.began[again.Replica], func(t time.Time) bool {
-		t = heard(t)
-		return t.After(returned) && !t.After(at)
-	})
 	w.mu.Unlock()
-	if fresh || chronic || during(a, nemesis.Pause) {
+	if chronic || during(a, nemesis.Pause) {
 		return true
 	}
 	// Over a real backend, the harness's link drops a cut-off replica's
@@ -1003,16 +986,6 @@ func (w *world) grantedAt(token string) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
-}
-
-// begin records that the process named name starts now (excused).
-func (w *world) begin(name string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.began == nil {
-		w.began = map[string][]time.Time{}
-	}
-	w.began[name] = append(w.began[name], time.Now())
 }
 
 // host is the replica a process named name runs on: a replica's own, or

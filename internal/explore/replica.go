@@ -63,8 +63,7 @@ func (r *replica) life(ctx context.Context) {
 			}
 			continue
 		}
-		r.w.begin(r.id)
-		c := &faulty{r: r, gen: gen, inner: inner, name: r.id}
+		c := newFaulty(r, gen, inner, r.id)
 		run := r.runner(c, func(opts *runner.Options) {
 			opts.ShutdownGrace = time.Second
 			if r.w.cfg.Controls != nil {
@@ -260,6 +259,16 @@ type faulty struct {
 	// store, whose claimer cannot see the faults, the harness holds
 	// takeovers back for it (Claim).
 	unanswered claim.Unanswered
+}
+
+// newFaulty is process name, incarnation gen of r, over inner. Over the
+// memory store its hold starts as a networked claimer's does
+// (claim.Unanswered.Start): a new process does not know whether the
+// backend has just left its predecessors' calls unanswered.
+func newFaulty(r *replica, gen int, inner claim.Claimer, name string) *faulty {
+	f := &faulty{r: r, gen: gen, inner: inner, name: name}
+	f.unanswered.StartAt(time.Now())
+	return f
 }
 
 // dead reports whether the process behind f crashed or was killed.
@@ -555,7 +564,6 @@ func (r *replica) inPod(ctx context.Context, name string, do func(ctx context.Co
 		return false, err
 	}
 	defer inner.Close()
-	r.w.begin(name)
 	r.mu.Lock()
 	if r.execs == nil {
 		r.execs = map[string]bool{}
@@ -569,7 +577,8 @@ func (r *replica) inPod(ctx context.Context, name string, do func(ctx context.Co
 	}()
 	pctx, cancel := context.WithCancel(rctx)
 	defer cancel()
-	c := &faulty{r: r, gen: gen, inner: inner, name: name, killed: new(atomic.Bool)}
+	c := newFaulty(r, gen, inner, name)
+	c.killed = new(atomic.Bool)
 	kill := func() {
 		if !c.killed.Swap(true) {
 			r.w.log.Add(history.Event{Kind: history.Crash, Replica: name})

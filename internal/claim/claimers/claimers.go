@@ -63,6 +63,14 @@ var (
 // over the claimer itself does.
 func (b *Backend) TakeoversHeld(lease time.Duration) bool { return claim.HeldBy(b.Claimer, lease) }
 
+// Settle forwards to the claimer (claim.Settler), if it settles: a
+// test's Backend stands for a replica up for a while.
+func (b *Backend) Settle() {
+	if s, ok := b.Claimer.(claim.Settler); ok {
+		s.Settle()
+	}
+}
+
 // WatchLoss forwards to the claimer (claim.LossWatcher), which embedding
 // alone would hide; nothing for one that watches none.
 func (b *Backend) WatchLoss(report func(*claim.DataLossError)) { claim.WatchLossOf(b.Claimer, report) }

@@ -43,6 +43,11 @@ type Options struct {
 	// backend not declared so must leave every page nil: the runner
 	// trusts a page as read in the grant's own step.
 	Pages bool
+	// StartHold says the backend's claimers start with takeovers held
+	// until the backend has answered them for a lease (claim.Settler):
+	// its start-hold case checks it, and every other case settles the
+	// claimers it opens, which stand for replicas up for a while.
+	StartHold bool
 }
 
 func (o *Options) defaults() {
@@ -117,6 +122,10 @@ func takeOver(t *testing.T, c claim.Claimer, run claim.Run, lease time.Duration)
 // Run exercises a Claimer implementation against the contract.
 func Run(t *testing.T, newClaimers Factory, opts Options) {
 	opts.defaults()
+	if opts.StartHold {
+		startHoldCase(t, newClaimers, opts.Lease)
+		newClaimers = settled(newClaimers)
+	}
 	batchCases(t, newClaimers, opts)
 	releaseBatchCases(t, newClaimers, opts)
 	controlCases(t, newClaimers, opts)

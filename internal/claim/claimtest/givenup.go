@@ -38,6 +38,7 @@ func GivenUpTakeoversLeaveNoGhosts(t *testing.T, newClaimers Factory, lease time
 // givenUp runs the given-up case; a lease above zero makes every claim a
 // takeover of a grant of that lease, lapsed.
 func givenUp(t *testing.T, newClaimers Factory, lease time.Duration) {
+	newClaimers = settled(newClaimers)
 	open := newClaimers(t)
 	a, b := open("replica-a"), open("replica-b")
 	const callers, rounds = 16, 20

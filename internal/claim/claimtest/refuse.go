@@ -24,6 +24,7 @@ import (
 // refusal, which a probe that writes nothing would not meet.
 func RefusedWritesHoldTakeovers(t *testing.T, holder, standby claim.Claimer, refuse func(on bool), lease time.Duration) {
 	t.Helper()
+	Settle(holder, standby)
 	at := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 	finished, dead := claim.Run{Job: "job.refused", At: at}, claim.Run{Job: "job.refused", At: at.Add(time.Minute)}
 	leased := claim.Run{Job: "job.refused", At: at.Add(2 * time.Minute)}

@@ -21,6 +21,7 @@ import (
 // has heard the backend answer for a lease.
 func LapsedInAStallIsNotTakenOver(t *testing.T, holder, standby claim.Claimer, stall, resume func(), lease time.Duration) {
 	t.Helper()
+	Settle(holder, standby)
 	finished := claim.Run{Job: "job.stalled", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
 	dead := claim.Run{Job: "job.stalled", At: finished.At.Add(time.Minute)}
 	cls, errs := holder.Claim(ctxT(t), []claim.Run{finished, dead}, lease)
@@ -87,6 +88,7 @@ func LapsedInAStallIsNotTakenOver(t *testing.T, holder, standby claim.Claimer, s
 // cap kept such a run from ever executing again.
 func ChronicStallsEndTheHold(t *testing.T, holder, standby claim.Claimer, stall, resume func(), lease time.Duration) {
 	t.Helper()
+	Settle(holder, standby)
 	dead := claim.Run{Job: "job.chronic", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
 	claimed := time.Now() // the lease lapses after this and a lease
 	if _, err := claim.ClaimOne(ctxT(t), holder, dead, lease); err != nil {
@@ -166,6 +168,7 @@ func ABatchBidThatWaitedInAStallIsHeld(t *testing.T, holder, standby claim.Claim
 
 func bidThatWaited(t *testing.T, holder, standby claim.Claimer, stall, resume func(), lease, bidAfter time.Duration, batch bool) {
 	t.Helper()
+	Settle(holder, standby)
 	at := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 	// The standby's calls are answered, as a replica's usually are.
 	warm, err := claim.ClaimOne(ctxT(t), standby, claim.Run{Job: "job.waited.warm", At: at}, lease)

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestConformance(t *testing.T) {
 	servers := testenv.EtcdEndpoints(t)
 	factory := backends.Factory("etcd", backends.Options{Servers: servers})
-	claimtest.Run(t, factory, claimtest.Options{Lease: testenv.EtcdLease})
+	claimtest.Run(t, factory, claimtest.Options{Lease: testenv.EtcdLease, StartHold: true})
 
 	// Not a contract case: a batch larger than one etcd transaction
 	// carries is split, and its parts answer as one batch would.

@@ -67,18 +67,24 @@ type Claimer struct {
 var (
 	_ claim.Claimer        = (*Claimer)(nil)
 	_ claim.TakeoverHolder = (*Claimer)(nil)
+	_ claim.Settler        = (*Claimer)(nil)
 )
 
 // TakeoversHeld implements claim.TakeoverHolder.
 func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.unanswered.Hold(lease) }
+
+// Settle implements claim.Settler.
+func (c *Claimer) Settle() { c.unanswered.Settle() }
 
 // New returns a Claimer on cli, which it owns: Close closes it.
 func New(cli *clientv3.Client, o Options) *Claimer {
 	if cli == nil {
 		panic("etcd: nil client")
 	}
-	return &Claimer{cli: cli, instance: o.Instance, keys: keyspace(cmp.Or(o.Prefix, "scheduler/")),
+	c := &Claimer{cli: cli, instance: o.Instance, keys: keyspace(cmp.Or(o.Prefix, "scheduler/")),
 		done: newDoneLease(cmp.Or(o.DoneTTL, 48*time.Hour))}
+	c.unanswered.Start()
+	return c
 }
 
 // maxRounds bounds how often one Claim call bids again for a run that

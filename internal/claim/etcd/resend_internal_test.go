@@ -75,7 +75,8 @@ func (l *replyLoser) intercept(ctx context.Context, method string, req, reply an
 }
 
 // openOn opens a claimer for instance on endpoints, its keys under
-// prefix, its client dialled with dial; closed when t ends.
+// prefix, its client dialled with dial, settled (claim.Settler); closed
+// when t ends.
 func openOn(t *testing.T, endpoints []string, prefix, instance string, dial ...grpc.DialOption) *Claimer {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 10 * time.Second,
@@ -84,6 +85,7 @@ func openOn(t *testing.T, endpoints []string, prefix, instance string, dial ...g
 		t.Fatal(err)
 	}
 	c := New(cli, Options{Instance: instance, Prefix: prefix})
+	c.Settle() // a replica up for a while: no start hold
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }

@@ -14,5 +14,5 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // TestConformance runs the suite on a private, migrated schema per case,
 // with one pool per claimer: separate clients, as separate replicas.
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("postgres", backends.Options{}), claimtest.Options{Prunes: true})
+	claimtest.Run(t, backends.Factory("postgres", backends.Options{}), claimtest.Options{Prunes: true, StartHold: true})
 }

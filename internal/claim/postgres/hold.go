@@ -98,7 +98,13 @@ func (c *Claimer) refusal() error {
 	return nil
 }
 
-var _ claim.TakeoverHolder = (*Claimer)(nil)
+var (
+	_ claim.TakeoverHolder = (*Claimer)(nil)
+	_ claim.Settler        = (*Claimer)(nil)
+)
 
 // TakeoversHeld implements claim.TakeoverHolder.
 func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.unanswered.Hold(lease) }
+
+// Settle implements claim.Settler.
+func (c *Claimer) Settle() { c.unanswered.Settle() }

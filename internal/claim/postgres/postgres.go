@@ -318,9 +318,11 @@ func New(pool *pgxpool.Pool, opts Options) *Claimer {
 	}
 	cc := pool.Config().ConnConfig
 	where := fmt.Sprintf("the database %s on %s", cc.Database, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
-	return &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}, closing: make(chan struct{}),
+	c := &Claimer{pool: pool, leases: leases, instance: opts.Instance, parts: &partitions{pool: pool}, closing: make(chan struct{}),
 		watch: claim.NewFenceWatch(where, "a backup restored under running replicas, or another server answering?"+
 			" before replicas start again, set scheduler_fence_seq above every fence handed out")}
+	c.unanswered.Start()
+	return c
 }
 
 // Open builds a pool for dsn, and a lease pool beside it unless

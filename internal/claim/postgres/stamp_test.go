@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/scheduler-dev/scheduler/internal/claim"
+	"github.com/scheduler-dev/scheduler/internal/claim/claimtest"
 	"github.com/scheduler-dev/scheduler/internal/testenv/backends"
 )
 
@@ -28,6 +29,7 @@ func TestTakeoverQueuedBehindARowLockIsStampedAfterTheWait(t *testing.T) {
 func stampedAfterTheWait(t *testing.T, batch int) {
 	ns := backends.Prepare(t, "postgres", backends.Options{})
 	a, b := ns.Open("replica-a"), ns.Open("replica-b")
+	claimtest.Settle(a, b) // replicas up for a while: no start hold
 	run := claim.Run{Job: "job.stamp", At: time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)}
 	runs := []claim.Run{run}
 	for i := 1; i < batch; i++ {

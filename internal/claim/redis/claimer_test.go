@@ -39,7 +39,7 @@ func isolated(tb testing.TB) (*goredis.Client, string) {
 }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("redis", backends.Options{}), claimtest.Options{Pages: true})
+	claimtest.Run(t, backends.Factory("redis", backends.Options{}), claimtest.Options{Pages: true, StartHold: true})
 }
 
 func ctxT(t testing.TB) context.Context {

@@ -33,7 +33,7 @@ func onCluster(seeds []string) backends.Options {
 func TestCluster(t *testing.T) {
 	seeds := testenv.RedisClusterAddrs(t)
 	t.Run("Conformance", func(t *testing.T) {
-		claimtest.Run(t, backends.Factory("redis", onCluster(seeds)), claimtest.Options{Pages: true})
+		claimtest.Run(t, backends.Factory("redis", onCluster(seeds)), claimtest.Options{Pages: true, StartHold: true})
 	})
 	t.Run("KeysShareTheirJobsHashTag", func(t *testing.T) {
 		t.Parallel()

@@ -64,6 +64,7 @@ var (
 	_ claim.Claimer        = (*Claimer)(nil)
 	_ claim.LossWatcher    = (*Claimer)(nil)
 	_ claim.TakeoverHolder = (*Claimer)(nil)
+	_ claim.Settler        = (*Claimer)(nil)
 )
 
 // WatchLoss implements claim.LossWatcher: the done watcher (restore.go)
@@ -367,3 +368,6 @@ func (c *Claimer) Histories(ctx context.Context, qs []claim.HistoryQuery) ([][]c
 
 // TakeoversHeld implements claim.TakeoverHolder.
 func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.node.TakeoversHeld(lease) }
+
+// Settle implements claim.Settler.
+func (c *Claimer) Settle() { c.node.Settle() }

@@ -108,6 +108,7 @@ func New(client goredis.UniversalClient, opts Options, slot, slots int) *Node {
 		n.pageSize = claim.PageSize
 	}
 	n.seen = make([]atomic.Pointer[string], n.keys.count())
+	n.unanswered.Start()
 	switch cl := client.(type) {
 	case *goredis.Client:
 		n.addr = cl.Options().Addr
@@ -603,3 +604,6 @@ func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
 // TakeoversHeld reports whether this node's claims now take no lapsed
 // lease over (claim.Unanswered), for leases of lease.
 func (n *Node) TakeoversHeld(lease time.Duration) bool { return n.unanswered.Hold(lease) }
+
+// Settle ends the hold the node started with (claim.Settler).
+func (n *Node) Settle() { n.unanswered.Settle() }

@@ -36,7 +36,7 @@ func prepare(t testing.TB, nodes []string) *backends.Namespace {
 }
 
 func TestConformance(t *testing.T) {
-	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second})
+	claimtest.Run(t, backends.Factory("redlock", options), claimtest.Options{Lease: time.Second, StartHold: true})
 }
 
 func TestNewRejectsNoNodesBadClientsAndNoNodeTimeout(t *testing.T) {

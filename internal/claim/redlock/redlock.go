@@ -586,7 +586,10 @@ func ClientOptions(addr string) *goredis.Options {
 	return &goredis.Options{Addr: addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialerRetries: 1, DisableIdentity: true}
 }
 
-var _ claim.TakeoverHolder = (*Claimer)(nil)
+var (
+	_ claim.TakeoverHolder = (*Claimer)(nil)
+	_ claim.Settler        = (*Claimer)(nil)
+)
 
 // TakeoversHeld implements claim.TakeoverHolder: held when so many nodes
 // hold takeovers back that a takeover's round cannot win a quorum.
@@ -598,4 +601,11 @@ func (c *Claimer) TakeoversHeld(lease time.Duration) bool {
 		}
 	}
 	return held > len(c.nodes)-c.quorum
+}
+
+// Settle implements claim.Settler, on every node.
+func (c *Claimer) Settle() {
+	for _, n := range c.nodes {
+		n.Settle()
+	}
 }

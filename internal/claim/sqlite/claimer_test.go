@@ -20,6 +20,7 @@ func TestConformance(t *testing.T) {
 		// Every commit fsyncs the WAL; on a shared disk under -race that
 		// takes up to a few hundred ms, too close to the default 300ms lease
 		// renewed every 100ms.
-		Lease: time.Second,
+		Lease:     time.Second,
+		StartHold: true,
 	})
 }

@@ -239,7 +239,9 @@ func New(db *sql.DB, opts Options) *Claimer {
 	if db == nil {
 		panic("sqlite: nil db")
 	}
-	return &Claimer{db: db, stmts: stmts{db: db}, instance: opts.Instance, writer: make(chan struct{}, 1)}
+	c := &Claimer{db: db, stmts: stmts{db: db}, instance: opts.Instance, writer: make(chan struct{}, 1)}
+	c.unanswered.Start()
+	return c
 }
 
 // leaseMS is lease in whole milliseconds, rounded up, plus one: SQLite's
@@ -718,7 +720,13 @@ func (c *Claimer) Prune(ctx context.Context, olderThan time.Duration) (int64, er
 	return n, nil
 }
 
-var _ claim.TakeoverHolder = (*Claimer)(nil)
+var (
+	_ claim.TakeoverHolder = (*Claimer)(nil)
+	_ claim.Settler        = (*Claimer)(nil)
+)
 
 // TakeoversHeld implements claim.TakeoverHolder.
 func (c *Claimer) TakeoversHeld(lease time.Duration) bool { return c.unanswered.Hold(lease) }
+
+// Settle implements claim.Settler.
+func (c *Claimer) Settle() { c.unanswered.Settle() }
