@@ -137,3 +137,36 @@ func TestARefusalHoldsTakeoversUntilAWriteLands(t *testing.T) {
 		t.Fatal("still held a lease after writes landed again")
 	}
 }
+
+// TestANewClaimerHoldsTakeoversUntilAnsweredForALease: Start holds
+// takeovers however long the first answer takes (a process begun inside
+// a stall hears it as the stall ends), and until a lease after it;
+// Settle ends the hold at once.
+func TestANewClaimerHoldsTakeoversUntilAnsweredForALease(t *testing.T) {
+	const lease = time.Second
+	at := func(d time.Duration) time.Time { return time.Unix(0, int64(time.Hour+d)) }
+	var u Unanswered
+	u.StartAt(at(0))
+	firstAnswer := 30 * lease // the stall it began in ends
+	for _, d := range []time.Duration{0, lease, firstAnswer - 1} {
+		if !u.HoldAt(lease, at(d)) {
+			t.Fatalf("not held %v after the start, before any answer", d)
+		}
+	}
+	for _, d := range []time.Duration{firstAnswer, firstAnswer + lease/2, firstAnswer + lease - 1} {
+		u.AnsweredAt(at(d))
+		if !u.HoldAt(lease, at(d)) {
+			t.Fatalf("not held %v after the first answer", d-firstAnswer)
+		}
+	}
+	if u.HoldAt(lease, at(firstAnswer+lease)) {
+		t.Fatal("still held a lease after the first answer")
+	}
+
+	var s Unanswered
+	s.StartAt(at(0))
+	s.Settle()
+	if s.HoldAt(lease, at(0)) {
+		t.Fatal("held after Settle")
+	}
+}

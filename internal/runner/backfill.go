@@ -305,9 +305,15 @@ func (d *dispatcher) backfillOne(ctx, execCtx context.Context, j *jobState, run 
 // take it over. It is asked for in the same way from the start, as if a
 // bid had just been lost: a holder that still renews it after the window
 // keeps it (ErrHeld).
+//
+// A run found held while this replica holds takeovers back (a process
+// begun now, as a backfill's or a trigger's is: claim.Unanswered.Start)
+// may be a lapsed lease it may not take yet, so it is asked for again
+// until the hold ends, for three windows at most.
 func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held bool) (*claim.Claim, error) {
 	r := d.r
 	window := r.opts.Lease + 2*r.opts.MaxClockSkew
+	began := time.Now()
 	var firstLost, lastLost time.Time
 	if held {
 		lastLost = time.Now()
@@ -331,7 +337,8 @@ func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held boo
 				// "elsewhere"). So the window counts from this answer.
 				lastLost, lost = time.Now(), false
 			}
-			if lastLost.IsZero() || time.Since(lastLost) > window {
+			waiting := claim.HeldBy(r.opts.Claimer, r.opts.Lease) && time.Since(began) < 3*window
+			if !waiting && (lastLost.IsZero() || time.Since(lastLost) > window) {
 				return nil, err
 			}
 		default:

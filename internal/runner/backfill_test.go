@@ -229,87 +229,119 @@ func TestTriggerTakesOverItsOwnGrantWhoseReplyWasLost(t *testing.T) {
 // held, after a lease of waiting.
 func TestBackfillResumesTheLiveInstantsAnEarlierBackfillLeft(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := memory.NewStore(nil)
-		jobs, mu, ran := countingHourly(t)
-		from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
-		time.Sleep(time.Until(from.Add(40 * time.Hour)))
-		to := from.Add(29 * time.Hour)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		at := func(h int) claim.Run { return claim.Run{Job: "hourly", At: from.Add(time.Duration(h) * time.Hour)} }
-		// The earlier backfill: instants 0–29 ran, but for 3 (its process
-		// was killed while it ran), 7 (stopped: handed back) and 11 (still
-		// running on a process that renews it).
-		earlier := memory.New(store, "earlier")
-		var live *claim.Claim
-		for h := range 30 {
-			cl, err := claim.ClaimOne(ctx, earlier, at(h), 3*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch h {
-			case 3:
-				continue
-			case 7:
-				err = claim.ReleaseOne(ctx, earlier, cl, claim.Interrupted)
-			case 11:
-				live = cl
-				continue
-			default:
-				err = claim.ReleaseOne(ctx, earlier, cl, claim.Succeeded)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		renewing := make(chan struct{})
-		defer func() { cancel(); <-renewing }()
-		go func() {
-			defer close(renewing)
-			for ctx.Err() == nil {
-				time.Sleep(time.Second)
-				if err := earlier.Renew(ctx, live, 3*time.Second); err != nil && ctx.Err() == nil {
-					t.Errorf("renew %s: %v", live.ID(), err)
-					return
-				}
-			}
-		}()
-		r, err := runner.New(runner.Options{Claimer: memory.New(store, "again"), Instance: "again", Lease: 3 * time.Second}, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		items, sum, err := r.Backfill(ctx, "hourly", runner.BackfillOptions{From: from, To: to, MaxConcurrent: 4})
-		if err != nil || sum.Planned != 3 || sum.Succeeded != 2 || sum.Elsewhere != 1 || sum.Errors != 0 {
-			t.Fatalf("backfill: %+v %v; want 3 planned: 2 succeeded here, 1 held elsewhere", sum, err)
-		}
-		want := map[string]string{at(3).ID(): "succeeded", at(7).ID(): "succeeded", at(11).ID(): "held"}
-		for _, it := range items {
-			if w, ok := want[it.RunID]; ok && (it.Action != runner.ActionResume || it.Status != w) {
-				t.Errorf("%s: %+v, want action %s, status %s", it.RunID, it, runner.ActionResume, w)
-			}
-		}
-		mu.Lock()
-		if len(ran) != 2 || ran[at(3).ID()] != 1 || ran[at(7).ID()] != 1 {
-			t.Errorf("ran %v, want instants 3 and 7 once each", ran)
-		}
-		mu.Unlock()
-		recs, err := memory.New(store, "reader").History(ctx, "hourly", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, rec := range recs {
-			switch rec.RunID {
-			case at(3).ID(), at(7).ID():
-				if rec.Status != claim.Succeeded || rec.Attempt != 2 {
-					t.Errorf("%s: %s attempt %d, want succeeded as attempt 2 (a takeover)", rec.RunID, rec.Status, rec.Attempt)
-				}
-			case at(11).ID():
-				if rec.Status != claim.Running || rec.Attempt != 1 {
-					t.Errorf("%s: %s attempt %d, want still running as attempt 1 (its holder lives)", rec.RunID, rec.Status, rec.Attempt)
-				}
-			}
-		}
+		resumesLiveInstants(t, func(c *memory.Claimer) claim.Claimer { return c })
 	})
+}
+
+// TestABackfillBegunHeldResumesTheLiveInstantsOnceItsHoldEnds: the
+// backfill's process starts with takeovers held (claim.Unanswered.Start),
+// here for longer than the lease and the clock skew it asks a live run
+// for: the run whose holder died answers "held" meanwhile. It is taken
+// over once the hold ends, not reported held elsewhere.
+func TestABackfillBegunHeldResumesTheLiveInstantsOnceItsHoldEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		resumesLiveInstants(t, func(c *memory.Claimer) claim.Claimer {
+			return &startHeld{Claimer: c, until: time.Now().Add(10 * time.Second)}
+		})
+	})
+}
+
+// startHeld is a memory claimer that, as a networked one begun now,
+// takes no lapsed lease over until a time.
+type startHeld struct {
+	*memory.Claimer
+	until time.Time
+}
+
+func (s *startHeld) Claim(ctx context.Context, runs []claim.Run, lease time.Duration) ([]*claim.Claim, []error) {
+	return s.ClaimHolding(ctx, runs, lease, s.TakeoversHeld(lease))
+}
+
+func (s *startHeld) TakeoversHeld(time.Duration) bool { return time.Now().Before(s.until) }
+
+// resumesLiveInstants is TestBackfillResumesTheLiveInstantsAnEarlierBackfillLeft
+// with the backfill's claimer made by wrap.
+func resumesLiveInstants(t *testing.T, wrap func(*memory.Claimer) claim.Claimer) {
+	store := memory.NewStore(nil)
+	jobs, mu, ran := countingHourly(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(time.Hour)
+	time.Sleep(time.Until(from.Add(40 * time.Hour)))
+	to := from.Add(29 * time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	at := func(h int) claim.Run { return claim.Run{Job: "hourly", At: from.Add(time.Duration(h) * time.Hour)} }
+	// The earlier backfill: instants 0–29 ran, but for 3 (its process
+	// was killed while it ran), 7 (stopped: handed back) and 11 (still
+	// running on a process that renews it).
+	earlier := memory.New(store, "earlier")
+	var live *claim.Claim
+	for h := range 30 {
+		cl, err := claim.ClaimOne(ctx, earlier, at(h), 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch h {
+		case 3:
+			continue
+		case 7:
+			err = claim.ReleaseOne(ctx, earlier, cl, claim.Interrupted)
+		case 11:
+			live = cl
+			continue
+		default:
+			err = claim.ReleaseOne(ctx, earlier, cl, claim.Succeeded)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	renewing := make(chan struct{})
+	defer func() { cancel(); <-renewing }()
+	go func() {
+		defer close(renewing)
+		for ctx.Err() == nil {
+			time.Sleep(time.Second)
+			if err := earlier.Renew(ctx, live, 3*time.Second); err != nil && ctx.Err() == nil {
+				t.Errorf("renew %s: %v", live.ID(), err)
+				return
+			}
+		}
+	}()
+	r, err := runner.New(runner.Options{Claimer: wrap(memory.New(store, "again")), Instance: "again", Lease: 3 * time.Second}, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	items, sum, err := r.Backfill(ctx, "hourly", runner.BackfillOptions{From: from, To: to, MaxConcurrent: 4})
+	if err != nil || sum.Planned != 3 || sum.Succeeded != 2 || sum.Elsewhere != 1 || sum.Errors != 0 {
+		t.Fatalf("backfill: %+v %v; want 3 planned: 2 succeeded here, 1 held elsewhere", sum, err)
+	}
+	want := map[string]string{at(3).ID(): "succeeded", at(7).ID(): "succeeded", at(11).ID(): "held"}
+	for _, it := range items {
+		if w, ok := want[it.RunID]; ok && (it.Action != runner.ActionResume || it.Status != w) {
+			t.Errorf("%s: %+v, want action %s, status %s", it.RunID, it, runner.ActionResume, w)
+		}
+	}
+	mu.Lock()
+	if len(ran) != 2 || ran[at(3).ID()] != 1 || ran[at(7).ID()] != 1 {
+		t.Errorf("ran %v, want instants 3 and 7 once each", ran)
+	}
+	mu.Unlock()
+	recs, err := memory.New(store, "reader").History(ctx, "hourly", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range recs {
+		switch rec.RunID {
+		case at(3).ID(), at(7).ID():
+			if rec.Status != claim.Succeeded || rec.Attempt != 2 {
+				t.Errorf("%s: %s attempt %d, want succeeded as attempt 2 (a takeover)", rec.RunID, rec.Status, rec.Attempt)
+			}
+		case at(11).ID():
+			if rec.Status != claim.Running || rec.Attempt != 1 {
+				t.Errorf("%s: %s attempt %d, want still running as attempt 1 (its holder lives)", rec.RunID, rec.Status, rec.Attempt)
+			}
+		}
+	}
 }
 
 // A --rerun backfill killed or stopped mid-way leaves its reruns live

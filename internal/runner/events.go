@@ -154,8 +154,14 @@ func (r *Runner) takeoversHeld() bool { return claim.HeldBy(r.opts.Claimer, r.op
 func (r *Runner) watchHold(ctx context.Context, th claim.TakeoverHolder) {
 	t := time.NewTicker(max(r.opts.Lease/4, 10*time.Millisecond))
 	defer t.Stop()
-	held := false
-	r.opts.Metrics.holdingTakeovers(r.opts.ClaimerName, false)
+	// A claimer starts held (claim.Unanswered.Start): said at info, as
+	// every start has it, not as a warning of a backend that stalled.
+	held := th.TakeoversHeld(r.opts.Lease)
+	r.opts.Metrics.holdingTakeovers(r.opts.ClaimerName, held)
+	if held {
+		r.log.InfoContext(ctx, "takeovers held", "instance", r.opts.Instance, "claimer", r.opts.ClaimerName,
+			"reason", "starting: a lapsed lease is taken over only once the backend has answered this replica for a lease, so that a release sent before it started lands first")
+	}
 	for {
 		select {
 		case <-ctx.Done():

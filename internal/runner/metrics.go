@@ -83,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		takeoversHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "scheduler_takeovers_held",
-			Help: "1 while this replica's claimer takes no lapsed lease over because its backend lately left calls unanswered (a stall, an outage): a dead holder's runs wait until the backend has answered for a lease, so that a live holder's release lands first.",
+			Help: "1 while this replica's claimer takes no lapsed lease over because it has just started or its backend lately left calls unanswered (a stall, an outage): a dead holder's runs wait until the backend has answered for a lease, so that a live holder's release lands first.",
 		}, []string{"claimer"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "scheduler_schedule_conflicts_total",

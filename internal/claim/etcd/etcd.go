@@ -302,9 +302,11 @@ func (c *Claimer) judge(b bid, got []*pb.ResponseOp, lease time.Duration) (bid, 
 		// the leader revokes every lease that ran out meanwhile; a
 		// takeover then ran a finished run again before its holder's
 		// retried release landed (the explorer, with the members
-		// stopped: 2 of 12 seeds).
-		return bid{}, fmt.Errorf("%w: its lease ran out while the cluster left this replica's calls unanswered;"+
-			" its holder's release may still land, so it is not taken over for a lease", claim.ErrHeld)
+		// stopped: 2 of 12 seeds). A new claimer starts so held
+		// (claim.Unanswered.Start): it knows nothing of a stall before.
+		return bid{}, fmt.Errorf("%w: its lease ran out, and this replica has not yet heard the cluster answer for a lease"+
+			" (it has just started, or the cluster left its calls unanswered); its holder's release may still land,"+
+			" so it is not taken over yet", claim.ErrHeld)
 	}
 	// Handed back, or its lease ran out and etcd deleted the live key.
 	return bid{i: b.i, run: b.run, modRev: recs[0].ModRevision, prev: recs[0].Value, attempt: r.Attempt + 1}, nil
