@@ -320,58 +320,8 @@ func (h *holding) TakeoversHeld(time.Duration) bool { return h.held.Load() }
 // said why a dead holder's runs waited after a stall).
 func TestAHoldOnTakeoversIsLoggedAndExported(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logger, reg, metrics := observed(slog.LevelInfo)
-		c := &holding{Claimer: memory.New(memory.NewStore(nil), "a")}
-		jobs := []runner.Job{{Name: "job.idle", Schedule: mustSchedule(t, "@every 1h"),
-			Handler: func(context.Context, job.Run) error { return nil }}}
-		const lease = 2 * time.Second
-		r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "redis", Instance: "a", Lease: lease, Logger: logger, Metrics: metrics}, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = r.Run(ctx) }()
-		gauge := func(want int) { t.Helper(); heldGauge(t, reg, "redis", want) }
-		time.Sleep(lease)
-		gauge(0)
-		c.held.Store(true)
-		time.Sleep(lease) // a stall's hold: at least a lease
-		gauge(1)
-		c.held.Store(false)
-		time.Sleep(lease)
-		gauge(0)
-		cancel()
-		<-done
-		var said []string
-		for _, l := range logs.JSONLines() {
-			switch l["msg"] {
-			case "takeovers held":
-				if l["level"] != "WARN" || l["claimer"] != "redis" || l["reason"] == nil {
-					t.Errorf("%v: want a warning naming the claimer and the reason", l)
-				}
-				said = append(said, "held")
-			case "takeovers resumed":
-				said = append(said, "resumed")
-			}
-		}
-		if !slices.Equal(said, []string{"held", "resumed"}) {
-			t.Errorf("said %v, want [held resumed]:\n%s", said, logs)
-		}
+		holdSaid(t, false, "WARN", func(l map[string]any) bool { return l["reason"] != nil })
 	})
-}
-
-// heldGauge checks scheduler_takeovers_held{claimer} in reg is want.
-func heldGauge(t *testing.T, reg prometheus.Gatherer, claimer string, want int) {
-	t.Helper()
-	expected := fmt.Sprintf(`
-# HELP scheduler_takeovers_held 1 while this replica's claimer takes no lapsed lease over because it has just started or its backend lately left calls unanswered (a stall, an outage): a dead holder's runs wait until the backend has answered for a lease, so that a live holder's release lands first.
-# TYPE scheduler_takeovers_held gauge
-scheduler_takeovers_held{claimer=%q} %d
-`, claimer, want)
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), "scheduler_takeovers_held"); err != nil {
-		t.Error(err)
-	}
 }
 
 // TestAStartHoldIsSaidAtInfo: a claimer starts with takeovers held
@@ -380,42 +330,76 @@ scheduler_takeovers_held{claimer=%q} %d
 // and says when it ends.
 func TestAStartHoldIsSaidAtInfo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs, logger, reg, metrics := observed(slog.LevelInfo)
-		c := &holding{Claimer: memory.New(memory.NewStore(nil), "a")}
-		c.held.Store(true)
-		jobs := []runner.Job{{Name: "job.idle", Schedule: mustSchedule(t, "@every 1h"),
-			Handler: func(context.Context, job.Run) error { return nil }}}
-		const lease = 2 * time.Second
-		r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "sqlite", Instance: "a", Lease: lease, Logger: logger, Metrics: metrics}, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = r.Run(ctx) }()
-		time.Sleep(lease / 8)
-		heldGauge(t, reg, "sqlite", 1)
-		c.held.Store(false)
-		time.Sleep(lease)
-		cancel()
-		<-done
-		var said []string
-		for _, l := range logs.JSONLines() {
-			switch l["msg"] {
-			case "takeovers held":
-				reason, _ := l["reason"].(string)
-				if l["level"] != "INFO" || !strings.HasPrefix(reason, "starting") {
-					t.Errorf("%v: want info, its reason the start", l)
-				}
-				said = append(said, "held")
-			case "takeovers resumed":
-				said = append(said, "resumed")
-			}
-		}
-		if !slices.Equal(said, []string{"held", "resumed"}) {
-			t.Errorf("said %v, want [held resumed]:\n%s", said, logs)
-		}
+		holdSaid(t, true, "INFO", func(l map[string]any) bool {
+			reason, _ := l["reason"].(string)
+			return strings.HasPrefix(reason, "starting")
+		})
 	})
+}
+
+// holdSaid runs a replica over a claimer that holds takeovers for a
+// lease, from its start if atStart, else from a lease into its run, and
+// checks the gauge meanwhile and that the runner said "takeovers held"
+// at level, with a line that passes reason, and then "takeovers
+// resumed".
+func holdSaid(t *testing.T, atStart bool, level string, reason func(map[string]any) bool) {
+	t.Helper()
+	logs, logger, reg, metrics := observed(slog.LevelInfo)
+	c := &holding{Claimer: memory.New(memory.NewStore(nil), "a")}
+	c.held.Store(atStart)
+	jobs := []runner.Job{{Name: "job.idle", Schedule: mustSchedule(t, "@every 1h"),
+		Handler: func(context.Context, job.Run) error { return nil }}}
+	const lease = 2 * time.Second
+	r, err := runner.New(runner.Options{Claimer: c, ClaimerName: "redis", Instance: "a", Lease: lease, Logger: logger, Metrics: metrics}, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	if !atStart {
+		time.Sleep(lease)
+		heldGauge(t, reg, 0)
+		c.held.Store(true)
+		time.Sleep(lease) // a stall's hold: at least a lease
+	} else {
+		time.Sleep(lease / 8) // the runner looks at once
+	}
+	heldGauge(t, reg, 1)
+	c.held.Store(false)
+	time.Sleep(lease)
+	heldGauge(t, reg, 0)
+	cancel()
+	<-done
+	var said []string
+	for _, l := range logs.JSONLines() {
+		switch l["msg"] {
+		case "takeovers held":
+			if l["level"] != level || l["claimer"] != "redis" || !reason(l) {
+				t.Errorf("%v: want level %s, the claimer named, and the reason", l, level)
+			}
+			said = append(said, "held")
+		case "takeovers resumed":
+			said = append(said, "resumed")
+		}
+	}
+	if !slices.Equal(said, []string{"held", "resumed"}) {
+		t.Errorf("said %v, want [held resumed]:\n%s", said, logs)
+	}
+}
+
+// heldGauge checks that scheduler_takeovers_held{claimer="redis"} in reg
+// is want.
+func heldGauge(t *testing.T, reg prometheus.Gatherer, want int) {
+	t.Helper()
+	expected := fmt.Sprintf(`
+# HELP scheduler_takeovers_held 1 while this replica's claimer takes no lapsed lease over because it has just started or its backend lately left calls unanswered (a stall, an outage): a dead holder's runs wait until the backend has answered for a lease, so that a live holder's release lands first.
+# TYPE scheduler_takeovers_held gauge
+scheduler_takeovers_held{claimer="redis"} %d
+`, want)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), "scheduler_takeovers_held"); err != nil {
+		t.Error(err)
+	}
 }
 
 // A handler that ignores its cancellation keeps its claim until it
