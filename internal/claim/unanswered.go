@@ -21,7 +21,7 @@ import (
 // meanwhile is taken over that much later: the price of not telling a
 // stall from every holder dying at once. A claimer that sent nothing
 // during the stall until its bid for the lapsed lease does not know to
-// hold back.
+// hold back, unless it is new: a new one starts held (Start).
 //
 // The hold has a cap. A backend that keeps leaving a call unanswered
 // now and then while it answers the others (chronically overloaded, or
