@@ -51,12 +51,13 @@ func startHoldCase(t *testing.T, newClaimers Factory, lease time.Duration) {
 		time.Sleep(time.Until(first.Deadline) + lease/2)
 
 		b := open("replica-b")
+		// Before any answer, whenever the test gets here.
+		if _, ok := b.Claimer.(claim.Settler); !ok || !claim.HeldBy(b, lease) {
+			t.Fatalf("a new claimer (%T) does not say it holds takeovers, or cannot settle", b.Claimer)
+		}
 		asked := time.Now()
 		if _, err := claim.ClaimOne(ctxT(t), b, run, lease); !errors.Is(err, claim.ErrHeld) {
 			t.Fatalf("a new claimer's first bid for a lapsed lease: %v, want ErrHeld (its start hold)", err)
-		}
-		if _, ok := b.Claimer.(claim.Settler); !ok || !claim.HeldBy(b, lease) {
-			t.Fatalf("a new claimer (%T) does not say it holds takeovers, or cannot settle", b.Claimer)
 		}
 		second := takeOver(t, b, run, lease)
 		if waited := time.Since(asked); waited < lease {
