@@ -306,10 +306,13 @@ func (d *dispatcher) backfillOne(ctx, execCtx context.Context, j *jobState, run 
 // bid had just been lost: a holder that still renews it after the window
 // keeps it (ErrHeld).
 //
-// A run found held while this replica holds takeovers back (a process
-// begun now, as a backfill's or a trigger's is: claim.Unanswered.Start)
+// A run recorded live, found held while this replica holds takeovers
+// back (a process begun now, as a backfill's is: claim.Unanswered.Start),
 // may be a lapsed lease it may not take yet, so it is asked for again
-// until the hold ends, for three windows at most.
+// until the hold ends, for three windows at most. One not recorded live
+// (a trigger's new instant) is held by a live grant, or by the backend
+// itself (a Redis server that may have restarted empty), and waiting
+// out this replica's hold would only hide that.
 func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held bool) (*claim.Claim, error) {
 	r := d.r
 	window := r.opts.Lease + 2*r.opts.MaxClockSkew
@@ -337,7 +340,7 @@ func (d *dispatcher) claimUnwatched(ctx context.Context, run claim.Run, held boo
 				// "elsewhere"). So the window counts from this answer.
 				lastLost, lost = time.Now(), false
 			}
-			waiting := claim.HeldBy(r.opts.Claimer, r.opts.Lease) && time.Since(began) < 3*window
+			waiting := held && claim.HeldBy(r.opts.Claimer, r.opts.Lease) && time.Since(began) < 3*window
 			if !waiting && (lastLost.IsZero() || time.Since(lastLost) > window) {
 				return nil, err
 			}
